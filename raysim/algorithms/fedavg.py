@@ -1,0 +1,9 @@
+"""FedAvg (McMahan et al., 2017): the whole model is averaged, weighted by training-sample counts."""
+
+from raysim.algorithms.base import Algorithm
+from raysim.registry import register_algorithm
+
+
+@register_algorithm("fedavg")
+class FedAvg(Algorithm):
+    shared = "all"

@@ -1,0 +1,9 @@
+"""Local training: every client trains only on its own data and nothing crosses the network (the baseline)."""
+
+from raysim.algorithms.base import Algorithm
+from raysim.registry import register_algorithm
+
+
+@register_algorithm("local")
+class Local(Algorithm):
+    shared = "none"

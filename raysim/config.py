@@ -1,0 +1,264 @@
+"""Typed experiment configuration: dataclass schema -> OmegaConf (YAML + dotted overrides) -> validated object.
+
+A config file holds only the keys that differ from the defaults below. ``extends: other.yaml`` (relative to the
+file) layers a file on top of another, so CPU-sized siblings of paper configs stay a few lines long.
+Every mistake becomes a :class:`ConfigError` whose one-line message names the offending key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from raysim.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config key is unknown, mistyped or holds an impossible value."""
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': {why}")
+
+
+def _one_of(value: Any, key: str, choices: tuple) -> None:
+    _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+@dataclass
+class ClientsConfig:
+    num: int = 10  # virtual clients in the federation
+    fraction: float = 1.0  # share of clients sampled each round, in (0, 1]
+
+    def validate(self) -> None:
+        _require(self.num >= 1, "clients.num", f"must be >= 1, got {self.num}")
+        _require(0.0 < self.fraction <= 1.0, "clients.fraction", f"must be in (0, 1], got {self.fraction}")
+
+
+@dataclass
+class DataConfig:
+    name: str = "sklearn_digits"
+    root: Optional[str] = None  # directory holding full datasets in their native layout
+    cache_dir: Optional[str] = None  # where generated datasets are cached (default: the user's cache dir)
+    partition: str = "dirichlet"  # iid | dirichlet | niid1 | niid2
+    alpha: float = 0.5  # Dirichlet concentration for label skew
+    min_samples: int = 10  # each client holds at least this many samples (train + test)
+    test_fraction: float = 0.2  # per-client held-out share
+    domains: list[str] = field(default_factory=list)  # digits: subset of mnist, mnistm, synth (empty = all)
+    clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
+    samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain
+    feature_fraction: float = 0.5  # tabular: share of the columns each client sees
+
+    def validate(self) -> None:
+        _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
+        _require(self.alpha > 0, "data.alpha", f"must be > 0, got {self.alpha}")
+        _require(self.min_samples >= 2, "data.min_samples", f"must be >= 2, got {self.min_samples}")
+        _require(0.0 < self.test_fraction < 1.0, "data.test_fraction", f"must be in (0, 1), got {self.test_fraction}")
+        _require(self.clients_per_domain >= 1, "data.clients_per_domain", "must be >= 1")
+        _require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
+        if self.samples_per_domain is not None:
+            _require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
+
+
+@dataclass
+class ModelConfig:
+    name: Any = "mlp"  # one architecture for every client, or a list with one entry per client (HETE)
+    feature_dim: int = 64  # backbone output size; heads are Linear(feature_dim, classes) everywhere
+    hidden: list[int] = field(default_factory=lambda: [128])  # MLP hidden widths before the feature layer
+    width: int = 32  # CNN base channel count
+
+    def names(self) -> list[str]:
+        return list(self.name) if isinstance(self.name, (list, tuple)) else [self.name]
+
+    def for_client(self, client_id: int) -> str:
+        names = self.names()
+        return names[client_id] if len(names) > 1 else names[0]
+
+    def validate(self) -> None:
+        names = self.names()
+        _require(len(names) >= 1 and all(isinstance(n, str) and n for n in names), "model.name",
+                 "must be a model name or a list of names")
+        _require(self.feature_dim >= 1, "model.feature_dim", "must be >= 1")
+        _require(all(h >= 1 for h in self.hidden), "model.hidden", "widths must be >= 1")
+        _require(self.width >= 1, "model.width", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 0.05
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"  # sgd | adam; a fresh optimiser per client job (the usual FL simulation choice)
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        _require(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _require(self.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {self.local_epochs}")
+        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        _one_of(self.optimizer, "train.optimizer", ("sgd", "adam"))
+        _require(0.0 <= self.momentum < 1.0, "train.momentum", "must be in [0, 1)")
+        _require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Base of every algorithm's config; each algorithm file subclasses it with its own keys."""
+
+    name: str = "fedavg"
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class EngineConfig:
+    num_workers: int = 2
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: join a running cluster
+    driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
+    jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
+    max_retries: int = 3  # re-runs of one client job after its worker died
+    on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
+    state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
+    dashboard: bool = False
+
+    def validate(self) -> None:
+        _require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
+        _require(self.cpus_per_worker > 0, "engine.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
+        _require(self.gpus_per_worker >= 0, "engine.gpus_per_worker", "must be >= 0")
+        _require(self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer(), "engine.gpus_per_worker",
+                 "fractions are allowed only below 1")
+        _require(self.driver_cpus >= 0, "engine.driver_cpus", "must be >= 0")
+        _require(self.jobs_per_worker >= 1, "engine.jobs_per_worker", "must be >= 1")
+        _require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
+        _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
+        if self.state_memory_gb is not None:
+            _require(self.state_memory_gb > 0, "engine.state_memory_gb", "must be > 0")
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # evaluate every N rounds (and always after the last)
+    clients: str = "all"  # all | sampled: whose test split is evaluated
+
+    def validate(self) -> None:
+        _require(self.every >= 1, "eval.every", "must be >= 1")
+        _one_of(self.clients, "eval.clients", ("all", "sampled"))
+
+
+@dataclass
+class LogConfig:
+    dir: Optional[str] = None  # the run directory; default runs/<name>-<timestamp>
+    tensorboard: bool = True
+    checkpoint_every: int = 1
+    per_client_max: int = 100  # per-client accuracy scalars only up to this many clients (histogram always)
+    progress: bool = True
+
+    def validate(self) -> None:
+        _require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    seed: int = 0
+    rounds: int = 10
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> "ExperimentConfig":
+        _require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
+        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate()
+        names = self.model.names()
+        _require(len(names) in (1, self.clients.num), "model.name",
+                 f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
+        return self
+
+
+def _read_yaml(path: Path, depth: int = 0) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as exc:  # yaml.YAMLError and friends
+        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys")
+    parent = raw.pop("extends", None)
+    if parent is not None:
+        _require(depth < 8, "extends", "chain is too deep (a cycle?)")
+        raw = OmegaConf.merge(_read_yaml((path.parent / str(parent)).resolve(), depth + 1), raw)
+    return raw
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"config key '{key}': {text}" if key else f"config: {text}"
+
+
+def algorithm_config_class(name: str) -> type:
+    from raysim.registry import get_algorithm
+
+    return get_algorithm(name).Config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict | DictConfig | None = None) -> ExperimentConfig:
+    """Build the validated config from an optional base mapping, a YAML file and dotted ``key=value`` overrides."""
+    layers: list[DictConfig] = []
+    if base is not None:
+        layers.append(OmegaConf.create(base) if isinstance(base, dict) else base)
+    if path is not None:
+        layers.append(_read_yaml(Path(path)))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like dotted.key=value")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        peek = OmegaConf.merge(*layers) if layers else OmegaConf.create()
+        algo_name = OmegaConf.select(peek, "algorithm.name", default=AlgorithmConfig.name)
+        algo_cls = algorithm_config_class(str(algo_name))
+        schema = OmegaConf.structured(ExperimentConfig(algorithm=algo_cls()))
+        merged = OmegaConf.merge(schema, *layers)
+        cfg: ExperimentConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    return cfg.validate()
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Dotted-key view of the config (for comparing runs and for TensorBoard's HParams)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if dataclasses.is_dataclass(node):
+            for f in dataclasses.fields(node):
+                walk(f"{prefix}{f.name}.", getattr(node, f.name))
+        else:
+            out[prefix[:-1]] = node
+
+    walk("", cfg)
+    return out

@@ -1,0 +1,133 @@
+"""Host side of a run: prepare the run directory, start or join Ray, create the driver, stream its rounds.
+
+Used by ``raysim run`` and by each Ray Tune trial; the round loop itself lives in the driver actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import ray
+import yaml
+
+from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
+from raysim.engine.driver import Driver
+from raysim.engine.resources import check_resources, ray_session
+from raysim.errors import UserError
+
+# keys that may differ between a run and its resumption (how it runs, not what it computes)
+_RESUMABLE_PREFIXES = ("engine.", "log.", "rounds", "eval.every")
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool]:
+    """Create (or check) the run directory; returns (path, created_now). Fails before any work is done."""
+    run_dir = Path(cfg.log.dir) if cfg.log.dir else default_run_dir(cfg)
+    if resume:
+        if not (run_dir / "checkpoint" / "server.pt").is_file():
+            raise UserError(f"{run_dir} holds no checkpoint to resume (expected {run_dir}/checkpoint/server.pt)")
+        saved = load_config(run_dir / "config.yaml")
+        differ = [k for k, v in to_flat_dict(saved).items()
+                  if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
+        if differ:
+            raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
+                            f"resume with the same config, or start a new run")
+        _check_writable(run_dir)
+        return run_dir, False
+    if run_dir.exists() and any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
+        raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
+                        f"or choose another log.dir")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
+    _check_writable(run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, log=dataclasses.replace(
+        cfg.log, dir=str(run_dir)))))
+    return run_dir, created
+
+
+def _check_writable(run_dir: Path) -> None:
+    probe = run_dir / ".raysim-write-test"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"config key 'log.dir': {run_dir} is not writable ({exc.strerror})") from None
+
+
+def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
+                   on_round: Optional[Callable[[dict], None]] = None,
+                   on_start: Optional[Callable[[Path, int], None]] = None,
+                   handle_sigint: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
+    """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early)."""
+    run_dir, created = prepare_run_dir(cfg, resume)
+    if resume:  # the resolved config of the original run, with this invocation's engine/log/rounds
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
+    rows: list[dict] = []
+    stop_requested = threading.Event()
+    try:
+        with ray_session(cfg.engine):
+            if placement_group is None:
+                check_resources(cfg.engine)
+            driver = _spawn_driver(cfg, run_dir, resume, placement_group)
+            start_round = ray.get(driver.start_round.remote())
+            if on_start:
+                on_start(run_dir, start_round)
+            previous = None
+            if handle_sigint and threading.current_thread() is threading.main_thread():
+                def _on_sigint(signum, frame):  # first Ctrl-C: finish the round, checkpoint, stop
+                    if stop_requested.is_set():
+                        raise KeyboardInterrupt
+                    stop_requested.set()
+                    driver.request_stop.remote()
+                previous = signal.signal(signal.SIGINT, _on_sigint)
+            try:
+                for ref in driver.run.options(num_returns="streaming").remote():
+                    metrics = ray.get(ref)
+                    rows.append(metrics)
+                    if on_round:
+                        on_round(metrics)
+            finally:
+                if previous is not None:
+                    signal.signal(signal.SIGINT, previous)
+            ray.kill(driver)
+    except BaseException:
+        if created and not (run_dir / "checkpoint").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
+        raise
+    return run_dir, rows, stop_requested.is_set() and (not rows or rows[-1]["round"] < cfg.rounds)
+
+
+def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:
+    """The driver writes the run directory, so it runs on this node (or in the trial's first bundle)."""
+    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus, "max_concurrency": 2, "max_restarts": 0}
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group, placement_group_bundle_index=0)
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(Driver).options(**options).remote(cfg, str(run_dir), resume, placement_group)
+
+
+def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
+    """The config of an existing run, with engine/log/rounds overrides allowed."""
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a raysim run directory (no config.yaml)")
+    base = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return load_config(None, overrides, base=base)

@@ -1,0 +1,111 @@
+"""Client state and checkpoints.
+
+Per-client state (personalised parameters, whatever an algorithm keeps) lives in the Ray object store, referenced
+by the driver, never inside a worker: a dead worker loses nothing, and the store spills to disk past its memory
+budget. Checkpoints are written atomically and read with ``torch.load(weights_only=True)`` (no pickled code runs).
+
+Checkpoint layout (``RUN_DIR/checkpoint``)::
+
+    server.pt                   round, server state, totals, and which file holds each client's latest state
+    clients/c000042_r00007.pt   client 42's state as of round 7 (written only when the client changed)
+
+``server.pt`` is replaced last, so a crash mid-checkpoint leaves the previous checkpoint whole; superseded client
+files are deleted only after the new ``server.pt`` is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+import torch
+
+from raysim.errors import UserError
+
+FORMAT_VERSION = 1
+_CLIENT_FILE = re.compile(r"c(\d+)_r(\d+)\.pt$")
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file in the same directory, fsync, then rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def safe_load(path: Path) -> Any:
+    """Load a checkpoint file without executing pickled code; a damaged file is a one-line UserError."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint file missing: {path}") from None
+    except Exception as exc:
+        raise UserError(f"checkpoint {path} is damaged or not a raysim checkpoint "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+
+class ClientStateStore:
+    def __init__(self) -> None:
+        self._refs: dict[int, ray.ObjectRef] = {}
+        self._dirty: set[int] = set()
+        self._file_round: dict[int, int] = {}  # client -> round of its state file in the last checkpoint
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def get(self, client_id: int) -> Optional[ray.ObjectRef]:
+        """The client's state reference, or None for a client that has not trained yet (initial weights)."""
+        return self._refs.get(client_id)
+
+    def put(self, client_id: int, ref: ray.ObjectRef) -> None:
+        self._refs[client_id] = ref
+        self._dirty.add(client_id)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, ckpt_dir: Path, round: int, server: dict) -> None:
+        """Write changed client states, then ``server.pt`` (the commit point), then drop superseded files."""
+        clients_dir = ckpt_dir / "clients"
+        new_rounds = dict(self._file_round)
+        for cid in sorted(self._dirty):
+            atomic_save(ray.get(self._refs[cid]), clients_dir / f"c{cid:06d}_r{round:05d}.pt")
+            new_rounds[cid] = round
+        atomic_save({"format": FORMAT_VERSION, "round": round, "client_files": new_rounds, **server},
+                    ckpt_dir / "server.pt")
+        for cid in self._dirty:
+            old = self._file_round.get(cid)
+            if old is not None and old != round:
+                (clients_dir / f"c{cid:06d}_r{old:05d}.pt").unlink(missing_ok=True)
+        self._file_round = new_rounds
+        self._dirty.clear()
+
+    def load(self, ckpt_dir: Path, client_files: dict[int, int]) -> None:
+        """Put every client's checkpointed state back into the object store; remove files no checkpoint names."""
+        clients_dir = ckpt_dir / "clients"
+        for cid, rnd in sorted(client_files.items()):
+            self._refs[int(cid)] = ray.put(safe_load(clients_dir / f"c{int(cid):06d}_r{int(rnd):05d}.pt"))
+        self._file_round = {int(c): int(r) for c, r in client_files.items()}
+        self._dirty.clear()
+        if clients_dir.is_dir():
+            for f in clients_dir.iterdir():
+                m = _CLIENT_FILE.match(f.name)
+                if f.name.startswith(".") or (m and self._file_round.get(int(m.group(1))) != int(m.group(2))):
+                    f.unlink(missing_ok=True)
+
+
+def read_checkpoint(run_dir: Path) -> dict:
+    ckpt = safe_load(run_dir / "checkpoint" / "server.pt")
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "round" not in ckpt:
+        raise UserError(f"{run_dir / 'checkpoint' / 'server.pt'} is not a raysim checkpoint of format {FORMAT_VERSION}")
+    return ckpt

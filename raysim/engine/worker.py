@@ -1,0 +1,190 @@
+"""ClientWorker: a Ray actor that can run any virtual client.
+
+A worker holds no client's state between jobs: each job brings the client's state (an object-store reference) and
+the round's payload, and returns the upload and the new state. Model objects are built once per architecture and
+reset from their initial weights, so a job costs a ``load_state_dict``, not a model construction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Optional
+
+import numpy as np
+import ray
+import torch
+
+from raysim.algorithms.base import ClientContext
+from raysim.models import build_model, model_key
+from raysim.registry import get_algorithm
+
+
+def job_seed(seed: int, client_id: int, round: int) -> int:
+    """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it."""
+    return int(np.random.SeedSequence([seed, client_id, round]).generate_state(1)[0])
+
+
+def nbytes(tree: Any) -> int:
+    """Bytes of every tensor in a nested dict/list: what crosses the network for that object."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(nbytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(nbytes(v) for v in tree)
+    return 0
+
+
+def all_finite(tree: Any) -> bool:
+    if isinstance(tree, torch.Tensor):
+        return not tree.is_floating_point() or bool(torch.isfinite(tree).all())
+    if isinstance(tree, dict):
+        return all(all_finite(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return all(all_finite(v) for v in tree)
+    return True
+
+
+class ClientWorker:
+    """The actor body (wrapped with ``ray.remote`` by the pool, which sets its CPU/GPU share)."""
+
+    def __init__(self, cfg: Any, data: Any):
+        threads = max(1, int(math.floor(cfg.engine.cpus_per_worker)))
+        torch.set_num_threads(threads)  # a worker's share of the cores, so workers don't fight over them
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+        self.cfg = cfg
+        self.data = data
+        self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
+        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+        self.device = torch.device("cuda" if gpu else "cpu")
+        self._models: dict[tuple, tuple[torch.nn.Module, dict]] = {}
+        self._payload_ref: Optional[ray.ObjectRef] = None
+        self._payload: dict = {}
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
+                "node": ray.get_runtime_context().get_node_id()}
+
+    # ------------------------------------------------------------------ helpers
+    def _model(self, client_id: int) -> torch.nn.Module:
+        key = model_key(self.cfg, self.data, client_id)
+        if key not in self._models:
+            model = build_model(self.cfg, key[0], self.data.input_shape(client_id), self.data.num_classes,
+                                client_id).to(self.device)
+            initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self._models[key] = (model, initial)
+        model, initial = self._models[key]
+        model.load_state_dict(initial)
+        return model
+
+    def _payload_for(self, box: list) -> dict:
+        """The round's payload is fetched and deserialised once per worker, not once per job."""
+        ref = box[0]
+        if ref != self._payload_ref:
+            payload = ray.get(ref)
+            self._payload = _to_device(payload, self.device)
+            self._payload_ref = ref
+        return self._payload
+
+    def _optimizer(self, params: list) -> torch.optim.Optimizer:
+        t = self.cfg.train
+        if t.optimizer == "adam":
+            return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+    # ------------------------------------------------------------------ jobs
+    @ray.method(num_returns=2)
+    def train(self, job: dict, payload_box: list, state: Optional[dict]) -> tuple[dict, Optional[dict]]:
+        """Local training of one client for one round; returns (result with the upload, the client's new state)."""
+        start = time.perf_counter()
+        cid, rnd = job["client"], job["round"]
+        seed = job_seed(self.cfg.seed, cid, rnd)
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+        payload = self._payload_for(payload_box)
+        model = self._model(cid)
+        phases = self.algorithm.local_phases(model)
+        ctx = ClientContext(client_id=cid, round=rnd, total_rounds=self.cfg.rounds, epoch=0,
+                            num_epochs=sum(e for _, e in phases), payload=payload)
+        self.algorithm.client_setup(model, _to_device(state, self.device), payload, ctx)
+        x, y, idx = (t.to(self.device) for t in self.data.tensors(cid, "train"))
+        n, bs = len(y), self.cfg.train.batch_size
+        model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        part_sums: dict[str, torch.Tensor] = {}
+        seen = 0
+        finite = True
+        all_params = list(model.parameters())
+        for params, epochs in phases:
+            active = {id(p) for p in params}
+            for p in all_params:
+                p.requires_grad_(id(p) in active)
+            opt = self._optimizer(params)
+            for _ in range(epochs):
+                order = torch.randperm(n, generator=gen).to(self.device)
+                for b in range(0, n, bs):
+                    bi = order[b:b + bs]
+                    ctx.sample_idx = idx[bi]
+                    loss, parts = self.algorithm.client_loss(model, x[bi], y[bi], ctx)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    loss_sum += loss.detach().double() * len(bi)
+                    for k, v in parts.items():
+                        part_sums[k] = part_sums.get(k, 0.0) + v.detach().double() * len(bi)
+                    seen += len(bi)
+                ctx.epoch += 1
+                if not bool(torch.isfinite(loss_sum)):
+                    finite = False
+                    break
+            if not finite:
+                break
+        for p in all_params:
+            p.requires_grad_(True)
+        upload = self.algorithm.client_upload(model)
+        keep = self.algorithm.client_keep(model)
+        finite = finite and all_finite(upload) and all_finite(keep)
+        result = {
+            "client": cid, "round": rnd, "upload": upload, "num_samples": n, "finite": finite,
+            "loss": float(loss_sum) / max(seen, 1),
+            "parts": {k: float(v) / max(seen, 1) for k, v in part_sums.items()},
+            "seconds": time.perf_counter() - start, "has_state": bool(keep),
+        }
+        return result, (keep or None)
+
+    @torch.no_grad()
+    def evaluate(self, client_ids: list[int], payload_box: list, state_refs: list) -> list[tuple[int, int, int]]:
+        """Test accuracy of the model each client would use after this round: [(client, correct, total)]."""
+        payload = self._payload_for(payload_box)
+        present = [r for r in state_refs if r is not None]
+        fetched = iter(ray.get(present)) if present else iter(())
+        out = []
+        for cid, ref in zip(client_ids, state_refs):
+            state = next(fetched) if ref is not None else None
+            model = self._model(cid)
+            self.algorithm.eval_setup(model, _to_device(state, self.device), payload)
+            model.eval()
+            x, y, _ = self.data.tensors(cid, "test")
+            correct = 0
+            for b in range(0, len(y), 1024):
+                pred = model(x[b:b + 1024].to(self.device)).argmax(dim=1)
+                correct += int((pred.cpu() == y[b:b + 1024]).sum())
+            out.append((cid, correct, len(y)))
+        return out
+
+
+def _to_device(tree: Any, device: torch.device) -> Any:
+    if device.type == "cpu" or tree is None:
+        return tree
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device, non_blocking=True)
+    if isinstance(tree, dict):
+        return {k: _to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_device(v, device) for v in tree)
+    return tree

@@ -1,0 +1,32 @@
+"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from raysim.errors import UserError
+from raysim.registry import register_model
+
+
+@register_model("mlp")
+def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    widths = [math.prod(input_shape), *cfg.hidden]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers += [nn.Linear(widths[-1], cfg.feature_dim), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+@register_model("cnn")
+def cnn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    if len(input_shape) != 3:
+        raise UserError(f"config key 'model.name': cnn needs image inputs [C, H, W], got shape {input_shape}")
+    channels, w = input_shape[0], cfg.width
+    return nn.Sequential(
+        nn.Conv2d(channels, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(), nn.Linear(2 * w * 16, cfg.feature_dim), nn.ReLU(),
+    )

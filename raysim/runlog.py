@@ -1,0 +1,135 @@
+"""What a run leaves behind: ``metrics.jsonl`` (one JSON object per round), TensorBoard scalars, console lines.
+
+Metric names in ``metrics.jsonl`` are flat (``acc_mean``, ``bytes_up`` ...); TensorBoard gets them under
+grouped tags (``acc/mean``, ``comm/bytes_up`` ...) so related curves share a panel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+# metrics.jsonl name -> TensorBoard tag; keys not listed here and containing "/" are written as they are
+TB_TAGS = {
+    "acc_mean": "acc/mean",
+    "acc_global": "acc/global",
+    "loss": "loss/train",
+    "bytes_up": "comm/bytes_up",
+    "bytes_down": "comm/bytes_down",
+    "bytes_up_total": "comm/bytes_up_total",
+    "bytes_down_total": "comm/bytes_down_total",
+    "wall_s": "time/round_s",
+    "wall_s_total": "time/total_s",
+    "k": "curriculum/k",
+}
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+class RunLog:
+    """Owned by the driver actor; resumes cleanly by truncating what came after the checkpoint."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool, per_client_max: int, resume_round: int = 0):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.per_client_max = per_client_max
+        if resume_round:
+            kept = [m for m in read_metrics(self.metrics_path) if m["round"] <= resume_round]
+            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+            os.replace(tmp, self.metrics_path)
+        self._fh = open(self.metrics_path, "a")
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step hides events a crashed run wrote after its last checkpoint
+            self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
+
+    def write(self, metrics: dict, client_acc: Optional[dict[int, float]] = None) -> None:
+        self._fh.write(json.dumps(metrics) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        if self.tb is None:
+            return
+        step = metrics["round"]
+        for key, value in metrics.items():
+            if key == "round" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            tag = TB_TAGS.get(key) or (key if "/" in key else f"metrics/{key}")
+            self.tb.add_scalar(tag, value, step)
+        if client_acc:
+            import numpy as np
+
+            self.tb.add_histogram("acc/clients", np.array(list(client_acc.values())), step)
+            if len(client_acc) <= self.per_client_max:
+                for cid, acc in client_acc.items():
+                    self.tb.add_scalar(f"acc_client/{cid:04d}", acc, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def format_round(m: dict, rounds: int) -> str:
+    """One console line per round."""
+    parts = [f"round {m['round']:>{len(str(rounds))}}/{rounds}"]
+    if m.get("acc_mean") is not None:
+        parts.append(f"acc_mean {m['acc_mean']:.4f}")
+    if m.get("acc_global") is not None:
+        parts.append(f"acc_global {m['acc_global']:.4f}")
+    parts.append(f"loss {m['loss']:.4f}")
+    if "k" in m:
+        parts.append(f"k {m['k']}")
+    parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
+    parts.append(f"{m['wall_s']:.2f}s")
+    return "  ".join(parts)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1000.0
+    return f"{n:.1f}GB"
+
+
+def summary_table(rows: list[dict], run_dir: Path) -> str:
+    """The final table printed after a run."""
+    if not rows:
+        return f"no rounds completed; run directory: {run_dir}"
+    last = rows[-1]
+    lines = [("rounds", str(last["round"]))]
+    accs = [r for r in rows if r.get("acc_mean") is not None]
+    if accs:
+        best = max(accs, key=lambda r: r["acc_mean"])
+        lines.append(("best acc_mean", f"{best['acc_mean']:.4f} (round {best['round']})"))
+        lines.append(("final acc_mean", f"{accs[-1]['acc_mean']:.4f}"))
+    globs = [r for r in rows if r.get("acc_global") is not None]
+    if globs:
+        best = max(globs, key=lambda r: r["acc_global"])
+        lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
+    lines.append(("bytes up / down", f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
+    lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({last['wall_s_total'] / last['round']:.2f}s per round)"))
+    lines.append(("run directory", str(run_dir)))
+    lines.append(("tensorboard", f"tensorboard --logdir {run_dir}"))
+    width = max(len(k) for k, _ in lines)
+    bar = "-" * (width + 2 + max(len(v) for _, v in lines))
+    return "\n".join([bar] + [f"{k:<{width}}  {v}" for k, v in lines] + [bar])

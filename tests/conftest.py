@@ -1,0 +1,43 @@
+"""Shared fixtures: one local 2-CPU Ray for the whole session (ray.init takes ~4.5 s), torn down here only."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    from raysim.engine.resources import LOCAL_SYSTEM_CONFIG
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1",
+             _system_config=LOCAL_SYSTEM_CONFIG)
+    yield ray
+    ray.shutdown()
+
+
+def tiny_overrides(tmp_path: Path, **extra: object) -> list[str]:
+    """A small, fast experiment on scikit-learn's digits; extra keys as dotted overrides (a__b -> a.b)."""
+    base = {
+        "name": "t", "rounds": 2, "clients.num": 4, "data.name": "sklearn_digits", "data.partition": "iid",
+        "model.name": "mlp", "model.hidden": "[32]", "model.feature_dim": 16, "train.lr": 0.1,
+        "train.batch_size": 32, "engine.num_workers": 2, "log.dir": str(tmp_path / "run"),
+    }
+    base.update({k.replace("__", "."): v for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def strip_timing(rows: list[dict]) -> list[dict]:
+    """Metrics minus wall-clock times, for comparing runs."""
+    return [{k: v for k, v in r.items() if not k.startswith("wall_s")} for r in rows]
