@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from raysim.errors import RunStopped, UserError, find_user_error
+from raysim.report import DEFAULT_COLUMNS
 
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
@@ -23,6 +24,34 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no per-round lines")
+    run.add_argument("--seeds", metavar="SEEDS",
+                     help="run the config once per seed (0-9, 0,3,5 or 0-4,10), in parallel where resources allow, "
+                          "each in PARENT/seed-<n> (PARENT = log.dir or runs/<config>-seeds-<time>); "
+                          "with --resume PARENT, continue such a set")
+
+    tune = sub.add_parser("tune", help="hyperparameter sweep with Ray Tune",
+                          description="Run a sweep: raysim tune SWEEP.yaml [dotted.key=value ...]. Overrides of "
+                                      "sweep keys (num_samples=4, scheduler.name=asha, metric=acc_global, dir=...) "
+                                      "set the sweep; all others set every trial's experiment config.")
+    tune.add_argument("sweep", nargs="?", help="sweep YAML (optional with --resume)")
+    tune.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    tune.add_argument("--resume", metavar="SWEEP_DIR", help="continue an interrupted sweep")
+    tune.add_argument("--quiet", action="store_true", help="no per-round lines, only trials done and best so far")
+
+    report = sub.add_parser("report", help="tables, significance tests and plots from run directories",
+                            description="Summarise runs: raysim report RUN_DIR... [--out DIR]. Run directories may "
+                                        "be nested in sweep or seed directories.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or folders that hold them")
+    report.add_argument("--out", metavar="DIR", help="where to write (default: RUN_DIR/report for one RUN_DIR, "
+                                                     "else ./report)")
+    report.add_argument("--metric", default="acc_mean", choices=("acc_mean", "acc_global"),
+                        help="accuracy to compare (default acc_mean)")
+    report.add_argument("--target", type=float, default=0.5,
+                        help="accuracy for the rounds / MB / seconds-to-target columns (default 0.5)")
+    report.add_argument("--columns", default=",".join(DEFAULT_COLUMNS), metavar="PREFIXES",
+                        help="comma-separated config-key prefixes that make the table's columns (settings); other "
+                             f"varying keys make its rows (methods). Default: {','.join(DEFAULT_COLUMNS)}")
+    report.add_argument("--no-plots", action="store_true", help="tables only")
     return p
 
 
@@ -30,7 +59,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            return _cmd_run(args)
+            return _cmd_seeds(args) if _is_seeds(args) else _cmd_run(args)
+        if args.command == "tune":
+            return _cmd_tune(args)
+        if args.command == "report":
+            return _cmd_report(args)
     except KeyboardInterrupt:
         print("raysim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -88,6 +121,66 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if stopped:
         print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    return 0
+
+
+def _is_seeds(args: argparse.Namespace) -> bool:
+    return bool(args.seeds) or bool(args.resume and (Path(args.resume) / "sweep.yaml").is_file())
+
+
+def _cmd_seeds(args: argparse.Namespace) -> int:
+    from raysim.tune import parse_seeds, run_seeds
+
+    config, overrides = _split_config_and_overrides(args)
+    if args.resume:
+        result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
+    else:
+        if config is None:
+            raise UserError("raysim run --seeds needs a CONFIG.yaml (or --resume PARENT)")
+        result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
+    return _sweep_outcome(result, "raysim run --resume", "seeds")
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from raysim.tune import load_sweep, run_sweep, spec_from_yaml
+
+    if args.resume:
+        sweep_dir = Path(args.resume)
+        spec = spec_from_yaml(sweep_dir / "sweep.yaml")
+        result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=args.quiet)
+    else:
+        if args.sweep is None:
+            raise UserError("raysim tune needs a SWEEP.yaml (or --resume SWEEP_DIR)")
+        result = run_sweep(load_sweep(args.sweep, args.overrides), quiet=args.quiet)
+    return _sweep_outcome(result, "raysim tune --resume", "trials")
+
+
+def _sweep_outcome(result, resume_cmd: str, what: str) -> int:
+    """Print the table; exit 0 when every trial ended normally, 130 with a resume hint when some never finished."""
+    print(result.table_md)
+    d = result.sweep_dir
+    if result.best:
+        print(f"raysim: table {d / 'results.md'} (csv: results.csv); best config {d / 'best.yaml'}; "
+              f"compare: tensorboard --logdir {d}; summarise: raysim report {d}")
+    unfinished = [r for r in result.rows if r["status"] == "unfinished"]
+    failed = [r for r in result.rows if r["status"] == "error"]
+    if failed:
+        print(f"raysim: {len(failed)} {what} failed: {', '.join(r['run_dir'] for r in failed)} "
+              f"(Ray Tune's error files are under {d / 'tune'})", file=sys.stderr)
+    if unfinished:
+        print(f"raysim: {len(unfinished)} {what} unfinished; resume with: {resume_cmd} {d}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 1 if failed else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from raysim.report import format_console, make_report
+
+    out = Path(args.out) if args.out else (Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("report"))
+    columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
+    report = make_report(args.runs, out, metric=args.metric, target=args.target, columns=columns,
+                         plots=not args.no_plots)
+    print(format_console(report, out))
     return 0
 
 

@@ -14,7 +14,7 @@ algorithms need nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 import torch
@@ -38,6 +38,7 @@ class ClientContext:
     num_epochs: int
     payload: dict
     sample_idx: Optional[torch.Tensor] = None  # the batch's sample indices in its domain
+    meta: dict = field(default_factory=dict)  # the data's ``meta`` (what ``prepare_data`` attached), read-only
 
 
 def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:

@@ -77,6 +77,7 @@ class FederatedData:
             x = (x - _vector(domain.mean).view(shape)) / _vector(domain.std).view(shape)
         if split.shift is not None:
             x = (x - _vector(split.shift)) / _vector(split.scale)
+            x = torch.nan_to_num_(x, nan=0.0)  # a missing value (NaN) becomes the client's own training mean
         return x, torch.from_numpy(domain.y[idx]), torch.tensor(np.asarray(idx), dtype=torch.int64)
 
 

@@ -61,7 +61,10 @@ class Driver:
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
         self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                           resume_round=self.round if resume else 0)
-        self.pool = WorkerPool(cfg, self.data_ref, placement_group, first_bundle=1 if placement_group else 0)
+        # workers take the last num_workers bundles: Tune drops an empty head bundle (driver_cpus=0), so the
+        # group then holds only the workers' bundles and the driver (0 CPU) shares bundle 0
+        first = placement_group.bundle_count - cfg.engine.num_workers if placement_group else 0
+        self.pool = WorkerPool(cfg, self.data_ref, placement_group, first_bundle=first)
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ control (callable while run() streams)
@@ -70,6 +73,11 @@ class Driver:
 
     def worker_info(self) -> list[dict]:
         return self.pool.info()
+
+    def shutdown(self) -> None:
+        """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""
+        self._stop.set()
+        self.pool.shutdown()
 
     def request_stop(self) -> None:
         """Finish the current round, checkpoint, and end ``run()`` (Ctrl-C)."""

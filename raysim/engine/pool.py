@@ -40,6 +40,7 @@ class WorkerPool:
         self._remote_cls = ray.remote(ClientWorker)
         self.workers: list[Any] = [self._spawn(i) for i in range(cfg.engine.num_workers)]
         self.replacements = 0
+        self._closed = False
 
     def _spawn(self, index: int) -> Any:
         e = self.cfg.engine
@@ -85,6 +86,8 @@ class WorkerPool:
             try:
                 value = ray.get(ref)
             except _WORKER_DIED as exc:
+                if self._closed:
+                    raise RunStopped("the worker pool was shut down during a round") from None
                 lost = [job] + [j for r, (j, jw, _) in list(inflight.items()) if jw == w]
                 for r in [r for r, (_, jw, _) in inflight.items() if jw == w]:
                     inflight.pop(r)
@@ -103,6 +106,7 @@ class WorkerPool:
         return results
 
     def shutdown(self) -> None:
+        self._closed = True
         for w in self.workers:
             try:
                 ray.kill(w, no_restart=True)

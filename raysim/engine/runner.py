@@ -101,12 +101,24 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
             finally:
                 if previous is not None:
                     signal.signal(signal.SIGINT, previous)
-            ray.kill(driver)
+                _kill_quietly(driver)
     except BaseException:
         if created and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
         raise
     return run_dir, rows, stop_requested.is_set() and (not rows or rows[-1]["round"] < cfg.rounds)
+
+
+def _kill_quietly(driver: Any) -> None:
+    """End the driver and, with it, its workers (they are owned by the driver actor)."""
+    try:
+        ray.get(driver.shutdown.remote(), timeout=30)
+    except Exception:
+        pass
+    try:
+        ray.kill(driver)
+    except Exception:
+        pass
 
 
 def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:

@@ -110,7 +110,7 @@ class ClientWorker:
         model = self._model(cid)
         phases = self.algorithm.local_phases(model)
         ctx = ClientContext(client_id=cid, round=rnd, total_rounds=self.cfg.rounds, epoch=0,
-                            num_epochs=sum(e for _, e in phases), payload=payload)
+                            num_epochs=sum(e for _, e in phases), payload=payload, meta=self.data.meta)
         self.algorithm.client_setup(model, _to_device(state, self.device), payload, ctx)
         x, y, idx = (t.to(self.device) for t in self.data.tensors(cid, "train"))
         n, bs = len(y), self.cfg.train.batch_size

@@ -44,5 +44,12 @@ def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, 
 
 
 def model_key(cfg, data, client_id: int) -> tuple:
-    """Clients with equal keys share one model object (and one initial state) inside a worker."""
-    return (cfg.model.for_client(client_id), data.input_shape(client_id))
+    """Clients with equal keys share one model object (and one initial state) inside a worker.
+
+    A factory marked ``per_client = True`` (``mlp_hete``: an architecture drawn per client) gets one key per client.
+    """
+    from raysim.registry import get_model
+
+    arch = cfg.model.for_client(client_id)
+    key = (arch, data.input_shape(client_id))
+    return key + (client_id,) if getattr(get_model(arch), "per_client", False) else key

@@ -1,0 +1,358 @@
+"""FAPD (Liu et al., 2026): FedAvg plus progressive distillation of a teacher's feature space, paced by the server.
+
+Driver: PCA of the teacher's features on a calibration split gives the rotation R (rows by descending variance);
+each round sends P_t = R[:k_t] with the model, and after the round's evaluation the consensus controller grows
+k_t once ``acc_global`` has stopped moving (``algorithm.curriculum``: consensus | fixed | linear).
+Clients: ``CE + lambda_kd * KL(ẑ_T ‖ ẑ_S) + lambda_cl * InfoNCE(ẑ_S, class embeddings)`` in that k_t-dim subspace,
+where z_S is the backbone output (``model.feature_dim`` = the teacher's D; zoo backbones end in a linear adapter
+to that width) and z_T the teacher's features of the same samples, looked up by sample index.
+
+Teacher features come from ``algorithm.teacher.features`` (a .npy [N, D] in the dataset's sample order), or, offline,
+from a teacher that the server trains on its calibration split (carved out of the clients' training data, so no
+client holds it) and caches on disk. They reach each worker once, in ``data.meta``; a job carries sample indices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
+from raysim.config import AlgorithmConfig, ConfigError
+from raysim.curriculum.consensus import ConsensusController
+from raysim.curriculum.pca import explained_variance, fit_pca
+from raysim.curriculum.pkd import pkd_loss, semantic_contrastive_loss
+from raysim.data.base import ClientSplit, FederatedData
+from raysim.errors import UserError
+from raysim.registry import register_algorithm
+
+CURRICULA = ("consensus", "fixed", "linear")
+TEACHER_KEY = "fapd.teacher_features"  # data.meta: float32 [N, D], row i = teacher features of domain sample i
+CLASSES_KEY = "fapd.class_embeddings"  # data.meta: float32 [C, D]
+CALIBRATION_KEY = "fapd.calibration"  # data.meta: int64 indices of the server-held calibration split
+CACHE_VERSION = 1
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"config key '{key}': {why}")
+
+
+@dataclass
+class TeacherConfig:
+    features: Optional[str] = None  # .npy [N, D]: teacher features in the dataset's sample order (null: offline)
+    class_embeddings: Optional[str] = None  # .npy [C, D] (null: per-class mean teacher features of calibration)
+    calibration_fraction: float = 0.1  # share of each client's training data moved to the server's split
+    model: Optional[str] = None  # offline teacher architecture (null: model.name); its width is model.feature_dim
+    epochs: int = 30  # offline teacher: central training epochs on the calibration split
+    lr: float = 0.05  # offline teacher: SGD (momentum 0.9) learning rate
+    batch_size: int = 32  # offline teacher: batch size
+    cache_dir: Optional[str] = None  # offline teacher features cache (null: data.cache_dir, else ~/.cache/raysim)
+
+    def validate(self) -> None:
+        key = "algorithm.teacher."
+        for name in ("features", "class_embeddings", "cache_dir"):
+            value = getattr(self, name)
+            if value is not None:  # absolute now: the driver actor may run in another working directory
+                setattr(self, name, os.path.abspath(os.path.expanduser(str(value))))
+        _require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",
+                 f"must be in [0, 1), got {self.calibration_fraction}")
+        _require(self.calibration_fraction > 0 or self.features is not None, key + "calibration_fraction",
+                 "must be > 0 without algorithm.teacher.features (the offline teacher trains on that split)")
+        _require(self.epochs >= 1, key + "epochs", f"must be >= 1, got {self.epochs}")
+        _require(self.lr > 0, key + "lr", f"must be > 0, got {self.lr}")
+        _require(self.batch_size >= 1, key + "batch_size", f"must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class FAPDConfig(AlgorithmConfig):
+    name: str = "fapd"
+    k0: int = 8  # initial curriculum dimension
+    delta_k: int = 5  # dimensions added when the network is stable
+    epsilon: float = 0.005  # stability threshold on acc_global (a fraction, not a percentage)
+    window: int = 3  # consensus window N (rounds)
+    curriculum: str = "consensus"  # consensus | fixed (FAPD-nadpt) | linear (k grows by delta_k every round)
+    k_fixed: Optional[int] = None  # fixed curriculum's dimension (null: D, the whole teacher space)
+    lambda_kd: float = 0.5
+    lambda_cl: float = 0.5  # 0: FAPD-ncont
+    tau: float = 0.04  # contrastive temperature
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def validate(self) -> None:
+        _require(self.k0 >= 1, "algorithm.k0", f"must be >= 1, got {self.k0}")
+        _require(self.delta_k >= 0, "algorithm.delta_k", f"must be >= 0, got {self.delta_k}")
+        _require(self.epsilon >= 0, "algorithm.epsilon", f"must be >= 0, got {self.epsilon}")
+        _require(self.window >= 1, "algorithm.window", f"must be >= 1, got {self.window}")
+        _require(self.curriculum in CURRICULA, "algorithm.curriculum",
+                 f"must be one of {', '.join(CURRICULA)}, got {self.curriculum!r}")
+        _require(self.k_fixed is None or self.k_fixed >= 1, "algorithm.k_fixed", f"must be >= 1, got {self.k_fixed}")
+        _require(self.lambda_kd >= 0, "algorithm.lambda_kd", f"must be >= 0, got {self.lambda_kd}")
+        _require(self.lambda_cl >= 0, "algorithm.lambda_cl", f"must be >= 0, got {self.lambda_cl}")
+        _require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
+        self.teacher.validate()
+
+
+@register_algorithm("fapd")
+class FAPD(Algorithm):
+    Config = FAPDConfig
+    shared = "all"
+
+    # ------------------------------------------------------------------ driver: data, teacher, PCA
+    def prepare_data(self, data: FederatedData) -> FederatedData:
+        c, t = self.config, self.config.teacher
+        if len(data.domains) != 1:
+            raise UserError(f"config key 'data.domains': fapd distils per-sample teacher features of one domain, "
+                            f"but {self.cfg.data.name} has {len(data.domains)}")
+        calibration = carve_calibration(data, t.calibration_fraction, self.cfg.seed)
+        train_idx = np.unique(np.concatenate([s.train for s in data.clients] + [calibration]))
+        if t.features is not None:
+            feats = load_matrix(t.features, "algorithm.teacher.features", data.domains[0].name,
+                                min_rows=int(train_idx.max()) + 1, max_rows=len(data.domains[0].y))
+        else:
+            feats = offline_teacher_features(self.cfg, data, calibration)
+        dim = feats.shape[1]
+        if self.cfg.model.feature_dim != dim:
+            raise UserError(f"config key 'model.feature_dim': fapd distils into the backbone output, which must be "
+                            f"as wide as the teacher's features (D={dim}), got {self.cfg.model.feature_dim}")
+        fit_idx = calibration if len(calibration) else train_idx  # no calibration split: the whole training set
+        if t.class_embeddings is not None:
+            classes = load_matrix(t.class_embeddings, "algorithm.teacher.class_embeddings", "the class list",
+                                  min_rows=data.num_classes, max_rows=data.num_classes, cols=dim)
+        else:
+            classes = class_means(feats[fit_idx], data.domains[0].y[fit_idx], data.num_classes)
+        for key, value in (("algorithm.k0", c.k0), ("algorithm.k_fixed", c.k_fixed)):
+            if value is not None and value > dim:
+                raise UserError(f"config key '{key}': {value} exceeds the teacher's feature dimension D={dim}")
+        self._rotation, self._eigenvalues = fit_pca(feats[fit_idx])
+        data.meta.update({TEACHER_KEY: feats, CLASSES_KEY: classes, CALIBRATION_KEY: calibration})
+        return data
+
+    def init_server_state(self, initial_state: TensorDict) -> dict:
+        state = super().init_server_state(initial_state)
+        state["rotation"] = self._rotation.float()
+        state["eigenvalues"] = self._eigenvalues.float()
+        state["curriculum"] = self._controller(None, dim=self._rotation.shape[0]).state_dict()
+        return state
+
+    def _controller(self, saved: Optional[dict], dim: int) -> ConsensusController:
+        c = self.config
+        k0 = (c.k_fixed or dim) if c.curriculum == "fixed" else c.k0
+        ctrl = ConsensusController(k0, c.delta_k, c.epsilon, c.window, dim)
+        if saved is not None:
+            ctrl.load_state_dict(saved)
+        return ctrl
+
+    def server_payload(self, server_state: dict, round: int) -> dict:
+        k = int(server_state["curriculum"]["k"])
+        # a clone, not a view: pickling a view would ship the whole D x D rotation
+        return {"model": server_state["model"], "projection": server_state["rotation"][:k].clone()}
+
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
+        """Record the round's accuracy and choose next round's k; rounds without evaluation leave k unchanged."""
+        ctrl = self._controller(server_state["curriculum"], dim=server_state["rotation"].shape[0])
+        k_used = ctrl.k
+        out: dict[str, Any] = {"k": k_used,
+                               "curriculum/explained_variance": explained_variance(server_state["eigenvalues"], k_used)}
+        acc = metrics.get("acc_global")
+        if acc is not None:
+            ctrl.update(acc)
+            out["curriculum/stable"] = int(bool(ctrl.stable))
+        if self.config.curriculum == "fixed":
+            ctrl.k = k_used
+        elif self.config.curriculum == "linear":
+            ctrl.k = min(k_used + self.config.delta_k, ctrl.max_dim)
+        server_state["curriculum"] = ctrl.state_dict()
+        out["curriculum/k_next"] = ctrl.k
+        return out
+
+    # ------------------------------------------------------------------ clients
+    def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        feats = model.features(x)
+        ce = F.cross_entropy(model.head(feats), y)
+        projection = ctx.payload["projection"]
+        idx = ctx.sample_idx.cpu().numpy()
+        teacher = torch.from_numpy(ctx.meta[TEACHER_KEY][idx]).to(feats.device)  # fancy indexing copies
+        loss, parts = ce, {"ce": ce}
+        if self.config.lambda_kd > 0:
+            parts["kd"] = pkd_loss(feats, teacher, projection)
+            loss = loss + self.config.lambda_kd * parts["kd"]
+        if self.config.lambda_cl > 0:
+            classes = torch.from_numpy(np.array(ctx.meta[CLASSES_KEY])).to(feats.device)
+            parts["cl"] = semantic_contrastive_loss(feats, classes, y, projection, self.config.tau)
+            loss = loss + self.config.lambda_cl * parts["cl"]
+        return loss, parts
+
+
+# ---------------------------------------------------------------------- teacher data
+def carve_calibration(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
+    """Move ``fraction`` of every client's training samples (keeping at least one) to the server; returns them.
+
+    Taking the same share from every client makes the split follow the federation's overall label mix however
+    skewed the clients are. Deterministic from the seed, so a resumed run carves the same split.
+    """
+    if fraction <= 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng([seed, 0xFA9D])
+    taken = []
+    for split in data.clients:
+        n = len(split.train)
+        m = min(int(round(fraction * n)), n - 1)
+        mask = np.zeros(n, dtype=bool)
+        mask[rng.choice(n, size=max(m, 0), replace=False)] = True
+        taken.append(split.train[mask])
+        split.train = split.train[~mask]
+    calibration = np.sort(np.concatenate(taken)).astype(np.int64)
+    if len(calibration) < 2:
+        raise UserError(f"config key 'algorithm.teacher.calibration_fraction': {fraction} leaves "
+                        f"{len(calibration)} calibration samples; PCA needs at least 2")
+    return calibration
+
+
+def load_matrix(path: str, key: str, what: str, *, min_rows: int, max_rows: int,
+                cols: Optional[int] = None) -> np.ndarray:
+    """A finite float32 [rows, cols] array from a .npy file, or a one-line UserError naming ``key``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config key '{key}': file not found: {p}")
+    try:
+        arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    except Exception as exc:
+        raise UserError(f"config key '{key}': {p} is not a .npy array ({type(exc).__name__})") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or not min_rows <= arr.shape[0] <= max_rows \
+            or (cols is not None and arr.shape[1] != cols) or arr.shape[1] < 1:
+        shape = list(arr.shape) if isinstance(arr, np.ndarray) else type(arr).__name__
+        rows = str(max_rows) if min_rows == max_rows else f"{min_rows}..{max_rows}"
+        raise UserError(f"config key '{key}': {p} has shape {shape}, expected [{rows}, {cols or 'D'}] "
+                        f"(one row per sample of {what}, in its order)")
+    out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise UserError(f"config key '{key}': {p} holds NaN or Inf values")
+    return out
+
+
+def class_means(feats: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Per-class mean features, the offline stand-in for text class embeddings (zeros for an absent class)."""
+    out = np.zeros((num_classes, feats.shape[1]), dtype=np.float32)
+    for c in range(num_classes):
+        members = feats[labels == c]
+        if len(members):
+            out[c] = members.mean(axis=0)
+    return out
+
+
+def _cache_root(cfg: Any) -> Path:
+    t = cfg.algorithm.teacher
+    if t.cache_dir:
+        return Path(t.cache_dir)
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser() / "fapd-teacher"
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "raysim" / "fapd-teacher"
+
+
+def _cache_key(cfg: Any, data: FederatedData, calibration: np.ndarray, arch: str, device: str) -> str:
+    """Everything the teacher's features depend on: the samples, the split, the recipe, and the software."""
+    t = cfg.algorithm.teacher
+    h = hashlib.blake2b(digest_size=16)
+    recipe = {"v": CACHE_VERSION, "arch": arch, "model": asdict(cfg.model), "epochs": t.epochs, "lr": t.lr,
+              "batch_size": t.batch_size, "seed": cfg.seed, "classes": data.num_classes, "device": device,
+              "torch": torch.__version__}
+    h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
+    domain = data.domains[0]
+    for arr in (domain.x, domain.y, domain.mean, domain.std, calibration):
+        if arr is not None:
+            a = np.ascontiguousarray(arr)
+            h.update(str((a.dtype, a.shape)).encode())
+            h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def offline_teacher_features(cfg: Any, data: FederatedData, calibration: np.ndarray) -> np.ndarray:
+    """Train a teacher centrally on the calibration split and return its features of every domain sample.
+
+    Small and deterministic from the seed (one model, a few epochs, on the driver); the result is cached on disk
+    under a hash of the data, the split and the recipe, so sweeps and resumed runs reuse it.
+    """
+    from raysim.models import ClassifierModel
+    from raysim.registry import get_model
+
+    t = cfg.algorithm.teacher
+    arch = t.model or cfg.model.for_client(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    path = _cache_root(cfg) / f"{_cache_key(cfg, data, calibration, arch, device.type)}.npy"
+    n = len(data.domains[0].y)
+    if path.is_file():
+        try:
+            cached = np.load(path, allow_pickle=False)
+            if cached.shape == (n, cfg.model.feature_dim) and np.isfinite(cached).all():
+                return cached.astype(np.float32, copy=False)
+        except (OSError, ValueError):
+            pass  # damaged: train again and overwrite
+    start = time.perf_counter()
+    view = FederatedData(domains=data.domains, num_classes=data.num_classes,
+                         clients=[ClientSplit(domain=0, train=calibration, test=np.arange(n, dtype=np.int64))])
+    x, y, _ = view.tensors(0, "train")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(math.floor(cfg.engine.cpus_per_worker))))
+    try:
+        seed = int(np.random.SeedSequence([cfg.seed, 0x7EAC4E5]).generate_state(1)[0])
+        torch.manual_seed(seed)
+        backbone = get_model(arch)(input_shape=tuple(x.shape[1:]), cfg=cfg.model, client_id=0, seed=cfg.seed)
+        model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(seed)
+        x, y = x.to(device), y.to(device)
+        model.train()
+        for _ in range(t.epochs):
+            order = torch.randperm(len(y), generator=gen).to(device)
+            for b in range(0, len(y), t.batch_size):
+                bi = order[b:b + t.batch_size]
+                if len(bi) < 2 and len(y) > 1:
+                    continue  # a single-sample batch breaks batch norm
+                loss = F.cross_entropy(model(x[bi]), y[bi])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        model.eval()
+        all_x, all_y, _ = view.tensors(0, "test")
+        feats, hits = [], []
+        with torch.no_grad():
+            for b in range(0, n, 1024):
+                f = model.features(all_x[b:b + 1024].to(device))
+                hits.append((model.head(f).argmax(1).cpu() == all_y[b:b + 1024]).numpy())
+                feats.append(f.float().cpu())
+        out = torch.cat(feats).numpy().astype(np.float32)
+        held_out = np.ones(n, dtype=bool)
+        held_out[calibration] = False
+        accuracy = float(np.concatenate(hits)[held_out].mean()) if held_out.any() else float("nan")
+    finally:
+        torch.set_num_threads(threads)
+    if not np.isfinite(out).all():
+        raise UserError("config key 'algorithm.teacher.lr': the offline teacher diverged (NaN features); "
+                        "lower algorithm.teacher.lr")
+    print(f"raysim: fapd: offline teacher ({arch}, {len(calibration)} calibration samples, {t.epochs} epochs) "
+          f"trained in {time.perf_counter() - start:.1f}s; accuracy on the other {int(held_out.sum())} samples "
+          f"{accuracy:.4f}",
+          file=sys.stderr, flush=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.save(fh, out)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"raysim: fapd: warning: could not cache teacher features in {path.parent} ({exc.strerror}); "
+              f"set algorithm.teacher.cache_dir", file=sys.stderr, flush=True)
+    return out

@@ -1,0 +1,107 @@
+"""The seed papers' image backbones from torchvision (built with ``weights=None``: nothing is downloaded), adapted
+to small inputs, plus per-client random MLPs for UNIDEAL-HETE on tables.
+
+Every backbone maps ``[C, H, W]`` (any channel count) to a ``model.feature_dim`` vector, through a linear adapter
+where the network's natural width differs, so heads stay shape-compatible across architectures. Inputs up to 64 px
+get the CIFAR-style stem (3x3 stride-1 first convolution, no stem max-pool), which keeps enough spatial
+resolution for 28-32 px digits; larger inputs keep the ImageNet stem.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from torch import nn
+from torchvision import models as tvm
+from torchvision.models.resnet import BasicBlock, ResNet
+
+from raysim.errors import UserError
+from raysim.registry import register_model
+
+SMALL_INPUT = 64  # largest side that still gets the small-input stem
+HETE_WIDTHS = (32, 64, 128, 256)  # hidden widths mlp_hete draws from
+HETE_DEPTHS = (1, 2, 3)  # hidden layer counts mlp_hete draws from
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise UserError(f"config key 'model.name': {name} needs image inputs [C, H, W], got shape {input_shape}")
+    return input_shape  # type: ignore[return-value]
+
+
+def _with_adapter(body: nn.Module, natural: int, feature_dim: int) -> nn.Module:
+    """``body`` ends in a flat ``natural``-wide vector; add a linear map to ``feature_dim`` when they differ."""
+    return body if natural == feature_dim else nn.Sequential(body, nn.Linear(natural, feature_dim))
+
+
+def _resnet(name: str, net: ResNet, input_shape: tuple[int, ...], feature_dim: int) -> nn.Module:
+    channels, h, w = _image_shape(name, input_shape)
+    if min(h, w) <= SMALL_INPUT:
+        net.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    else:
+        net.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    natural = net.fc.in_features
+    net.fc = nn.Identity()  # torchvision's forward ends with avgpool -> flatten -> fc
+    return _with_adapter(net, natural, feature_dim)
+
+
+@register_model("resnet18")
+def resnet18(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    return _resnet("resnet18", tvm.resnet18(weights=None), input_shape, cfg.feature_dim)
+
+
+@register_model("resnet10")
+def resnet10(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """ResNet-18's layout with one BasicBlock per stage (FAPD's configs)."""
+    return _resnet("resnet10", ResNet(BasicBlock, [1, 1, 1, 1]), input_shape, cfg.feature_dim)
+
+
+@register_model("mobilenet_v3_small")
+def mobilenet_v3_small(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    channels, h, w = _image_shape("mobilenet_v3_small", input_shape)
+    net = tvm.mobilenet_v3_small(weights=None)
+    stem = net.features[0][0]
+    net.features[0][0] = nn.Conv2d(channels, stem.out_channels, kernel_size=3,
+                                   stride=1 if min(h, w) <= SMALL_INPUT else 2, padding=1, bias=False)
+    natural = net.classifier[0].in_features  # 576: the last feature map's channels, before the classifier MLP
+    return _with_adapter(nn.Sequential(net.features, net.avgpool, nn.Flatten()), natural, cfg.feature_dim)
+
+
+@register_model("vgg11_bn")
+def vgg11_bn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """VGG-11 with batch norm; max-pools that would shrink the map below 1x1 are dropped (28 px keeps four)."""
+    channels, h, w = _image_shape("vgg11_bn", input_shape)
+    features = tvm.vgg11_bn(weights=None).features
+    first = features[0]
+    features[0] = nn.Conv2d(channels, first.out_channels, kernel_size=3, padding=1)
+    side = min(h, w)
+    for i, layer in enumerate(features):
+        if isinstance(layer, nn.MaxPool2d):
+            if side >= 2:
+                side //= 2
+            else:
+                features[i] = nn.Identity()
+    body = nn.Sequential(features, nn.AdaptiveAvgPool2d(1), nn.Flatten())  # not 7x7 -> 4096: that is 100M weights
+    return _with_adapter(body, 512, cfg.feature_dim)
+
+
+def hete_widths(seed: int, client_id: int) -> list[int]:
+    """The hidden widths of client ``client_id``'s MLP: a reproducible draw from (seed, client id) alone."""
+    rng = np.random.default_rng([seed, client_id, 0x4D4C50])
+    depth = int(rng.choice(HETE_DEPTHS))
+    return [int(rng.choice(HETE_WIDTHS)) for _ in range(depth)]
+
+
+@register_model("mlp_hete")
+def mlp_hete(*, input_shape: tuple[int, ...], cfg, client_id: int, seed: int, **_: object) -> nn.Module:
+    """UNIDEAL-HETE on tables: each client's MLP has its own depth and widths, drawn from the seed."""
+    widths = [math.prod(input_shape), *hete_widths(seed, client_id), cfg.feature_dim]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+mlp_hete.per_client = True  # type: ignore[attr-defined]  # model_key separates clients: one architecture each

@@ -1,0 +1,438 @@
+"""``raysim report RUN_DIR...``: tables, significance tests and plots from run directories alone.
+
+Runs are found below the given paths (a run directory holds ``config.yaml`` and ``metrics.jsonl``; sweep and seed
+parents are searched) and grouped by their config minus the seed and the keys that only say how or where a run ran
+(``name``, ``log.*``, ``engine.*``). The main table is shaped like the papers': rows are methods (the varying keys
+that are not settings), columns are settings (varying ``data.*`` / ``clients.*`` / ``model.*`` keys by default),
+cells are mean ± std over seeds of each run's best accuracy; the column's best is bold, and a ``*`` marks each method
+that the best beats at p < 0.01 in Welch's t-test.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import yaml
+
+from raysim.errors import UserError
+from raysim.runlog import human_bytes, read_metrics
+
+IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+DEFAULT_COLUMNS = ("data.", "clients.", "model.")
+ALPHA = 0.01
+MB = 1e6
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]  # flat, dotted keys
+    rows: list[dict]
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+    def best(self, metric: str) -> Optional[float]:
+        values = [r[metric] for r in self.rows if r.get(metric) is not None]
+        return max(values) if values else None
+
+    def to_target(self, metric: str, target: float) -> Optional[dict]:
+        """The first round whose accuracy reaches ``target``, with the bytes and seconds spent until then."""
+        for r in self.rows:
+            if r.get(metric) is not None and r[metric] >= target:
+                return {"round": r["round"], "mb": (r["bytes_up_total"] + r["bytes_down_total"]) / MB,
+                        "wall_s": r["wall_s_total"]}
+        return None
+
+
+@dataclass
+class Group:
+    """All seeds of one (method, setting)."""
+
+    method: str
+    setting: str
+    runs: list[Run]
+    values: list[float] = field(default_factory=list)  # best metric per run
+    mean: Optional[float] = None
+    std: Optional[float] = None  # sample std (ddof=1); 0 for one run
+    p_vs_best: Optional[float] = None  # Welch's t-test against the column's best (two-sided)
+    beaten: bool = False  # the column's best is better at p < alpha
+    is_best: bool = False
+
+
+@dataclass
+class Report:
+    groups: list[Group]
+    methods: list[str]
+    settings: list[str]
+    metric: str
+    target: float
+    files: dict[str, Path]
+
+    def group(self, method: str, setting: Optional[str] = None) -> Group:
+        for g in self.groups:
+            if g.method == method and (setting is None or g.setting == setting):
+                return g
+        raise KeyError((method, setting))
+
+
+# ---------------------------------------------------------------------------------------------- finding runs
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run directories at or below each path (sweep and seed parents nest them)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise UserError(f"{p} does not exist")
+        if (p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file():
+            found.append(p)
+            continue
+        below = sorted(m.parent for m in p.rglob("metrics.jsonl") if (m.parent / "config.yaml").is_file())
+        if not below:
+            raise UserError(f"{p} holds no raysim run directories (none with config.yaml and metrics.jsonl)")
+        found.extend(below)
+    unique = list(dict.fromkeys(f.resolve() for f in found))
+    return unique
+
+
+def load_run(path: Path) -> Run:
+    try:
+        raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}/config.yaml is not valid YAML ({str(exc).splitlines()[0]})") from None
+    return Run(path=path, config=_flatten(raw), rows=read_metrics(path / "metrics.jsonl"))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _ignored(key: str) -> bool:
+    return any(key == p or key.startswith(p) for p in IGNORED_PREFIXES)
+
+
+def _hashable(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------- grouping
+
+
+def group_runs(runs: list[Run], columns: Sequence[str] = DEFAULT_COLUMNS) -> list[Group]:
+    """Group by config minus seed/name/log/engine; label each group by the keys that vary between groups."""
+    buckets: dict[tuple, list[Run]] = {}
+    for run in runs:
+        key = tuple(sorted((k, _hashable(v)) for k, v in run.config.items() if not _ignored(k)))
+        buckets.setdefault(key, []).append(run)
+    keys = sorted({k for run in runs for k in run.config if not _ignored(k)})
+    varying = [k for k in keys if len({_hashable(b[0].config.get(k)) for b in buckets.values()}) > 1]
+    col_keys = [k for k in varying if any(k == c or k.startswith(c) for c in columns)]
+    row_keys = [k for k in varying if k not in col_keys]
+    groups = []
+    for members in buckets.values():
+        cfg = members[0].config
+        groups.append(Group(method=_method_label(cfg, row_keys, varying),
+                            setting=_setting_label(cfg, col_keys, varying), runs=sorted(members, key=_seed_key)))
+    return groups
+
+
+def _seed_key(run: Run) -> tuple:
+    return (str(type(run.seed)), run.seed if run.seed is not None else 0, str(run.path))
+
+
+def _short(key: str, keys: list[str]) -> str:
+    """The key's last segment, unless another varying key shares it."""
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf if sum(k.rsplit(".", 1)[-1] == leaf for k in keys) == 1 else key
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list):
+        return "[" + ",".join(map(_value, value)) + "]"
+    return str(value)
+
+
+def _method_label(cfg: dict, row_keys: list[str], varying: list[str]) -> str:
+    name = _value(cfg.get("algorithm.name", "?"))
+    extra = [f"{_short(k, varying)}={_value(cfg[k])}" for k in row_keys
+             if k != "algorithm.name" and cfg.get(k) is not None]
+    return f"{name} ({', '.join(extra)})" if extra else name
+
+
+def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
+    if not col_keys:
+        return _value(cfg.get("data.name", "all"))
+    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in col_keys)
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
+    """Mean ± std of each group's best metric; Welch's t-test of each column's best against the others."""
+    from scipy import stats
+
+    for g in groups:
+        g.values = [v for v in (run.best(metric) for run in g.runs) if v is not None]
+        if g.values:
+            g.mean = float(np.mean(g.values))
+            g.std = float(np.std(g.values, ddof=1)) if len(g.values) > 1 else 0.0
+    for setting in dict.fromkeys(g.setting for g in groups):
+        column = [g for g in groups if g.setting == setting and g.mean is not None]
+        if not column:
+            continue
+        best = max(column, key=lambda g: g.mean)
+        best.is_best = True
+        for g in column:
+            if g is best or len(g.values) < 2 or len(best.values) < 2:
+                continue
+            p = float(stats.ttest_ind(best.values, g.values, equal_var=False).pvalue)
+            g.p_vs_best = None if math.isnan(p) else p
+            g.beaten = g.p_vs_best is not None and g.p_vs_best < alpha and best.mean > g.mean
+
+
+# ---------------------------------------------------------------------------------------------- the report
+
+
+def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_mean", target: float = 0.5,
+                columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True) -> Report:
+    """Find, group and score the runs; write report.md, table.csv, summary.csv, comm.csv and the PNG plots."""
+    if metric not in ("acc_mean", "acc_global"):
+        raise UserError(f"--metric must be acc_mean or acc_global, got {metric!r}")
+    runs = [load_run(p) for p in find_runs(paths)]
+    runs = [r for r in runs if r.rows]
+    if not runs:
+        raise UserError("no run has completed a round (every metrics.jsonl is empty)")
+    groups = group_runs(runs, columns)
+    score(groups, metric, alpha)
+    methods = sorted(dict.fromkeys(g.method for g in groups))
+    settings = list(dict.fromkeys(g.setting for g in sorted(groups, key=lambda g: g.setting)))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
+    report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={})
+    report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
+    report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
+    report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
+    if plots:
+        report.files.update(write_plots(report, out))
+    report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
+    return report
+
+
+def _cell(g: Optional[Group], markdown: bool = True) -> str:
+    if g is None or g.mean is None:
+        return "-"
+    text = f"{100 * g.mean:.2f} ± {100 * g.std:.2f}"
+    if markdown and g.is_best:
+        text = f"**{text}**"
+    if g.beaten:
+        text += "*"
+    return text
+
+
+def _find(report: Report, method: str, setting: str) -> Optional[Group]:
+    return next((g for g in report.groups if g.method == method and g.setting == setting), None)
+
+
+def main_table_rows(report: Report, markdown: bool = True) -> list[list[str]]:
+    return [[m] + [_cell(_find(report, m, s), markdown) for s in report.settings] for m in report.methods]
+
+
+def _write_table_csv(report: Report, path: Path) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method"] + report.settings)
+        w.writerows(main_table_rows(report, markdown=False))
+    return path
+
+
+def _write_summary_csv(report: Report, path: Path, alpha: float) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "setting", "metric", "n", "mean", "std", "best_in_setting", "p_vs_best",
+                    f"beaten_at_p<{alpha:g}", "values", "run_dirs"])
+        for g in sorted(report.groups, key=lambda g: (g.setting, g.method)):
+            w.writerow([g.method, g.setting, report.metric, len(g.values), _num(g.mean), _num(g.std), g.is_best,
+                        _num(g.p_vs_best), g.beaten, " ".join(f"{v:.6g}" for v in g.values),
+                        " ".join(str(r.path) for r in g.runs)])
+    return path
+
+
+def _num(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def comm_stats(g: Group, metric: str, target: float) -> dict[str, Any]:
+    """Per-round traffic and time, and what it took to reach ``target`` (over the seeds that reached it)."""
+    rows = [r for run in g.runs for r in run.rows]
+    reached = [t for t in (run.to_target(metric, target) for run in g.runs) if t is not None]
+
+    def ms(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+        if not values:
+            return None, None
+        return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+    return {
+        "method": g.method, "setting": g.setting, "runs": len(g.runs),
+        "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])),
+        "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
+        "wall_s_per_round": float(np.mean([r["wall_s"] for r in rows])),
+        "reached": len(reached),
+        "rounds_to_target": ms([t["round"] for t in reached]),
+        "mb_to_target": ms([t["mb"] for t in reached]),
+        "wall_s_to_target": ms([t["wall_s"] for t in reached]),
+    }
+
+
+def _write_comm_csv(report: Report, path: Path) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "setting", "runs", "bytes_up_per_round", "bytes_down_per_round", "wall_s_per_round",
+                    "target", "reached", "rounds_to_target_mean", "rounds_to_target_std", "mb_to_target_mean",
+                    "mb_to_target_std", "wall_s_to_target_mean", "wall_s_to_target_std"])
+        for g in _ordered(report):
+            c = comm_stats(g, report.metric, report.target)
+            w.writerow([c["method"], c["setting"], c["runs"], f"{c['bytes_up_per_round']:.0f}",
+                        f"{c['bytes_down_per_round']:.0f}", f"{c['wall_s_per_round']:.4g}", report.target,
+                        c["reached"], *(_num(x) for key in ("rounds_to_target", "mb_to_target", "wall_s_to_target")
+                                        for x in c[key])])
+    return path
+
+
+def _ordered(report: Report) -> list[Group]:
+    order = {s: i for i, s in enumerate(report.settings)}
+    return sorted(report.groups, key=lambda g: (order[g.setting], g.method))
+
+
+def _pm(pair: tuple[Optional[float], Optional[float]], fmt: str) -> str:
+    mean, std = pair
+    return "-" if mean is None else f"{mean:{fmt}} ± {std:{fmt}}"
+
+
+def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
+    from raysim.tune import markdown_table
+
+    seeds = sorted({len(g.values) for g in report.groups})
+    lines = [f"# raysim report", "",
+             f"{sum(len(g.runs) for g in report.groups)} runs in {len(report.groups)} groups "
+             f"(seeds per group: {', '.join(map(str, seeds))}).", "",
+             f"## Best `{report.metric}` (%), mean ± std over seeds", "",
+             markdown_table(["method"] + report.settings, main_table_rows(report)), "",
+             f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
+             f"(Welch's t-test over seeds; needs at least two seeds on each side). "
+             f"p-values are in `summary.csv`.", "",
+             f"## Communication and speed (target: {report.metric} ≥ {report.target:g})", ""]
+    rows = []
+    for g in _ordered(report):
+        c = comm_stats(g, report.metric, report.target)
+        rows.append([g.method, g.setting, human_bytes(c["bytes_up_per_round"]),
+                     human_bytes(c["bytes_down_per_round"]), f"{c['wall_s_per_round']:.2f}",
+                     f"{c['reached']}/{c['runs']}", _pm(c["rounds_to_target"], ".1f"), _pm(c["mb_to_target"], ".2f"),
+                     _pm(c["wall_s_to_target"], ".1f")])
+    lines += [markdown_table(["method", "setting", "up / round", "down / round", "s / round", "reached",
+                              "rounds to target", "MB to target", "s to target"], rows), "",
+              "Up/down: bytes crossing the network per round (all sampled clients together); MB to target: "
+              "cumulative up + down until the first round at or above the target, over the seeds that reached it.",
+              ""]
+    for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
+                        ("k_vs_round.png", "FAPD curriculum dimension k")):
+        if name in report.files:
+            lines += [f"## {title}", "", f"![{title}]({name})", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+
+def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per round: mean and std over runs of ``y`` (and the mean of ``x`` when given, else the round)."""
+    by_round: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        for r in run.rows:
+            if r.get(y) is None:
+                continue
+            xv = r["round"] if x is None else _x_value(r, x)
+            by_round.setdefault(r["round"], []).append((xv, r[y]))
+    rounds = sorted(by_round)
+    xs = np.array([np.mean([p[0] for p in by_round[k]]) for k in rounds])
+    ys = np.array([np.mean([p[1] for p in by_round[k]]) for k in rounds])
+    sd = np.array([np.std([p[1] for p in by_round[k]], ddof=1) if len(by_round[k]) > 1 else 0.0 for k in rounds])
+    return xs, ys, sd
+
+
+def _x_value(row: dict, x: str) -> float:
+    if x == "mb":
+        return (row["bytes_up_total"] + row["bytes_down_total"]) / MB
+    return row[x]
+
+
+def write_plots(report: Report, out: Path) -> dict[str, Path]:
+    """Accuracy vs round and vs cumulative MB (mean line, std band over seeds); k vs round where FAPD logged it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = {}
+    plots = [("acc_vs_round.png", report.metric, None, "round", report.metric),
+             ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric)]
+    if any("k" in r for g in report.groups for run in g.runs for r in run.rows):
+        plots.append(("k_vs_round.png", "k", None, "round", "curriculum dimension k"))
+    for name, y, x, xlabel, ylabel in plots:
+        n = len(report.settings)
+        fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
+        drawn = False
+        for ax, setting in zip(axes[0], report.settings):
+            for g in _ordered(report):
+                if g.setting != setting:
+                    continue
+                xs, ys, sd = _curve(g.runs, y, x)
+                if not len(xs):
+                    continue
+                line, = ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, markersize=3,
+                                label=f"{g.method} (n={len(g.runs)})", drawstyle="steps-post" if y == "k" else None)
+                ax.fill_between(xs, ys - sd, ys + sd, alpha=0.2, color=line.get_color(),
+                                step="post" if y == "k" else None)
+                drawn = True
+            ax.set_title(setting)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        if drawn:
+            fig.savefig(out / name, dpi=110)
+            files[name] = out / name
+        plt.close(fig)
+    return files
+
+
+def format_console(report: Report, out: Path) -> str:
+    """What ``raysim report`` prints: the main table and where everything went."""
+    from raysim.tune import markdown_table
+
+    lines = [f"best {report.metric} (%), mean ± std over seeds; * = beaten by the column's best at p < {ALPHA:g}",
+             markdown_table(["method"] + report.settings, main_table_rows(report, markdown=False)),
+             f"report: {out / 'report.md'} (tables: table.csv, summary.csv, comm.csv; plots: "
+             f"{', '.join(n for n in report.files if n.endswith('.png')) or 'none'})"]
+    return "\n".join(lines)

@@ -1,0 +1,709 @@
+"""``raysim tune`` and ``raysim run --seeds``: every Ray Tune trial is one whole raysim run.
+
+A trial reserves its driver and workers with a placement group (bundle 0 for the driver, one bundle per worker), so
+concurrent trials share a cluster without oversubscribing it; requests the cluster can never satisfy are refused up
+front, since Tune would otherwise leave such trials pending for ever. Trials report every round with
+``ray.tune.report`` (ASHA stops poor ones early, counting rounds) and write ordinary raysim run directories inside
+the sweep directory, so ``raysim report`` and TensorBoard work on them as on any run.
+
+Sweep directory layout::
+
+    SWEEP_DIR/sweep.yaml          the resolved sweep (what --resume reads back)
+    SWEEP_DIR/trials/<trial>/     one raysim run directory per trial (seeds: seed-<n>/)
+    SWEEP_DIR/tune/               Ray Tune's experiment state (Tuner.restore)
+    SWEEP_DIR/results.csv, .md    every trial: searched values, best metric, rounds run, status
+    SWEEP_DIR/best.yaml           the best trial's config, ready for ``raysim run``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import yaml
+
+from raysim.config import ExperimentConfig, load_config, to_yaml
+from raysim.errors import UserError
+
+DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
+SCHEDULERS = ("fifo", "asha")
+METRICS = ("acc_mean", "acc_global")
+# top-level keys of a sweep file; an override whose first segment is one of these sets the sweep, not the experiment
+SWEEP_KEYS = ("base", "metric", "mode", "num_samples", "scheduler", "max_concurrent", "dir", "fixed", "space")
+
+
+class SweepError(UserError):
+    """A sweep file or a sweep override is wrong."""
+
+
+@dataclass
+class SweepSpec:
+    """A resolved sweep: which experiment, what to search, how to schedule; saved as ``sweep.yaml``."""
+
+    base: str  # experiment config (absolute path)
+    space: dict[str, dict[str, list]] = field(default_factory=dict)  # dotted key -> {distribution: args}
+    fixed: list[str] = field(default_factory=list)  # dotted overrides applied to every trial
+    metric: str = "acc_mean"
+    mode: str = "max"
+    num_samples: int = 1
+    scheduler: dict[str, Any] = field(default_factory=lambda: {"name": "fifo"})
+    max_concurrent: Optional[int] = None
+    dir: Optional[str] = None
+    naming: str = "trial"  # "trial": trials/<trial_id>; "seed": seed-<n> (raysim run --seeds)
+
+    def trials_dir(self, sweep_dir: Path) -> Path:
+        """Seeds sit right under their parent (PARENT/seed-3); sweep trials under SWEEP_DIR/trials/."""
+        return sweep_dir if self.naming == "seed" else sweep_dir / "trials"
+
+    def total_trials(self) -> int:
+        grids = [len(d["grid"]) for d in self.space.values() if "grid" in d]
+        return self.num_samples * math.prod(grids) if grids else self.num_samples
+
+
+# ---------------------------------------------------------------------------------------------- reading sweeps
+
+
+def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
+    """Read a sweep file; ``overrides`` whose first segment is a sweep key set the sweep, the rest the experiment."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"{path}: a sweep file must be a mapping of keys")
+    unknown = sorted(set(raw) - set(SWEEP_KEYS))
+    if unknown:
+        raise SweepError(f"sweep key '{unknown[0]}' is unknown (known: {', '.join(SWEEP_KEYS)})")
+    if "base" not in raw:
+        raise SweepError(f"{path}: sweep key 'base' (the experiment config to start from) is missing")
+    experiment_overrides = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SweepError(f"override '{item}' must look like dotted.key=value")
+        head = key.split(".")[0]
+        if head in ("space", "fixed", "base"):
+            raise SweepError(f"override '{item}': change '{head}' in the sweep file")
+        if head in SWEEP_KEYS:
+            _set_dotted(raw, key, yaml.safe_load(value))
+        else:
+            experiment_overrides.append(item)
+    base = (path.parent / str(raw["base"])).resolve()
+    if not base.is_file():
+        raise SweepError(f"sweep key 'base': experiment config not found: {base}")
+    space = flatten_space(raw.get("space") or {})
+    fixed = [f"{k}={json.dumps(v)}" for k, v in _flatten(raw.get("fixed") or {}, "fixed").items()]
+    for item in experiment_overrides:  # a command-line value fixes a searched key
+        space.pop(item.partition("=")[0], None)
+    scheduler = raw.get("scheduler", "fifo")
+    scheduler = {"name": scheduler} if isinstance(scheduler, str) else dict(scheduler)
+    spec = SweepSpec(base=str(base), space=space, fixed=fixed + experiment_overrides,
+                     metric=raw.get("metric", "acc_mean"), mode=raw.get("mode", "max"),
+                     num_samples=raw.get("num_samples", 1), scheduler=scheduler,
+                     max_concurrent=raw.get("max_concurrent"), dir=raw.get("dir"))
+    check_spec(spec)
+    return spec
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = tree.get(part)
+        if not isinstance(node, dict):
+            node = {"name": node} if part == "scheduler" and isinstance(node, str) else {}
+            tree[part] = node
+        tree = node
+    tree[parts[-1]] = value
+
+
+def _flatten(tree: dict, where: str, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        raise SweepError(f"sweep key '{where}' must be a mapping of dotted config keys")
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, where, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def flatten_space(tree: dict, prefix: str = "") -> dict[str, dict[str, list]]:
+    """``{train: {lr: {loguniform: [a, b]}}}`` or ``{train.lr: {loguniform: [a, b]}}`` -> ``{"train.lr": {...}}``."""
+    if not isinstance(tree, dict):
+        raise SweepError("sweep key 'space' must map dotted config keys to distributions")
+    out: dict[str, dict[str, list]] = {}
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in DISTRIBUTIONS:
+            kind, args = next(iter(value.items()))
+            _check_distribution(full, kind, args)
+            out[full] = {kind: list(args)}
+        elif isinstance(value, dict) and value and not (set(value) & set(DISTRIBUTIONS)):
+            out.update(flatten_space(value, full + "."))
+        else:
+            raise SweepError(f"sweep key 'space.{full}': give one distribution, e.g. {{choice: [a, b]}} "
+                             f"(one of {', '.join(DISTRIBUTIONS)})")
+    return out
+
+
+def _check_distribution(key: str, kind: str, args: Any) -> None:
+    where = f"sweep key 'space.{key}'"
+    if not isinstance(args, list) or not args:
+        raise SweepError(f"{where}: {kind} needs a non-empty list")
+    if kind in ("uniform", "loguniform", "randint"):
+        if len(args) != 2 or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+            raise SweepError(f"{where}: {kind} needs [low, high]")
+        if not args[0] < args[1]:
+            raise SweepError(f"{where}: {kind} needs low < high, got {args}")
+        if kind == "loguniform" and args[0] <= 0:
+            raise SweepError(f"{where}: loguniform needs low > 0, got {args[0]}")
+        if kind == "randint" and not all(isinstance(a, int) for a in args):
+            raise SweepError(f"{where}: randint needs integers [low, high) , got {args}")
+
+
+def check_spec(spec: SweepSpec) -> None:
+    if spec.metric not in METRICS:
+        raise SweepError(f"sweep key 'metric': must be one of {', '.join(METRICS)}, got {spec.metric!r}")
+    if spec.mode not in ("max", "min"):
+        raise SweepError(f"sweep key 'mode': must be max or min, got {spec.mode!r}")
+    if not isinstance(spec.num_samples, int) or spec.num_samples < 1:
+        raise SweepError(f"sweep key 'num_samples': must be an integer >= 1, got {spec.num_samples!r}")
+    if spec.scheduler.get("name") not in SCHEDULERS:
+        raise SweepError(f"sweep key 'scheduler.name': must be one of {', '.join(SCHEDULERS)}, "
+                         f"got {spec.scheduler.get('name')!r}")
+    known = {"name"} | ({"grace_period", "reduction_factor"} if spec.scheduler["name"] == "asha" else set())
+    extra = sorted(set(spec.scheduler) - known)
+    if extra:
+        raise SweepError(f"sweep key 'scheduler.{extra[0]}' is unknown for {spec.scheduler['name']}")
+    for key in ("grace_period", "reduction_factor"):
+        value = spec.scheduler.get(key, 1 if key == "grace_period" else 2)
+        if not isinstance(value, int) or value < (1 if key == "grace_period" else 2):
+            raise SweepError(f"sweep key 'scheduler.{key}': must be an integer >= "
+                             f"{1 if key == 'grace_period' else 2}, got {value!r}")
+    if spec.max_concurrent is not None and (not isinstance(spec.max_concurrent, int) or spec.max_concurrent < 1):
+        raise SweepError(f"sweep key 'max_concurrent': must be an integer >= 1, got {spec.max_concurrent!r}")
+
+
+def spec_to_yaml(spec: SweepSpec) -> str:
+    return yaml.safe_dump(dataclasses.asdict(spec), sort_keys=False)
+
+
+def spec_from_yaml(path: Path) -> SweepSpec:
+    if not path.is_file():
+        raise SweepError(f"{path.parent} is not a sweep directory (no {path.name})")
+    return SweepSpec(**yaml.safe_load(path.read_text()))
+
+
+# ---------------------------------------------------------------------------------------------- validating
+
+
+def candidate_overrides(spec: SweepSpec) -> list[list[str]]:
+    """Trial overrides that together touch every searched value (and both ends of every range)."""
+    values = {}
+    for key, dist in spec.space.items():
+        kind, args = next(iter(dist.items()))
+        values[key] = {"randint": [args[0], args[1] - 1]}.get(kind, args)
+    first = {key: vals[0] for key, vals in values.items()}
+    out = [[_override(k, v) for k, v in first.items()]]
+    for key, vals in values.items():
+        for value in vals[1:]:
+            out.append([_override(k, value if k == key else v) for k, v in first.items()])
+    return out
+
+
+def _override(key: str, value: Any) -> str:
+    return f"{key}={json.dumps(value)}"  # JSON is YAML: strings stay strings, lists stay lists
+
+
+def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
+    """Load every candidate config (bad keys and values fail here, naming the key), check the metric exists.
+
+    Returns the first candidate's config; resources are checked by :func:`check_cluster` once Ray is up.
+    """
+    from raysim.registry import get_algorithm
+
+    configs = []
+    for trial in candidate_overrides(spec):
+        try:
+            configs.append(load_config(spec.base, spec.fixed + trial))
+        except UserError as exc:
+            raise type(exc)(f"{exc} (with {' '.join(trial) or 'the base config'})") from None
+    if spec.metric == "acc_global":
+        for cfg in configs:
+            if not get_algorithm(cfg.algorithm.name).has_global_model:
+                raise SweepError(f"sweep key 'metric': {cfg.algorithm.name} has no global model, so no acc_global; "
+                                 f"use metric: acc_mean")
+    if spec.scheduler["name"] == "asha":
+        rounds = min(cfg.rounds for cfg in configs)
+        if spec.scheduler.get("grace_period", 1) > rounds:
+            raise SweepError(f"sweep key 'scheduler.grace_period': {spec.scheduler['grace_period']} rounds, but "
+                             f"trials run only {rounds}")
+    return configs[0]
+
+
+def check_cluster(spec: SweepSpec) -> None:
+    """Refuse, before Tune starts, any trial that could never be placed (Tune would wait for it for ever)."""
+    from raysim.engine.resources import check_resources
+
+    for trial in candidate_overrides(spec):
+        check_resources(load_config(spec.base, spec.fixed + trial).engine)
+
+
+def trial_bundles(engine: Any) -> list[dict[str, float]]:
+    """Bundle 0: the driver (and the Tune trial process itself); then one bundle per worker.
+
+    With ``driver_cpus = 0`` the head bundle is empty and Tune leaves it out of the group; the driver then sits,
+    using nothing, in the first worker's bundle (the runner/driver place workers in the group's last bundles).
+    """
+    head = {"CPU": float(engine.driver_cpus)} if engine.driver_cpus else {}
+    worker = {"CPU": float(engine.cpus_per_worker)}
+    if engine.gpus_per_worker:
+        worker["GPU"] = float(engine.gpus_per_worker)
+    return [head] + [dict(worker) for _ in range(engine.num_workers)]
+
+
+# ---------------------------------------------------------------------------------------------- trials
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial needs besides its sampled values; shipped to the trial with the trainable."""
+
+    base: str
+    fixed: tuple[str, ...]
+    trials_dir: str
+    cwd: str
+    naming: str
+
+    def run_dir(self, values: dict, trial_id: str) -> Path:
+        name = f"seed-{values['seed']}" if self.naming == "seed" else trial_id
+        return Path(self.trials_dir) / name
+
+    def config(self, values: dict, run_dir: Optional[Path] = None) -> ExperimentConfig:
+        extra = [_override(k, v) for k, v in values.items()]
+        if run_dir is not None:
+            extra += [f"log.dir={run_dir}", "log.progress=false"]
+        return load_config(self.base, list(self.fixed) + extra)
+
+
+def run_trial(values: dict, setup: TrialSetup) -> None:
+    """The Tune trainable: one raysim run in the trial's placement group, reporting every round.
+
+    A trial restarted by ``Tuner.restore`` finds its run directory's checkpoint and continues from it.
+    """
+    import ray
+    from ray import tune
+
+    from raysim.engine.runner import run_experiment
+
+    with contextlib.suppress(OSError):
+        os.chdir(setup.cwd)  # Tune starts trials in its own trial dir; relative paths in configs mean the user's cwd
+    run_dir = setup.run_dir(values, tune.get_context().get_trial_id())
+    cfg = setup.config(values, run_dir)
+    resume = (run_dir / "checkpoint" / "server.pt").is_file()
+    if not resume and run_dir.exists():
+        shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
+    last: dict[str, float] = {}
+
+    def report(m: dict) -> None:
+        row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+               and math.isfinite(v)}
+        for key in METRICS:  # carried over rounds without evaluation (eval.every > 1), so ASHA always has a value
+            if key in row:
+                last[key] = row[key]
+        tune.report({**last, **row})
+
+    run_experiment(cfg, resume=resume, on_round=report, placement_group=ray.util.get_current_placement_group())
+
+
+def _trial_resources(values: dict, setup: TrialSetup) -> Any:
+    from ray.tune import PlacementGroupFactory
+
+    return PlacementGroupFactory(trial_bundles(setup.config(values).engine), strategy="PACK")
+
+
+def _param_space(spec: SweepSpec) -> dict[str, Any]:
+    from ray import tune
+
+    make = {"choice": tune.choice, "grid": tune.grid_search, "uniform": lambda a: tune.uniform(*a),
+            "loguniform": lambda a: tune.loguniform(*a), "randint": lambda a: tune.randint(*a)}
+    return {key: make[kind](args) for key, dist in spec.space.items() for kind, args in dist.items()}
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Console lines a person can follow: each trial's rounds, and trials done out of total with the best so far."""
+
+    def __init__(self, spec: SweepSpec, total: int, rounds: int, quiet: bool, done: int = 0):
+        self.spec, self.total, self.rounds, self.quiet = spec, total, rounds, quiet
+        self.done = done
+        self.best: Optional[tuple[float, str]] = None
+        self.start = time.monotonic()
+
+    def label(self, trial: Any) -> str:
+        if self.spec.naming == "seed":
+            return f"seed {trial.config.get('seed')}"
+        values = " ".join(f"{k}={_fmt(v)}" for k, v in trial.config.items())
+        return f"trial {trial.trial_id}" + (f" ({values})" if values else "")
+
+    def result(self, trial: Any, result: dict) -> None:
+        value = result.get(self.spec.metric)
+        if value is not None and (self.best is None or _better(value, self.best[0], self.spec.mode)):
+            self.best = (value, self.label(trial))
+        if not self.quiet:
+            from raysim.runlog import format_round
+
+            if "loss" in result and "bytes_up" in result:
+                line = format_round({k: result.get(k) for k in (
+                    "round", "acc_mean", "acc_global", "loss", "k", "bytes_up", "bytes_down", "wall_s")
+                    if k in result}, self.rounds)
+                print(f"[{self.label(trial)}] {line}", flush=True)
+
+    def finished(self, trial: Any, failed: bool) -> None:
+        self.done += 1
+        best = (f"; best {self.spec.metric} {self.best[0]:.4f} ({self.best[1]})" if self.best else "")
+        what = "failed" if failed else "finished"
+        print(f"raysim: {self.done}/{self.total} {'seeds' if self.spec.naming == 'seed' else 'trials'} done "
+              f"({self.label(trial)} {what}, {time.monotonic() - self.start:.0f}s elapsed){best}", flush=True)
+
+
+def _progress_callback(progress: _Progress) -> Any:
+    from ray.tune import Callback
+
+    class ProgressCallback(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            progress.result(trial, result)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            progress.finished(trial, failed=False)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            progress.finished(trial, failed=True)
+
+    return ProgressCallback()
+
+
+def _better(a: float, b: float, mode: str) -> bool:
+    return a > b if mode == "max" else a < b
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+@contextlib.contextmanager
+def _tune_env() -> Iterator[None]:
+    """raysim writes each trial's TensorBoard events itself; Tune's own TensorBoard logger would duplicate them."""
+    saved = {k: os.environ.get(k) for k in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "RAY_AIR_NEW_OUTPUT")}
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool = False, quiet: bool = False,
+              out: Callable[[str], None] = print) -> "SweepResult":
+    """Run (or resume) a sweep to the end and write its table, best config and HParams; returns the table."""
+    import ray
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from raysim.engine.resources import ray_session
+
+    first = validate_sweep(spec)
+    sweep_dir = Path(sweep_dir or spec.dir or default_sweep_dir(spec)).resolve()
+    tune_dir = sweep_dir / "tune"
+    if resume:
+        if not tune.Tuner.can_restore(str(tune_dir)):
+            raise SweepError(f"{sweep_dir} holds no sweep to resume (no Tune state in {tune_dir})")
+    elif tune_dir.exists():
+        raise SweepError(f"{sweep_dir} already holds a sweep; continue it with --resume {sweep_dir} "
+                         f"or choose another directory")
+    try:
+        spec.trials_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"cannot create sweep directory {sweep_dir} ({exc.strerror})") from None
+    spec = dataclasses.replace(spec, dir=str(sweep_dir))
+    (sweep_dir / "sweep.yaml").write_text(spec_to_yaml(spec))
+
+    setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
+                       cwd=os.getcwd(), naming=spec.naming)
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+                                    functools.partial(_trial_resources, setup=setup))
+    total = spec.total_trials()
+    done = len([r for r in collect_trials(spec, sweep_dir) if r["status"] in ("done", "stopped", "error")]) \
+        if resume else 0
+    progress = _Progress(spec, total, first.rounds, quiet, done=done)
+    with ray_session(first.engine):
+        check_cluster(spec)
+        cpus = ray.cluster_resources().get("CPU", 0)
+        out(f"raysim: {'resuming' if resume else 'starting'} sweep of {total} "
+            f"{'seeds' if spec.naming == 'seed' else 'trials'} ({first.algorithm.name} on {first.data.name}, "
+            f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
+        with _tune_env():
+            callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback()]
+            if resume:
+                tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True, resume_errored=True)
+            else:
+                tuner = tune.Tuner(
+                    trainable, param_space=_param_space(spec),
+                    tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                                                scheduler=_scheduler(spec, first.rounds),
+                                                max_concurrent_trials=spec.max_concurrent,
+                                                trial_dirname_creator=lambda trial: trial.trial_id),
+                    run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+                                              callbacks=callbacks))
+            # Tuner.restore keeps the original run config; the progress callback has to be re-attached
+            if resume:
+                tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
+            tuner.fit()
+    return finish_sweep(spec, sweep_dir)
+
+
+def _scheduler(spec: SweepSpec, rounds: int) -> Any:
+    if spec.scheduler["name"] == "fifo":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=spec.scheduler.get("grace_period", 1),
+                         reduction_factor=spec.scheduler.get("reduction_factor", 2))
+
+
+def default_sweep_dir(spec: SweepSpec) -> Path:
+    stem = Path(spec.base).stem
+    kind = "seeds" if spec.naming == "seed" else "sweep"
+    return Path("runs") / f"{stem}-{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: Path
+    rows: list[dict]  # one per trial, best first
+    best: Optional[dict]
+    table_md: str
+
+
+def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
+    """One row per trial from Tune's experiment state and the trial's run directory, best first."""
+    from raysim.runlog import read_metrics
+
+    trials = _tune_trials(sweep_dir / "tune")
+    rows = []
+    for trial in trials:
+        values = {k: trial["config"].get(k) for k in spec.space}
+        run_dir = spec.trials_dir(sweep_dir) / (f"seed-{trial['config'].get('seed')}" if spec.naming == "seed"
+                                                else trial["trial_id"])
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        scored = [m for m in metrics if m.get(spec.metric) is not None]
+        best = (max if spec.mode == "max" else min)(scored, key=lambda m: m[spec.metric]) if scored else None
+        rounds = _total_rounds(run_dir)
+        ran = metrics[-1]["round"] if metrics else 0
+        if trial["status"] == "ERROR":
+            status = "error"
+        elif rounds is not None and ran >= rounds:
+            status = "done"
+        elif trial["status"] == "TERMINATED":
+            status = "stopped"  # by the scheduler (ASHA)
+        else:
+            status = "unfinished"  # the sweep was interrupted; --resume continues it
+        rows.append({"trial": trial["trial_id"], **values,
+                     f"best_{spec.metric}": best[spec.metric] if best else None,
+                     "best_round": best["round"] if best else None,
+                     "rounds": f"{ran}/{rounds if rounds is not None else '?'}", "status": status,
+                     "run_dir": str(run_dir)})
+    key = f"best_{spec.metric}"
+    sign = -1 if spec.mode == "max" else 1
+    rows.sort(key=lambda r: (r[key] is None, sign * (r[key] or 0.0), r["trial"]))
+    return rows
+
+
+def _tune_trials(tune_dir: Path) -> list[dict]:
+    """Trial id, status and sampled values of every trial Tune knows of (its experiment state is the record)."""
+    if not tune_dir.is_dir():
+        return []
+    from ray.tune import ExperimentAnalysis
+
+    with _quiet_tune_logs():
+        analysis = ExperimentAnalysis(str(tune_dir))
+    return [{"trial_id": t.trial_id, "status": t.status, "config": dict(t.config)} for t in analysis.trials]
+
+
+@contextlib.contextmanager
+def _quiet_tune_logs() -> Iterator[None]:
+    import logging
+
+    log = logging.getLogger("ray.tune")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _total_rounds(run_dir: Path) -> Optional[int]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    return int((yaml.safe_load(path.read_text()) or {}).get("rounds", 0)) or None
+
+
+def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
+    """Write results.csv, results.md, best.yaml and each trial's HParams."""
+    rows = collect_trials(spec, sweep_dir)
+    columns = ["trial", *spec.space, f"best_{spec.metric}", "best_round", "rounds", "status", "run_dir"]
+    with open(sweep_dir / "results.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
+    md_columns = [c for c in columns if c != "run_dir"]
+    table = markdown_table(md_columns, [[_cell(row[c]) for c in md_columns] for row in rows])
+    best = next((r for r in rows if r[f"best_{spec.metric}"] is not None), None)
+    header = [f"# Sweep {sweep_dir.name}", "",
+              f"Base config: `{spec.base}`; metric: best `{spec.metric}` over rounds ({spec.mode}); "
+              f"scheduler: {spec.scheduler['name']}; {len(rows)} trials; run directories in `trials/`.", ""]
+    if best:
+        header += [f"Best: trial `{best['trial']}` with {spec.metric} {best[f'best_{spec.metric}']:.4f} "
+                   f"(round {best['best_round']}); config in `best.yaml`.", ""]
+    (sweep_dir / "results.md").write_text("\n".join(header) + table + "\n")
+    if best:
+        write_best_config(spec, best, sweep_dir / "best.yaml")
+    for row in rows:
+        write_hparams(Path(row["run_dir"]), {k: row[k] for k in spec.space},
+                      {f"hparams/best_{spec.metric}": row[f"best_{spec.metric}"]})
+    return SweepResult(sweep_dir=sweep_dir, rows=rows, best=best, table_md=table)
+
+
+def write_best_config(spec: SweepSpec, best: dict, path: Path) -> None:
+    """The best trial's resolved config with its run directory cleared, so ``raysim run best.yaml`` starts afresh."""
+    cfg = load_config(Path(best["run_dir"]) / "config.yaml")
+    cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=None))
+    values = ", ".join(f"{k}={_fmt(best[k])}" for k in spec.space)
+    path.write_text(f"# best trial {best['trial']} of sweep {path.parent}: {spec.metric} "
+                    f"{best[f'best_{spec.metric}']:.4f} at round {best['best_round']}\n"
+                    f"# searched: {values}\n"
+                    f"# rerun over seeds: raysim run {path} --seeds 0-4\n" + to_yaml(cfg))
+
+
+def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
+    """TensorBoard HParams for one trial, in its run directory: ``tensorboard --logdir SWEEP_DIR`` compares trials.
+
+    Besides the given summary metrics, the run's own ``acc/mean`` / ``acc/global`` curves are listed as metrics.
+    A rewrite (after --resume) replaces the earlier HParams file.
+    """
+    if not run_dir.is_dir() or not hparams:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+    for old in run_dir.glob("events.out.tfevents.*.hparams"):
+        old.unlink()
+    clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
+             if v is not None}
+    values = {k: float(v) for k, v in metrics.items() if v is not None}
+    names = {**values, "acc/mean": 0.0, "acc/global": 0.0}
+    exp, ssi, sei = hparams_summary(clean, names)
+    writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
+    try:
+        fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
+        for summary in (exp, ssi, sei):
+            fw.add_summary(summary)
+        for key, value in values.items():
+            writer.add_scalar(key, value, 0)
+    finally:
+        writer.close()
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3g}"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------- seeds
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-9``, ``0,3,5`` or a mix (``0-4,10``) -> sorted distinct seeds."""
+    seeds: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise ValueError
+                seeds.update(range(a, b + 1))
+            else:
+                seeds.add(int(part))
+        except ValueError:
+            raise UserError(f"--seeds {text!r}: write seeds as 0-9, 0,3,5 or 0-4,10") from None
+    if not seeds or min(seeds) < 0:
+        raise UserError(f"--seeds {text!r}: give at least one seed >= 0")
+    return sorted(seeds)
+
+
+def seeds_spec(config: str | Path, overrides: list[str], seeds: list[int]) -> SweepSpec:
+    """One config over several seeds, as a grid sweep whose trials are named seed-<n>."""
+    config = Path(config)
+    if not config.is_file():
+        raise UserError(f"config file not found: {config}")
+    fixed = [o for o in overrides if not o.startswith("seed=")]
+    base_cfg = load_config(config, fixed)
+    metric = "acc_mean"
+    spec = SweepSpec(base=str(config.resolve()), space={"seed": {"grid": list(seeds)}}, fixed=fixed, metric=metric,
+                     naming="seed", dir=base_cfg.log.dir)
+    check_spec(spec)
+    return spec
+
+
+def run_seeds(config: str | Path, overrides: list[str], seeds: list[int], *, resume_dir: Optional[Path] = None,
+              quiet: bool = False, out: Callable[[str], None] = print) -> SweepResult:
+    """``raysim run CONFIG --seeds 0-9``: each seed's run in PARENT/trials/seed-<n>, in parallel where it fits."""
+    if resume_dir is not None:
+        spec = spec_from_yaml(Path(resume_dir) / "sweep.yaml")
+        return run_sweep(spec, sweep_dir=Path(resume_dir), resume=True, quiet=quiet, out=out)
+    spec = seeds_spec(config, overrides, seeds)
+    return run_sweep(spec, quiet=quiet, out=out)

@@ -1,0 +1,136 @@
+"""The engine on the shared 2-CPU Ray: pool, determinism, resume, resources, algorithms end to end, TensorBoard."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from conftest import read_rows, strip_timing, tiny_overrides
+from raysim.cli import main as cli_main
+from raysim.config import load_config
+from raysim.data import build_federated_data
+from raysim.engine.pool import Job, WorkerPool
+from raysim.engine.resources import check_resources
+from raysim.engine.runner import run_experiment
+from raysim.errors import UserError
+
+
+def _run(tmp_path: Path, name: str = "run", **extra):
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **extra))
+    run_dir, rows, _ = run_experiment(cfg)
+    return run_dir, rows
+
+
+def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
+    """53 virtual clients (prime), jobs submitted in shuffled order: each client gets its own result."""
+    cfg = load_config(None, ["clients.num=53", "data.partition=dirichlet", "data.min_samples=12",
+                             "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3"])
+    data = build_federated_data(cfg)
+    pool = WorkerPool(cfg, ray.put(data))
+    try:
+        assert len({info["pid"] for info in pool.info()}) == 2
+        clients = list(range(53))
+        random.Random(0).shuffle(clients)
+        jobs = [Job(key=c, method="train", args=({"client": c, "round": 1}, [ray.put({})], None), clients=[c],
+                    round=1) for c in clients]
+        done = pool.run(jobs)
+    finally:
+        pool.shutdown()
+    assert sorted(done) == list(range(53))
+    for cid, (result, state_ref) in done.items():
+        assert result["client"] == cid
+        assert result["num_samples"] == data.num_train(cid)
+        assert state_ref is not None
+    states = ray.get([done[c][1] for c in (0, 1)])
+    assert not torch.equal(states[0]["head.weight"], states[1]["head.weight"])
+
+
+def test_metrics_identical_with_one_or_two_workers(ray_cluster, tmp_path):
+    extra = dict(rounds=3, clients__num=6, clients__fraction=0.5, data__partition="dirichlet")
+    _, one = _run(tmp_path, "w1", engine__num_workers=1, **extra)
+    _, two = _run(tmp_path, "w2", engine__num_workers=2, **extra)
+    assert strip_timing(one) == strip_timing(two)
+    assert len(one) == 3 and all(r["acc_mean"] is not None for r in one)
+
+
+def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
+    extra = dict(rounds=4, algorithm__name="partialavg", clients__fraction=0.5, data__partition="dirichlet")
+    _, full = _run(tmp_path, "full", **extra)
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_two(metrics):
+        if metrics["round"] == 2:
+            raise Crash()
+
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
+    with pytest.raises(Crash):
+        run_experiment(cfg, on_round=crash_after_two)
+    assert [r["round"] for r in read_rows(tmp_path / "part")] == [1, 2]
+    _, resumed = run_experiment(cfg, resume=True)[:2]
+    assert [r["round"] for r in resumed] == [3, 4]
+    assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(full)
+
+
+def test_fedavg_with_one_client_equals_local_training(ray_cluster, tmp_path):
+    extra = dict(clients__num=1, engine__num_workers=1, data__partition="iid")
+    _, fed = _run(tmp_path, "fed", algorithm__name="fedavg", **extra)
+    _, loc = _run(tmp_path, "loc", algorithm__name="local", **extra)
+    for a, b in zip(fed, loc):
+        assert a["acc_mean"] == b["acc_mean"] and a["loss"] == b["loss"]
+    assert loc[0]["bytes_up"] == 0 and fed[0]["bytes_up"] > 0
+
+
+def test_partialavg_shares_only_the_head(ray_cluster, tmp_path):
+    run_dir, rows = _run(tmp_path, algorithm__name="partialavg")
+    ckpt = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)
+    assert set(ckpt["server_state"]["model"]) == {"head.weight", "head.bias"}
+    head_bytes = sum(t.numel() * 4 for t in ckpt["server_state"]["model"].values())
+    assert rows[0]["bytes_up"] == head_bytes * 4 and rows[0]["bytes_down"] == head_bytes * 4
+    states = [torch.load(f, weights_only=True) for f in sorted((run_dir / "checkpoint" / "clients").iterdir())]
+    assert len(states) == 4
+    assert all(not any(k.startswith("head.") for k in s) for s in states)
+    assert not torch.equal(states[0]["backbone.1.weight"], states[1]["backbone.1.weight"])
+    assert "acc_global" not in rows[0]
+
+
+def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, rows = _run(tmp_path)
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ["acc/mean", "acc/global", "loss/train", "comm/bytes_up", "comm/bytes_down", "comm/bytes_up_total",
+                "comm/bytes_down_total", "time/round_s", "acc_client/0000", "acc_client/0003"]:
+        assert tag in tags, tag
+    values = [e.value for e in acc.Scalars("acc/mean")]
+    assert values == pytest.approx([r["acc_mean"] for r in rows])
+    assert "acc/clients" in acc.Tags()["histograms"]
+    assert (run_dir / "config.yaml").is_file()
+
+
+def test_gpu_request_on_gpu_less_cluster_fails_fast(ray_cluster, tmp_path):
+    smoke = Path(__file__).resolve().parents[1] / "experiments" / "smoke.yaml"
+    code = cli_main(["run", str(smoke), f"log.dir={tmp_path / 'gpu'}", "engine.gpus_per_worker=0.5"])
+    assert code == 2
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_resource_check_messages():
+    cfg = load_config(None, ["engine.gpus_per_worker=0.25"])
+    with pytest.raises(UserError, match="engine.gpus_per_worker.*no GPU"):
+        check_resources(cfg.engine, total={"CPU": 2.0}, nodes=[{"CPU": 2.0}])
+    cfg = load_config(None, ["engine.num_workers=3"])
+    with pytest.raises(UserError, match="engine.num_workers.*3 CPU.*has 2"):
+        check_resources(cfg.engine, total={"CPU": 2.0}, nodes=[{"CPU": 2.0}])
+    cfg = load_config(None, ["engine.num_workers=2", "engine.cpus_per_worker=3"])
+    with pytest.raises(UserError, match="largest node"):
+        check_resources(cfg.engine, total={"CPU": 8.0}, nodes=[{"CPU": 2.0}] * 4)
+    check_resources(load_config(None, ["engine.gpus_per_worker=0.5"]).engine, total={"CPU": 4.0, "GPU": 1.0},
+                    nodes=[{"CPU": 4.0, "GPU": 1.0}])
