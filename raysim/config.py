@@ -169,6 +169,7 @@ class LogConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
+    plugins: list[str] = field(default_factory=list)  # modules that register extra algorithms/models/datasets
     seed: int = 0
     rounds: int = 10
     clients: ClientsConfig = field(default_factory=ClientsConfig)
@@ -235,6 +236,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         peek = OmegaConf.merge(*layers) if layers else OmegaConf.create()
+        from raysim.registry import import_plugins
+
+        import_plugins([str(m) for m in (OmegaConf.select(peek, "plugins", default=None) or [])])
         algo_name = OmegaConf.select(peek, "algorithm.name", default=AlgorithmConfig.name)
         algo_cls = algorithm_config_class(str(algo_name))
         schema = OmegaConf.structured(ExperimentConfig(algorithm=algo_cls()))

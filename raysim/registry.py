@@ -36,6 +36,18 @@ def _load_builtins(kind: str) -> None:
                 raise
 
 
+def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
+    """Import user modules that register their own algorithms, models or datasets (config key ``plugins``).
+
+    They must be importable on every node (installed, or on PYTHONPATH), since workers look names up too.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UserError(f"config key 'plugins': cannot import {module!r} ({exc})") from None
+
+
 def register_algorithm(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
         cls.name = name

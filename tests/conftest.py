@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,10 @@ def ray_cluster():
 
     from raysim.engine.resources import LOCAL_SYSTEM_CONFIG
 
+    # workers inherit the environment of the Ray that this process starts: let them import tests/plugins
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
+                                                            os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, str(ROOT / "tests" / "plugins"))
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1",
              _system_config=LOCAL_SYSTEM_CONFIG)
     yield ray

@@ -22,7 +22,7 @@ from raysim.engine.state import ClientStateStore, read_checkpoint
 from raysim.engine.worker import nbytes
 from raysim.errors import RunStopped
 from raysim.models import build_model
-from raysim.registry import get_algorithm
+from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
 
 
@@ -41,7 +41,17 @@ class Driver:
     """The actor body; ``ray.remote`` is applied by the runner (it pins the driver to the caller's node)."""
 
     def __init__(self, cfg: Any, run_dir: str, resume: bool, placement_group: Any = None):
+        # Ray reports an exception raised in an actor's __init__ as a bare ActorDiedError (the cause is lost), so
+        # setup errors (missing data, damaged checkpoint) are kept and raised from the first method call instead.
+        self._setup_error: Optional[BaseException] = None
+        try:
+            self._setup(cfg, run_dir, resume, placement_group)
+        except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start_round()
+            self._setup_error = exc
+
+    def _setup(self, cfg: Any, run_dir: str, resume: bool, placement_group: Any) -> None:
         torch.set_num_threads(1)
+        import_plugins(cfg.plugins)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
@@ -69,6 +79,8 @@ class Driver:
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start_round(self) -> int:
+        if self._setup_error is not None:
+            raise self._setup_error
         return self.round
 
     def worker_info(self) -> list[dict]:
@@ -76,8 +88,9 @@ class Driver:
 
     def shutdown(self) -> None:
         """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""
-        self._stop.set()
-        self.pool.shutdown()
+        if self._setup_error is None:
+            self._stop.set()
+            self.pool.shutdown()
 
     def request_stop(self) -> None:
         """Finish the current round, checkpoint, and end ``run()`` (Ctrl-C)."""
@@ -149,6 +162,8 @@ class Driver:
         if not self.algorithm.has_global_model:
             metrics.pop("acc_global")
         metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
+        if self.pool.replacements:
+            metrics["workers_replaced"] = self.pool.replacements  # cumulative, this invocation
         self.round = rnd
         metrics["wall_s"] = time.perf_counter() - start
         self.totals["bytes_up_total"] += metrics["bytes_up"]

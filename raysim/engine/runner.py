@@ -19,6 +19,7 @@ import yaml
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.engine.driver import Driver
 from raysim.engine.resources import check_resources, ray_session
+from raysim.engine.state import read_checkpoint
 from raysim.errors import UserError
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
@@ -42,6 +43,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool]:
             raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
                             f"resume with the same config, or start a new run")
         _check_writable(run_dir)
+        read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
         return run_dir, False
     if run_dir.exists() and any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
         raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
@@ -68,7 +70,7 @@ def _check_writable(run_dir: Path) -> None:
 
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                    on_round: Optional[Callable[[dict], None]] = None,
-                   on_start: Optional[Callable[[Path, int], None]] = None,
+                   on_start: Optional[Callable[[dict], None]] = None,
                    handle_sigint: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
     """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early)."""
     run_dir, created = prepare_run_dir(cfg, resume)
@@ -82,8 +84,8 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                 check_resources(cfg.engine)
             driver = _spawn_driver(cfg, run_dir, resume, placement_group)
             start_round = ray.get(driver.start_round.remote())
-            if on_start:
-                on_start(run_dir, start_round)
+            if on_start:  # run_dir, the round it starts after, and the driver (for worker_info / request_stop)
+                on_start({"run_dir": run_dir, "start_round": start_round, "driver": driver})
             previous = None
             if handle_sigint and threading.current_thread() is threading.main_thread():
                 def _on_sigint(signum, frame):  # first Ctrl-C: finish the round, checkpoint, stop

@@ -18,7 +18,7 @@ import torch
 
 from raysim.algorithms.base import ClientContext
 from raysim.models import build_model, model_key
-from raysim.registry import get_algorithm
+from raysim.registry import get_algorithm, import_plugins
 
 
 def job_seed(seed: int, client_id: int, round: int) -> int:
@@ -57,6 +57,7 @@ class ClientWorker:
             torch.set_num_interop_threads(1)
         except RuntimeError:
             pass
+        import_plugins(cfg.plugins)
         self.cfg = cfg
         self.data = data
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
