@@ -31,6 +31,8 @@ def ray_session(engine: Any) -> Iterator[bool]:
                               "include_dashboard": bool(engine.dashboard)}
     if engine.address is None:
         kwargs["_system_config"] = LOCAL_SYSTEM_CONFIG
+        # token authentication stays on; only the notice that it is on is silenced for a private local cluster
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # a local Ray listens on the loopback interface only
         kwargs["_node_ip_address"] = "127.0.0.1"
         if engine.state_memory_gb is not None:
