@@ -37,6 +37,14 @@ def nbytes(tree: Any) -> int:
     return 0
 
 
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """Batch [start, end) pairs; a trailing one-sample batch joins the one before (BatchNorm can't train on one)."""
+    bounds = [(b, min(b + batch_size, n)) for b in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
 def all_finite(tree: Any) -> bool:
     if isinstance(tree, torch.Tensor):
         return not tree.is_floating_point() or bool(torch.isfinite(tree).all())
@@ -128,8 +136,8 @@ class ClientWorker:
             opt = self._optimizer(params)
             for _ in range(epochs):
                 order = torch.randperm(n, generator=gen).to(self.device)
-                for b in range(0, n, bs):
-                    bi = order[b:b + bs]
+                for b, e in batch_bounds(n, bs):
+                    bi = order[b:e]
                     ctx.sample_idx = idx[bi]
                     loss, parts = self.algorithm.client_loss(model, x[bi], y[bi], ctx)
                     opt.zero_grad(set_to_none=True)

@@ -1,0 +1,33 @@
+"""Pure helpers of the worker: batching, byte accounting, job seeds, finiteness."""
+
+import torch
+
+from raysim.engine.worker import all_finite, batch_bounds, job_seed, nbytes
+
+
+def test_batch_bounds_cover_every_sample_and_never_leave_a_single_one():
+    for n in range(1, 100):
+        for bs in (1, 7, 32):
+            bounds = batch_bounds(n, bs)
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            if n > 1 and bs > 1:
+                assert all(e - s >= 2 for s, e in bounds)
+
+
+def test_nbytes_counts_every_tensor_exactly():
+    tree = {"model": {"w": torch.zeros(10, 3), "b": torch.zeros(3, dtype=torch.float64)},
+            "projection": [torch.zeros(2, 2, dtype=torch.float16)], "k": 5}
+    assert nbytes(tree) == 10 * 3 * 4 + 3 * 8 + 4 * 2
+
+
+def test_job_seeds_depend_on_client_and_round_only():
+    assert job_seed(0, 1, 2) == job_seed(0, 1, 2)
+    assert len({job_seed(0, c, r) for c in range(20) for r in range(20)}) == 400
+    assert job_seed(0, 1, 2) != job_seed(1, 1, 2)
+
+
+def test_all_finite():
+    assert all_finite({"a": torch.ones(3), "n": torch.tensor([1, 2])})
+    assert not all_finite({"a": torch.tensor([1.0, float("nan")])})
+    assert not all_finite([torch.tensor([float("inf")])])
