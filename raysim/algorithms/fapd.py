@@ -160,7 +160,8 @@ class FAPD(Algorithm):
         return {"model": server_state["model"], "projection": server_state["rotation"][:k].clone()}
 
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
-        """Record the round's accuracy and choose next round's k; rounds without evaluation leave k unchanged."""
+        """Record the round's accuracy and choose next round's k (consensus: unchanged after a round without
+        evaluation); returns ``k``, the dimension this round used, and the curriculum's monitoring scalars."""
         ctrl = self._controller(server_state["curriculum"], dim=server_state["rotation"].shape[0])
         k_used = ctrl.k
         out: dict[str, Any] = {"k": k_used,
@@ -178,19 +179,26 @@ class FAPD(Algorithm):
         return out
 
     # ------------------------------------------------------------------ clients
+    def _teacher(self, meta: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher tensors on the worker's device, copied once per worker (batches index them in place)."""
+        key = (id(meta.get(TEACHER_KEY)), str(device))
+        if getattr(self, "_teacher_key", None) != key:
+            self._teacher_cache = (torch.tensor(np.asarray(meta[TEACHER_KEY]), device=device),
+                                   torch.tensor(np.asarray(meta[CLASSES_KEY]), device=device))
+            self._teacher_key = key
+        return self._teacher_cache
+
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         feats = model.features(x)
         ce = F.cross_entropy(model.head(feats), y)
         projection = ctx.payload["projection"]
-        idx = ctx.sample_idx.cpu().numpy()
-        teacher = torch.from_numpy(ctx.meta[TEACHER_KEY][idx]).to(feats.device)  # fancy indexing copies
+        teacher, classes = self._teacher(ctx.meta, feats.device)
         loss, parts = ce, {"ce": ce}
         if self.config.lambda_kd > 0:
-            parts["kd"] = pkd_loss(feats, teacher, projection)
+            parts["kd"] = pkd_loss(feats, teacher[ctx.sample_idx.to(feats.device)], projection)
             loss = loss + self.config.lambda_kd * parts["kd"]
         if self.config.lambda_cl > 0:
-            classes = torch.from_numpy(np.array(ctx.meta[CLASSES_KEY])).to(feats.device)
             parts["cl"] = semantic_contrastive_loss(feats, classes, y, projection, self.config.tau)
             loss = loss + self.config.lambda_cl * parts["cl"]
         return loss, parts

@@ -20,7 +20,7 @@ def is_stable(history: list[float], epsilon: float, window: int) -> bool:
 
 
 class ConsensusController:
-    """``.k`` is the dimension for the coming round; ``update(acc)`` records a round's accuracy and returns the next k."""
+    """``.k`` is the coming round's dimension; ``update(acc)`` records a round's accuracy and returns the next k."""
 
     def __init__(self, k0: int, delta_k: int, epsilon: float, window: int, max_dim: int):
         if max_dim < 1 or not 1 <= k0 <= max_dim:

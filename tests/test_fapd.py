@@ -1,0 +1,199 @@
+"""FAPD: config and teacher-file errors, the driver-side hooks without Ray, and a tiny run on the 2-CPU Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import read_rows, strip_timing, tiny_overrides
+from raysim.algorithms.fapd import CALIBRATION_KEY, CLASSES_KEY, TEACHER_KEY, carve_calibration
+from raysim.config import ConfigError, load_config
+from raysim.curriculum.consensus import ConsensusController, is_stable
+from raysim.curriculum.pca import fit_pca, fit_rotation
+from raysim.data import build_federated_data
+from raysim.errors import UserError
+from raysim.registry import get_algorithm
+
+N_DIGITS = 1797  # scikit-learn's digits
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    base = ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4", "model.feature_dim=16",
+            f"algorithm.teacher.cache_dir={tmp_path / 'cache'}", "algorithm.teacher.epochs=3"]
+    return load_config(None, base + list(overrides))
+
+
+def _prepare(cfg):
+    algo = get_algorithm("fapd")(cfg)
+    return algo, algo.prepare_data(build_federated_data(cfg))
+
+
+def _npy(tmp_path: Path, name: str, arr: np.ndarray) -> str:
+    path = tmp_path / name
+    np.save(path, arr)
+    return str(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algorithm.curriculum=cosine", "algorithm.curriculum"),
+    ("algorithm.teacher.calibration_fraction=0", "algorithm.teacher.calibration_fraction"),
+    ("algorithm.teacher.calibration_fraction=1.0", "algorithm.teacher.calibration_fraction"),
+    ("algorithm.tau=0", "algorithm.tau"),
+    ("algorithm.window=0", "algorithm.window"),
+    ("algorithm.teacher.bogus=1", "algorithm.teacher.bogus"),
+])
+def test_config_errors_name_the_key(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        _cfg(tmp_path, override)
+
+
+def test_teacher_file_errors_are_one_line_user_errors(tmp_path):
+    good = np.random.default_rng(0).normal(size=(N_DIGITS, 16)).astype(np.float32)
+    npz = tmp_path / "f.npz"
+    np.savez(npz, good)
+    cases = [
+        ([f"algorithm.teacher.features={tmp_path / 'missing.npy'}"], "algorithm.teacher.features", "not found"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'short.npy', good[:100])}"], "algorithm.teacher.features",
+         "shape"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'flat.npy', good[:, 0])}"], "algorithm.teacher.features",
+         "shape"),
+        ([f"algorithm.teacher.features={npz}"], "algorithm.teacher.features", "shape"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'nan.npy', good * np.nan)}"], "algorithm.teacher.features",
+         "NaN"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'good.npy', good)}",
+          f"algorithm.teacher.class_embeddings={_npy(tmp_path, 'cls.npy', good[:10, :8])}"],
+         "algorithm.teacher.class_embeddings", "shape"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'good.npy', good)}", "model.feature_dim=32"],
+         "model.feature_dim", "D=16"),
+        ([f"algorithm.teacher.features={_npy(tmp_path, 'good.npy', good)}", "algorithm.k0=17"], "algorithm.k0",
+         "D=16"),
+    ]
+    for overrides, key, words in cases:
+        with pytest.raises(UserError) as info:
+            _prepare(_cfg(tmp_path, *overrides))
+        message = str(info.value)
+        assert f"'{key}'" in message and words in message and "\n" not in message, message
+
+
+def test_calibration_split_is_server_held_and_deterministic(tmp_path):
+    cfg = _cfg(tmp_path, "data.partition=dirichlet", "data.alpha=0.3")
+    full = build_federated_data(cfg)
+    before = [s.train.copy() for s in full.clients]
+    calibration = carve_calibration(full, 0.2, seed=0)
+    after = [s.train for s in full.clients]
+    assert not np.intersect1d(calibration, np.concatenate(after)).size  # no client holds it
+    assert np.array_equal(np.sort(np.concatenate(after + [calibration])), np.sort(np.concatenate(before)))
+    assert all(abs(len(b) - len(a) - round(0.2 * len(b))) <= 1 and len(a) >= 1 for a, b in zip(after, before))
+    again = build_federated_data(cfg)
+    assert np.array_equal(carve_calibration(again, 0.2, seed=0), calibration)
+
+
+def test_driver_hooks_with_a_teacher_file(tmp_path):
+    """PCA on the calibration rows, the payload's projection, and k over rounds for each curriculum."""
+    feats = (np.random.default_rng(1).normal(size=(N_DIGITS, 16)) * np.linspace(3, 0.1, 16)).astype(np.float32)
+    path = _npy(tmp_path, "teacher.npy", feats)
+    common = [f"algorithm.teacher.features={path}", "algorithm.k0=3", "algorithm.delta_k=4", "algorithm.window=2",
+              "algorithm.epsilon=0.01"]
+    algo, data = _prepare(_cfg(tmp_path, *common))
+    calibration = data.meta[CALIBRATION_KEY]
+    assert np.array_equal(data.meta[TEACHER_KEY], feats) and len(calibration) > 16
+    labels = data.domains[0].y[calibration]
+    np.testing.assert_allclose(data.meta[CLASSES_KEY][4], feats[calibration][labels == 4].mean(0), rtol=1e-5)
+    state = algo.init_server_state({"w": torch.zeros(3)})
+    assert torch.allclose(state["rotation"], fit_rotation(feats[calibration]))
+    payload = algo.server_payload(state, 1)
+    assert payload["projection"].shape == (3, 16)
+    assert payload["projection"].untyped_storage().nbytes() == 3 * 16 * 4  # not a view of the whole rotation
+    torch.save(state, tmp_path / "s.pt")
+    assert torch.load(tmp_path / "s.pt", weights_only=True)["curriculum"]["k"] == 3  # checkpointable
+
+    accs = [0.2, 0.5, 0.505, 0.51, None, 0.512, 0.7]
+    expected = {"consensus": [3, 3, 3, 7, 11, 11, 15], "fixed": [16] * 7, "linear": [3, 7, 11, 15, 16, 16, 16]}
+    for curriculum, ks in expected.items():
+        algo, _ = _prepare(_cfg(tmp_path, *common, f"algorithm.curriculum={curriculum}"))
+        state = algo.init_server_state({"w": torch.zeros(3)})
+        got = []
+        for rnd, acc in enumerate(accs, start=1):
+            assert algo.server_payload(state, rnd)["projection"].shape[0] == state["curriculum"]["k"]
+            out = algo.on_round_end(rnd, {"acc_global": acc}, state)
+            got.append(out["k"])
+            assert ("curriculum/stable" in out) == (acc is not None)
+        assert got == ks, curriculum
+    assert out["curriculum/explained_variance"] == pytest.approx(1.0)
+
+
+def _expected_k(accs: list[float], k0: int, delta_k: int, epsilon: float, window: int, dim: int) -> list[int]:
+    """The seed's rule written out: k_1 = k0; k_{t+1} = min(k_t + delta_k, D) if C(t) else k_t."""
+    ks = [k0]
+    for t in range(len(accs) - 1):
+        ks.append(min(ks[-1] + delta_k, dim) if is_stable(accs[:t + 1], epsilon, window) else ks[-1])
+    return ks
+
+
+def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from raysim.engine.runner import run_experiment
+
+    k0, delta_k, epsilon, window, dim = 2, 3, 0.1, 2, 16
+    extra = dict(rounds=5, algorithm__name="fapd", algorithm__k0=k0, algorithm__delta_k=delta_k,
+                 algorithm__epsilon=epsilon, algorithm__window=window, algorithm__teacher__epochs=5,
+                 algorithm__teacher__cache_dir=str(tmp_path / "cache"))
+    cfg = load_config(None, tiny_overrides(tmp_path, **extra))
+    run_dir, rows, _ = run_experiment(cfg)
+    logged = read_rows(run_dir)
+    accs = [r["acc_global"] for r in logged]
+    ks = [r["k"] for r in logged]
+    assert ks == _expected_k(accs, k0, delta_k, epsilon, window, dim)
+    assert ks[-1] > k0  # the curriculum moved
+    for r in logged:
+        assert r["curriculum/stable"] == int(is_stable(accs[:r["round"]], epsilon, window))
+        assert r["bytes_down"] - r["bytes_up"] == r["clients"] * r["k"] * dim * 4  # P_t travels with the model
+        assert r["loss_kd"] > 0 and r["loss_cl"] > 0 and 0 < r["curriculum/explained_variance"] <= 1
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"curriculum/k", "curriculum/stable", "curriculum/explained_variance", "acc/global",
+            "metrics/loss_kd", "metrics/loss_cl"} <= tags
+    assert [e.value for e in events.Scalars("curriculum/k")] == ks
+
+    # the checkpoint holds the controller where the run left it: a resumed run continues the curriculum
+    saved = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)["server_state"]
+    ctrl = ConsensusController(k0, delta_k, epsilon, window, dim)
+    ctrl.load_state_dict(saved["curriculum"])
+    assert ctrl.k == logged[-1]["curriculum/k_next"] and ctrl.history == accs[-window:]
+    teacher = np.load(next((tmp_path / "cache").glob("*.npy")))
+    calibration = carve_calibration(build_federated_data(cfg), cfg.algorithm.teacher.calibration_fraction, cfg.seed)
+    assert torch.allclose(saved["rotation"], fit_pca(teacher[calibration])[0])
+
+    # interrupted after round 3 and resumed: the same k staircase and the same metrics as the whole run
+    class Crash(Exception):
+        pass
+
+    def crash_after_three(metrics: dict) -> None:
+        if metrics["round"] == 3:
+            raise Crash()
+
+    part = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
+    with pytest.raises(Crash):
+        run_experiment(part, on_round=crash_after_three)
+    run_experiment(part, resume=True)
+    assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(logged)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments" / "fapd").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_experiment_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.clients.num == 10 and cfg.clients.fraction == 0.5 and cfg.train.momentum == 0.9
+    if cfg.algorithm.name == "fapd":
+        nadpt, ncont = path.stem.endswith("nadpt"), path.stem.endswith("ncont")
+        assert cfg.algorithm.curriculum == ("fixed" if nadpt else "consensus")
+        assert cfg.algorithm.lambda_cl == (0.0 if ncont else 0.5)
+        epsilon = 0.02 if path.stem.startswith("digits") else 0.005  # see digits-fapd.yaml
+        a = cfg.algorithm
+        assert (a.k0, a.delta_k, a.epsilon, a.window, a.lambda_kd, a.tau) == (8, 5, epsilon, 3, 0.5, 0.04)
