@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from raysim.errors import RunStopped, UserError, find_user_error
 from raysim.report import DEFAULT_COLUMNS
 
+if TYPE_CHECKING:
+    from raysim.tune import SweepResult
+
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
 EXIT_INTERRUPTED = 130
+_RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for the resume hint
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -20,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment",
                          description="Run one experiment: raysim run CONFIG.yaml [dotted.key=value ...]")
-    run.add_argument("config", nargs="?", help="experiment YAML (optional with --resume)")
+    run.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults; optional with --resume)")
     run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no per-round lines")
@@ -56,7 +60,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (`run CONFIG --seeds 0-4 rounds=3`): argparse leaves them over
+        if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     try:
         if args.command == "run":
             return _cmd_seeds(args) if _is_seeds(args) else _cmd_run(args)
@@ -73,7 +82,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"raysim: error: {found}", file=sys.stderr)
             return EXIT_USER_ERROR
         if isinstance(found, RunStopped):
-            print(f"raysim: stopped: {found}", file=sys.stderr)
+            hint = f"; resume with: raysim run --resume {_RUN_DIR[0]}" if _RUN_DIR else ""
+            print(f"raysim: stopped: {found}{hint}", file=sys.stderr)
             return EXIT_STOPPED
         raise
     return 0
@@ -98,12 +108,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         overrides.append(f"log.dir={run_dir}")
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
-    else:
-        if config is None:
-            raise UserError("raysim run needs a CONFIG.yaml (or --resume RUN_DIR)")
+    else:  # without CONFIG.yaml: the defaults plus the overrides
         cfg = load_config(config, overrides)
 
-    def on_start(run_dir: Path, start_round: int) -> None:
+    def on_start(info: dict) -> None:
+        run_dir, start_round = info["run_dir"], info["start_round"]
+        _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
               f"{cfg.engine.num_workers} workers; {what}", flush=True)
@@ -134,9 +144,7 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
-    else:
-        if config is None:
-            raise UserError("raysim run --seeds needs a CONFIG.yaml (or --resume PARENT)")
+    else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")
 
@@ -155,13 +163,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return _sweep_outcome(result, "raysim tune --resume", "trials")
 
 
-def _sweep_outcome(result, resume_cmd: str, what: str) -> int:
+def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
     """Print the table; exit 0 when every trial ended normally, 130 with a resume hint when some never finished."""
     print(result.table_md)
     d = result.sweep_dir
-    if result.best:
-        print(f"raysim: table {d / 'results.md'} (csv: results.csv); best config {d / 'best.yaml'}; "
-              f"compare: tensorboard --logdir {d}; summarise: raysim report {d}")
+    best = f"best config {d / 'best.yaml'}; " if result.best else ""
+    print(f"raysim: table {d / 'results.md'} (csv: results.csv); {best}"
+          f"compare: tensorboard --logdir {d}; summarise: raysim report {d}")
     unfinished = [r for r in result.rows if r["status"] == "unfinished"]
     failed = [r for r in result.rows if r["status"] == "error"]
     if failed:

@@ -240,7 +240,7 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
 def _cell(g: Optional[Group], markdown: bool = True) -> str:
     if g is None or g.mean is None:
         return "-"
-    text = f"{100 * g.mean:.2f} ± {100 * g.std:.2f}"
+    text = f"{100 * g.mean:.2f} ± {100 * g.std:.2f}" if len(g.values) > 1 else f"{100 * g.mean:.2f} (n=1)"
     if markdown and g.is_best:
         text = f"**{text}**"
     if g.beaten:
@@ -294,7 +294,7 @@ def comm_stats(g: Group, metric: str, target: float) -> dict[str, Any]:
         "method": g.method, "setting": g.setting, "runs": len(g.runs),
         "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])),
         "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
-        "wall_s_per_round": float(np.mean([r["wall_s"] for r in rows])),
+        "wall_s_per_round": float(np.median([r["wall_s"] for r in rows])),  # the first round also starts workers
         "reached": len(reached),
         "rounds_to_target": ms([t["round"] for t in reached]),
         "mb_to_target": ms([t["mb"] for t in reached]),
@@ -305,7 +305,8 @@ def comm_stats(g: Group, metric: str, target: float) -> dict[str, Any]:
 def _write_comm_csv(report: Report, path: Path) -> Path:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["method", "setting", "runs", "bytes_up_per_round", "bytes_down_per_round", "wall_s_per_round",
+        w.writerow(["method", "setting", "runs", "bytes_up_per_round", "bytes_down_per_round",
+                    "wall_s_per_round_median",
                     "target", "reached", "rounds_to_target_mean", "rounds_to_target_std", "mb_to_target_mean",
                     "mb_to_target_std", "wall_s_to_target_mean", "wall_s_to_target_std"])
         for g in _ordered(report):
@@ -327,6 +328,11 @@ def _pm(pair: tuple[Optional[float], Optional[float]], fmt: str) -> str:
     return "-" if mean is None else f"{mean:{fmt}} ± {std:{fmt}}"
 
 
+def _pm_bytes(pair: tuple[Optional[float], Optional[float]]) -> str:
+    mean, std = pair
+    return "-" if mean is None else f"{human_bytes(mean * MB)} ± {human_bytes(std * MB)}"
+
+
 def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
     from raysim.tune import markdown_table
 
@@ -345,13 +351,13 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
         c = comm_stats(g, report.metric, report.target)
         rows.append([g.method, g.setting, human_bytes(c["bytes_up_per_round"]),
                      human_bytes(c["bytes_down_per_round"]), f"{c['wall_s_per_round']:.2f}",
-                     f"{c['reached']}/{c['runs']}", _pm(c["rounds_to_target"], ".1f"), _pm(c["mb_to_target"], ".2f"),
+                     f"{c['reached']}/{c['runs']}", _pm(c["rounds_to_target"], ".1f"), _pm_bytes(c["mb_to_target"]),
                      _pm(c["wall_s_to_target"], ".1f")])
-    lines += [markdown_table(["method", "setting", "up / round", "down / round", "s / round", "reached",
-                              "rounds to target", "MB to target", "s to target"], rows), "",
-              "Up/down: bytes crossing the network per round (all sampled clients together); MB to target: "
-              "cumulative up + down until the first round at or above the target, over the seeds that reached it.",
-              ""]
+    lines += [markdown_table(["method", "setting", "up / round", "down / round", "s / round (median)",
+                              "reached", "rounds to target", "bytes to target", "s to target"], rows), "",
+              "Up/down: bytes crossing the network per round (all sampled clients together); bytes to target: "
+              "cumulative up + down until the first round at or above the target, over the seeds that reached it; "
+              "s to target includes the first round's start-up.", ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k")):
         if name in report.files:
@@ -391,6 +397,7 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     files = {}
     plots = [("acc_vs_round.png", report.metric, None, "round", report.metric),
@@ -413,6 +420,8 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
                 ax.fill_between(xs, ys - sd, ys + sd, alpha=0.2, color=line.get_color(),
                                 step="post" if y == "k" else None)
                 drawn = True
+            if x is None:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_title(setting)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)

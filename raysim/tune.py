@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ class SweepError(UserError):
 class SweepSpec:
     """A resolved sweep: which experiment, what to search, how to schedule; saved as ``sweep.yaml``."""
 
-    base: str  # experiment config (absolute path)
+    base: Optional[str]  # experiment config (absolute path); None: the built-in defaults
     space: dict[str, dict[str, list]] = field(default_factory=dict)  # dotted key -> {distribution: args}
     fixed: list[str] = field(default_factory=list)  # dotted overrides applied to every trial
     metric: str = "acc_mean"
@@ -186,10 +187,11 @@ def check_spec(spec: SweepSpec) -> None:
     if spec.scheduler.get("name") not in SCHEDULERS:
         raise SweepError(f"sweep key 'scheduler.name': must be one of {', '.join(SCHEDULERS)}, "
                          f"got {spec.scheduler.get('name')!r}")
-    known = {"name"} | ({"grace_period", "reduction_factor"} if spec.scheduler["name"] == "asha" else set())
-    extra = sorted(set(spec.scheduler) - known)
+    # ASHA's keys may stay in a file run with scheduler.name=fifo (they are ignored there)
+    extra = sorted(set(spec.scheduler) - {"name", "grace_period", "reduction_factor"})
     if extra:
-        raise SweepError(f"sweep key 'scheduler.{extra[0]}' is unknown for {spec.scheduler['name']}")
+        raise SweepError(f"sweep key 'scheduler.{extra[0]}' is unknown (known: name, grace_period, "
+                         f"reduction_factor)")
     for key in ("grace_period", "reduction_factor"):
         value = spec.scheduler.get(key, 1 if key == "grace_period" else 2)
         if not isinstance(value, int) or value < (1 if key == "grace_period" else 2):
@@ -217,7 +219,7 @@ def candidate_overrides(spec: SweepSpec) -> list[list[str]]:
     values = {}
     for key, dist in spec.space.items():
         kind, args = next(iter(dist.items()))
-        values[key] = {"randint": [args[0], args[1] - 1]}.get(kind, args)
+        values[key] = [args[0], args[1] - 1] if kind == "randint" else args  # randint's high is exclusive
     first = {key: vals[0] for key, vals in values.items()}
     out = [[_override(k, v) for k, v in first.items()]]
     for key, vals in values.items():
@@ -245,7 +247,7 @@ def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
             raise type(exc)(f"{exc} (with {' '.join(trial) or 'the base config'})") from None
     if spec.metric == "acc_global":
         for cfg in configs:
-            if not get_algorithm(cfg.algorithm.name).has_global_model:
+            if not get_algorithm(cfg.algorithm.name)(cfg).has_global_model:
                 raise SweepError(f"sweep key 'metric': {cfg.algorithm.name} has no global model, so no acc_global; "
                                  f"use metric: acc_mean")
     if spec.scheduler["name"] == "asha":
@@ -284,7 +286,7 @@ def trial_bundles(engine: Any) -> list[dict[str, float]]:
 class TrialSetup:
     """What every trial needs besides its sampled values; shipped to the trial with the trainable."""
 
-    base: str
+    base: Optional[str]
     fixed: tuple[str, ...]
     trials_dir: str
     cwd: str
@@ -355,6 +357,7 @@ class _Progress:
         self.spec, self.total, self.rounds, self.quiet = spec, total, rounds, quiet
         self.done = done
         self.best: Optional[tuple[float, str]] = None
+        self.per_trial: dict[str, float] = {}  # each trial's best so far (seeds: their mean is the news)
         self.start = time.monotonic()
 
     def label(self, trial: Any) -> str:
@@ -367,6 +370,9 @@ class _Progress:
         value = result.get(self.spec.metric)
         if value is not None and (self.best is None or _better(value, self.best[0], self.spec.mode)):
             self.best = (value, self.label(trial))
+        old = self.per_trial.get(trial.trial_id)
+        if value is not None and (old is None or _better(value, old, self.spec.mode)):
+            self.per_trial[trial.trial_id] = value
         if not self.quiet:
             from raysim.runlog import format_round
 
@@ -376,10 +382,23 @@ class _Progress:
                     if k in result}, self.rounds)
                 print(f"[{self.label(trial)}] {line}", flush=True)
 
+    def started(self, trial: Any) -> None:
+        if not self.quiet:
+            print(f"raysim: started {self.label(trial)}", flush=True)
+
     def finished(self, trial: Any, failed: bool) -> None:
         self.done += 1
         best = (f"; best {self.spec.metric} {self.best[0]:.4f} ({self.best[1]})" if self.best else "")
-        what = "failed" if failed else "finished"
+        if self.spec.naming == "seed" and self.per_trial:
+            import numpy as np
+
+            values = list(self.per_trial.values())
+            sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            best = (f"; best {self.spec.metric} so far {np.mean(values):.4f} ± {sd:.4f} over {len(values)} "
+                    f"seed{'s' if len(values) > 1 else ''}")
+        last = (getattr(trial, "last_result", None) or {}).get("round")
+        what = ("failed" if failed else f"stopped early after round {last}" if last and last < self.rounds
+                else "finished")
         print(f"raysim: {self.done}/{self.total} {'seeds' if self.spec.naming == 'seed' else 'trials'} done "
               f"({self.label(trial)} {what}, {time.monotonic() - self.start:.0f}s elapsed){best}", flush=True)
 
@@ -388,6 +407,9 @@ def _progress_callback(progress: _Progress) -> Any:
     from ray.tune import Callback
 
     class ProgressCallback(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            progress.started(trial)
+
         def on_trial_result(self, iteration, trials, trial, result, **info):
             progress.result(trial, result)
 
@@ -405,6 +427,8 @@ def _better(a: float, b: float, mode: str) -> bool:
 
 
 def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -465,8 +489,8 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     with ray_session(first.engine):
         check_cluster(spec)
         cpus = ray.cluster_resources().get("CPU", 0)
-        out(f"raysim: {'resuming' if resume else 'starting'} sweep of {total} "
-            f"{'seeds' if spec.naming == 'seed' else 'trials'} ({first.algorithm.name} on {first.data.name}, "
+        what = f"{total} seeds" if spec.naming == "seed" else f"sweep of {total} trials"
+        out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
             f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
             callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback()]
@@ -498,7 +522,7 @@ def _scheduler(spec: SweepSpec, rounds: int) -> Any:
 
 
 def default_sweep_dir(spec: SweepSpec) -> Path:
-    stem = Path(spec.base).stem
+    stem = Path(spec.base).stem if spec.base else "defaults"
     kind = "seeds" if spec.naming == "seed" else "sweep"
     return Path("runs") / f"{stem}-{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -537,14 +561,17 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
             status = "stopped"  # by the scheduler (ASHA)
         else:
             status = "unfinished"  # the sweep was interrupted; --resume continues it
-        rows.append({"trial": trial["trial_id"], **values,
+        rows.append({"trial": run_dir.name if spec.naming == "seed" else trial["trial_id"], **values,
                      f"best_{spec.metric}": best[spec.metric] if best else None,
                      "best_round": best["round"] if best else None,
                      "rounds": f"{ran}/{rounds if rounds is not None else '?'}", "status": status,
                      "run_dir": str(run_dir)})
     key = f"best_{spec.metric}"
     sign = -1 if spec.mode == "max" else 1
-    rows.sort(key=lambda r: (r[key] is None, sign * (r[key] or 0.0), r["trial"]))
+    if spec.naming == "seed":
+        rows.sort(key=lambda r: r.get("seed", 0))
+    else:
+        rows.sort(key=lambda r: (r[key] is None, sign * (r[key] or 0.0), r["trial"]))
     return rows
 
 
@@ -589,15 +616,24 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
         for row in rows:
             writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
     md_columns = [c for c in columns if c != "run_dir"]
-    table = markdown_table(md_columns, [[_cell(row[c]) for c in md_columns] for row in rows])
-    best = next((r for r in rows if r[f"best_{spec.metric}"] is not None), None)
-    header = [f"# Sweep {sweep_dir.name}", "",
-              f"Base config: `{spec.base}`; metric: best `{spec.metric}` over rounds ({spec.mode}); "
-              f"scheduler: {spec.scheduler['name']}; {len(rows)} trials; run directories in `trials/`.", ""]
+    table = markdown_table(md_columns, [[_fmt(row[c]) if c in spec.space else _cell(row[c]) for c in md_columns]
+                                        for row in rows])
+    scored = [r[f"best_{spec.metric}"] for r in rows if r[f"best_{spec.metric}"] is not None]
+    # seeds repeat one config: their summary is a mean, and no seed is "the best config"
+    best = None if spec.naming == "seed" else next((r for r in rows if r[f"best_{spec.metric}"] is not None), None)
+    kind = "Seeds" if spec.naming == "seed" else "Sweep"
+    header = [f"# {kind} {sweep_dir.name}", "",
+              f"Base config: `{spec.base or 'built-in defaults'}`; metric: best `{spec.metric}` over rounds "
+              f"({spec.mode}); scheduler: {spec.scheduler['name']}; {len(rows)} {kind.lower()}; run directories in "
+              f"`{'seed-<n>' if spec.naming == 'seed' else 'trials/<trial>'}/`.", ""]
     if best:
         header += [f"Best: trial `{best['trial']}` with {spec.metric} {best[f'best_{spec.metric}']:.4f} "
                    f"(round {best['best_round']}); config in `best.yaml`.", ""]
-    (sweep_dir / "results.md").write_text("\n".join(header) + table + "\n")
+    elif spec.naming == "seed" and scored:
+        sd = statistics.stdev(scored) if len(scored) > 1 else 0.0
+        header += [f"Best {spec.metric}: {statistics.fmean(scored):.4f} ± {sd:.4f} (mean ± std over "
+                   f"{len(scored)} seeds).", ""]
+    (sweep_dir / "results.md").write_text("\n".join(header + [table]) + "\n")
     if best:
         write_best_config(spec, best, sweep_dir / "best.yaml")
     for row in rows:
@@ -685,23 +721,22 @@ def parse_seeds(text: str) -> list[int]:
     return sorted(seeds)
 
 
-def seeds_spec(config: str | Path, overrides: list[str], seeds: list[int]) -> SweepSpec:
-    """One config over several seeds, as a grid sweep whose trials are named seed-<n>."""
-    config = Path(config)
-    if not config.is_file():
+def seeds_spec(config: Optional[str | Path], overrides: list[str], seeds: list[int]) -> SweepSpec:
+    """One config (None: the defaults) over several seeds, as a grid sweep whose trials are named seed-<n>."""
+    if config is not None and not Path(config).is_file():
         raise UserError(f"config file not found: {config}")
     fixed = [o for o in overrides if not o.startswith("seed=")]
     base_cfg = load_config(config, fixed)
-    metric = "acc_mean"
-    spec = SweepSpec(base=str(config.resolve()), space={"seed": {"grid": list(seeds)}}, fixed=fixed, metric=metric,
-                     naming="seed", dir=base_cfg.log.dir)
+    spec = SweepSpec(base=str(Path(config).resolve()) if config else None, space={"seed": {"grid": list(seeds)}},
+                     fixed=fixed, metric="acc_mean", naming="seed", dir=base_cfg.log.dir)
     check_spec(spec)
     return spec
 
 
-def run_seeds(config: str | Path, overrides: list[str], seeds: list[int], *, resume_dir: Optional[Path] = None,
+def run_seeds(config: Optional[str | Path], overrides: list[str], seeds: list[int], *,
+              resume_dir: Optional[Path] = None,
               quiet: bool = False, out: Callable[[str], None] = print) -> SweepResult:
-    """``raysim run CONFIG --seeds 0-9``: each seed's run in PARENT/trials/seed-<n>, in parallel where it fits."""
+    """``raysim run CONFIG --seeds 0-9``: each seed's run in PARENT/seed-<n>, in parallel where it fits."""
     if resume_dir is not None:
         spec = spec_from_yaml(Path(resume_dir) / "sweep.yaml")
         return run_sweep(spec, sweep_dir=Path(resume_dir), resume=True, quiet=quiet, out=out)

@@ -1,0 +1,154 @@
+"""raysim report on run directories with known numbers: means, stds, Welch p-values, communication, plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from raysim.cli import main
+from raysim.config import load_config, to_yaml
+from raysim.report import find_runs, make_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# best acc_mean per seed, by (algorithm, partition)
+BEST = {
+    ("fedavg", "iid"): [0.90, 0.92, 0.94],
+    ("local", "iid"): [0.50, 0.55, 0.60],
+    ("fedavg", "dirichlet"): [0.70, 0.72, 0.74],
+    ("local", "dirichlet"): [0.71, 0.73, 0.69],
+}
+BYTES = {"fedavg": (1000, 2000), "local": (0, 0)}
+
+
+def write_run(run_dir: Path, algorithm: str, partition: str, seed: int, best: float, workers: int) -> None:
+    """Three rounds: 0.4, then the best, then just below it; one second per round; FedAvg also logs k."""
+    cfg = load_config(None, [f"algorithm.name={algorithm}", f"data.partition={partition}", f"seed={seed}",
+                             f"engine.num_workers={workers}", f"name=run{seed}", f"log.dir={run_dir}"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    up, down = BYTES[algorithm]
+    rows = []
+    for rnd, acc in enumerate([0.4, best, best - 0.01], start=1):
+        row = {"round": rnd, "acc_mean": acc, "loss": 1.0 / rnd, "bytes_up": up, "bytes_down": down,
+               "bytes_up_total": up * rnd, "bytes_down_total": down * rnd, "wall_s": 1.0, "wall_s_total": float(rnd)}
+        if algorithm == "fedavg":
+            row["acc_global"] = acc - 0.05
+            row["k"] = 8 + 5 * (rnd - 1)
+        rows.append(row)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """Runs nested like sweeps and seed sets, plus a folder that is not a run."""
+    root = tmp_path / "results"
+    for (algorithm, partition), values in BEST.items():
+        for seed, best in enumerate(values):
+            write_run(root / f"{algorithm}-{partition}" / f"seed-{seed}", algorithm, partition, seed, best,
+                      workers=1 + seed % 2)
+    (root / "fedavg-iid" / "tune").mkdir()
+    (root / "fedavg-iid" / "tune" / "metrics.jsonl").write_text("{}\n")  # no config.yaml: not a run
+    return root
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Welch's t-test written out: t, Welch-Satterthwaite degrees of freedom, two-sided p."""
+    from scipy.stats import t as student_t
+
+    va, vb = (sum((x - sum(v) / len(v)) ** 2 for x in v) / (len(v) - 1) / len(v) for v in (a, b))
+    t = (sum(a) / len(a) - sum(b) / len(b)) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return float(2 * student_t.sf(abs(t), df))
+
+
+def test_report_means_stds_and_welch_p_values(runs, tmp_path):
+    assert len(find_runs([runs])) == 12
+    report = make_report([runs], tmp_path / "out")
+    assert report.methods == ["fedavg", "local"]
+    assert set(report.settings) == {"partition=iid", "partition=dirichlet"}
+    assert len(report.groups) == 4  # seeds (and engine/name/log keys) do not split groups
+    for (algorithm, partition), values in BEST.items():
+        g = report.group(algorithm, f"partition={partition}")
+        assert sorted(g.values) == pytest.approx(sorted(values))
+        mean = sum(values) / 3
+        assert g.mean == pytest.approx(mean)
+        assert g.std == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 2))
+    best_iid, local_iid = report.group("fedavg", "partition=iid"), report.group("local", "partition=iid")
+    assert best_iid.is_best and not best_iid.beaten
+    assert local_iid.p_vs_best == pytest.approx(welch_p(BEST[("fedavg", "iid")], BEST[("local", "iid")]), rel=1e-9)
+    assert local_iid.p_vs_best < 0.01 and local_iid.beaten
+    best_dir, local_dir = report.group("fedavg", "partition=dirichlet"), report.group("local", "partition=dirichlet")
+    assert best_dir.is_best
+    assert local_dir.p_vs_best == pytest.approx(welch_p(BEST[("fedavg", "dirichlet")], BEST[("local", "dirichlet")]))
+    assert local_dir.p_vs_best > 0.01 and not local_dir.beaten
+
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "**92.00 ± 2.00**" in md and "55.00 ± 5.00*" in md and "71.00 ± 2.00 " in md
+    table = list(csv.reader(open(tmp_path / "out" / "table.csv")))
+    header = table[0]
+    local_row = dict(zip(header, next(r for r in table if r[0] == "local")))
+    assert local_row["partition=iid"] == "55.00 ± 5.00*" and local_row["partition=dirichlet"] == "71.00 ± 2.00"
+    summary = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    row = next(r for r in summary if r["method"] == "local" and r["setting"] == "partition=iid")
+    assert float(row["p_vs_best"]) == pytest.approx(local_iid.p_vs_best, rel=1e-5) and row["n"] == "3"
+
+
+def test_report_communication_to_target(runs, tmp_path):
+    make_report([runs], tmp_path / "out", target=0.72, plots=False)
+    rows = {(r["method"], r["setting"]): r for r in csv.DictReader(open(tmp_path / "out" / "comm.csv"))}
+    fedavg = rows[("fedavg", "partition=iid")]
+    assert float(fedavg["bytes_up_per_round"]) == 1000 and float(fedavg["bytes_down_per_round"]) == 2000
+    assert float(fedavg["wall_s_per_round_median"]) == 1.0
+    assert fedavg["reached"] == "3"
+    assert float(fedavg["rounds_to_target_mean"]) == 2 and float(fedavg["rounds_to_target_std"]) == 0
+    assert float(fedavg["mb_to_target_mean"]) == pytest.approx(2 * 3000 / 1e6)
+    assert float(fedavg["wall_s_to_target_mean"]) == 2.0
+    # fedavg/dirichlet peaks at 0.70, 0.72, 0.74: two of three seeds reach 0.72, both at round 2
+    assert rows[("fedavg", "partition=dirichlet")]["reached"] == "2"
+    # local/iid never reaches 0.72
+    assert rows[("local", "partition=iid")]["reached"] == "0"
+    assert rows[("local", "partition=iid")]["mb_to_target_mean"] == ""
+
+
+def test_report_acc_global_skips_methods_without_a_global_model(runs, tmp_path):
+    report = make_report([runs], tmp_path / "out", metric="acc_global", plots=False)
+    assert report.group("fedavg", "partition=iid").mean == pytest.approx(0.87)
+    assert report.group("local", "partition=iid").mean is None
+    assert "| local " in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_plots_are_valid_pngs(runs, tmp_path):
+    import matplotlib.image
+
+    report = make_report([runs], tmp_path / "out")
+    for name in ("acc_vs_round.png", "acc_vs_mb.png", "k_vs_round.png"):
+        path = tmp_path / "out" / name
+        assert report.files[name] == path
+        assert path.read_bytes()[:8] == PNG_SIGNATURE
+        image = matplotlib.image.imread(path)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+        assert f"]({name})" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_report_cli(runs, tmp_path, capsys):
+    assert main(["report", str(runs / "fedavg-iid"), str(runs / "local-iid"), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "55.00 ± 5.00*" in out and "report.md" in out
+    # a single setting: the column is named after the dataset
+    assert list(csv.reader(open(tmp_path / "o" / "table.csv")))[0] == ["method", "sklearn_digits"]
+    assert main(["report", str(runs), "--metric", "acc_global", "--target", "0.6", "--no-plots",
+                 "--out", str(tmp_path / "g")]) == 0
+    assert not list((tmp_path / "g").glob("*.png"))
+
+
+def test_report_errors_are_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "no raysim run directories" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
