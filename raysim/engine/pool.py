@@ -14,7 +14,7 @@ from typing import Any, Optional
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
-from raysim.engine.worker import ClientWorker
+from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
 
 _WORKER_DIED = (RayActorError, WorkerCrashedError)
@@ -33,11 +33,15 @@ class Job:
 class WorkerPool:
     def __init__(self, cfg: Any, data_ref: ray.ObjectRef, placement_group: Optional[Any] = None,
                  first_bundle: int = 0):
+        enable_fast_tensor_serialization()  # the driver's payload puts and result gets
         self.cfg = cfg
         self._data_ref = data_ref
         self._pg = placement_group
         self._first_bundle = first_bundle
         self._remote_cls = ray.remote(ClientWorker)
+        # a worker's first call (info) completes once its process is up; until then no job is queued on it, so the
+        # first round starts on the workers that are ready instead of waiting for the slowest cold process start
+        self._starting: list[Optional[ray.ObjectRef]] = []
         self.workers: list[Any] = [self._spawn(i) for i in range(cfg.engine.num_workers)]
         self.replacements = 0
         self._closed = False
@@ -50,7 +54,13 @@ class WorkerPool:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self._pg, placement_group_bundle_index=self._first_bundle + index)
-        return self._remote_cls.options(**options).remote(self.cfg, self._data_ref)
+        actor = self._remote_cls.options(**options).remote(self.cfg, self._data_ref)
+        probe = actor.info.remote()
+        if index < len(self._starting):
+            self._starting[index] = probe
+        else:
+            self._starting.append(probe)
+        return actor
 
     def info(self) -> list[dict]:
         """pid, device and thread count of every live worker (waits until all have started)."""
@@ -73,14 +83,18 @@ class WorkerPool:
         per_worker = self.cfg.engine.jobs_per_worker
         while queue or inflight:
             for w in range(len(self.workers)):
-                while queue and load[w] < per_worker:
+                while queue and load[w] < per_worker and self._starting[w] is None:
                     job = queue.popleft()
                     out = getattr(self.workers[w], job.method).remote(*job.args)
                     wait_ref = out[0] if isinstance(out, list) else out
                     inflight[wait_ref] = (job, w, out)
                     load[w] += 1
-            ready, _ = ray.wait(list(inflight), num_returns=1)
+            starting = [r for r in self._starting if r is not None]
+            ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
             ref = ready[0]
+            if ref not in inflight:  # a worker came up (or failed to: its first job then fails as before)
+                self._starting[self._starting.index(ref)] = None
+                continue
             job, w, out = inflight.pop(ref)
             load[w] -= 1
             try:
