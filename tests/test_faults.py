@@ -129,9 +129,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "partialavg"])
+ALGORITHM_EXTRAS = {
+    "fedavg": {},
+    "unideal": {"train__local_epochs": 2},  # two local epochs, so the CLKD schedule moves within a round
+    "fapd": {"algorithm__k0": 4, "algorithm__delta_k": 2, "algorithm__epsilon": 0.5, "algorithm__window": 2,
+             "algorithm__teacher__epochs": 3},
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_EXTRAS))
 def test_sigkilled_driver_resumes_to_identical_metrics(ray_cluster, tmp_path, algorithm):
-    extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet")
+    extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
+                 **ALGORITHM_EXTRAS[algorithm])
+    if algorithm == "fapd":
+        extra["algorithm__teacher__cache_dir"] = str(tmp_path / "teacher-cache")
     _, full, _ = run_experiment(_cfg(tmp_path, "full", **extra))
     run_dir = tmp_path / "killed"
     proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), **extra))
