@@ -29,6 +29,17 @@ def ray_cluster():
     ray.shutdown()
 
 
+# the same tiny experiment as a config mapping (for YAML files written by tests)
+TINY = {
+    "name": "tiny", "rounds": 2,
+    "clients": {"num": 4},
+    "data": {"name": "sklearn_digits", "partition": "iid"},
+    "model": {"name": "mlp", "hidden": [32], "feature_dim": 16},
+    "train": {"lr": 0.1, "batch_size": 32},
+    "engine": {"num_workers": 1},
+}
+
+
 def tiny_overrides(tmp_path: Path, **extra: object) -> list[str]:
     """A small, fast experiment on scikit-learn's digits; extra keys as dotted overrides (a__b -> a.b)."""
     base = {

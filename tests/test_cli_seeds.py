@@ -6,19 +6,10 @@ import csv
 
 import yaml
 
-from conftest import read_rows, strip_timing
+from conftest import TINY, read_rows, strip_timing
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
-
-TINY = {
-    "name": "tiny", "rounds": 2,
-    "clients": {"num": 4},
-    "data": {"name": "sklearn_digits", "partition": "iid"},
-    "model": {"name": "mlp", "hidden": [32], "feature_dim": 16},
-    "train": {"lr": 0.1, "batch_size": 32},
-    "engine": {"num_workers": 1},
-}
 
 
 def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys):

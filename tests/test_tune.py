@@ -14,16 +14,7 @@ from raysim.config import load_config
 from raysim.errors import UserError
 from raysim.tune import (SweepError, candidate_overrides, load_sweep, parse_seeds,
                          trial_bundles)
-from conftest import read_rows
-
-TINY = {
-    "name": "tiny", "rounds": 2,
-    "clients": {"num": 4},
-    "data": {"name": "sklearn_digits", "partition": "iid"},
-    "model": {"name": "mlp", "hidden": [32], "feature_dim": 16},
-    "train": {"lr": 0.1, "batch_size": 32},
-    "engine": {"num_workers": 1},
-}
+from conftest import TINY, read_rows
 
 
 def write_sweep(tmp_path: Path, **sweep: object) -> Path:
