@@ -15,25 +15,41 @@ _ALGORITHMS: dict[str, type] = {}
 _MODELS: dict[str, Callable[..., Any]] = {}
 _DATASETS: dict[str, Callable[..., Any]] = {}
 
-_BUILTIN_MODULES = {
-    "algorithm": ["raysim.algorithms.fedavg", "raysim.algorithms.local", "raysim.algorithms.partialavg",
-                  "raysim.algorithms.unideal", "raysim.algorithms.fedrep", "raysim.algorithms.fapd"],
-    "model": ["raysim.models.small", "raysim.models.zoo"],
-    "dataset": ["raysim.data.sklearn_sets", "raysim.data.digits", "raysim.data.tabular", "raysim.data.images"],
+# built-in name -> the module that registers it, so a lookup imports only that module: loading every model module
+# would import torchvision (~2 s) in the driver and in each worker even for an MLP run
+_BUILTINS: dict[str, dict[str, str]] = {
+    "algorithm": {"fedavg": "raysim.algorithms.fedavg", "local": "raysim.algorithms.local",
+                  "partialavg": "raysim.algorithms.partialavg", "unideal": "raysim.algorithms.unideal",
+                  "partialkd": "raysim.algorithms.unideal", "fedrep": "raysim.algorithms.fedrep",
+                  "fapd": "raysim.algorithms.fapd"},
+    "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "resnet18": "raysim.models.zoo",
+              "resnet10": "raysim.models.zoo", "mobilenet_v3_small": "raysim.models.zoo",
+              "vgg11_bn": "raysim.models.zoo", "mlp_hete": "raysim.models.zoo"},
+    "dataset": {"sklearn_digits": "raysim.data.sklearn_sets", "digits": "raysim.data.digits",
+                "mnist": "raysim.data.digits", "mnistm": "raysim.data.digits", "synthdigits": "raysim.data.digits",
+                "cifar10": "raysim.data.images", "cifar100": "raysim.data.images",
+                "tinyimagenet": "raysim.data.images", "breast_cancer": "raysim.data.tabular",
+                "wine": "raysim.data.tabular", "digits_table": "raysim.data.tabular", "adult": "raysim.data.tabular",
+                "hcc": "raysim.data.tabular", "ilpd": "raysim.data.tabular"},
 }
 _loaded: set[str] = set()
 
 
+def _import_builtin(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # a real missing dependency inside an existing module
+            raise
+
+
 def _load_builtins(kind: str) -> None:
+    """Import every built-in module of a kind (to list what is known)."""
     if kind in _loaded:
         return
     _loaded.add(kind)
-    for module in _BUILTIN_MODULES[kind]:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a real missing dependency inside an existing module
-                raise
+    for module in sorted(set(_BUILTINS[kind].values())):
+        _import_builtin(module)
 
 
 def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
@@ -74,7 +90,10 @@ def register_dataset(name: str) -> Callable[[Callable], Callable]:
 
 
 def _get(table: dict, kind: str, key: str, name: str) -> Any:
-    _load_builtins(kind)
+    if name not in table and name in _BUILTINS[kind]:
+        _import_builtin(_BUILTINS[kind][name])
+    if name not in table:
+        _load_builtins(kind)
     if name not in table:
         raise UserError(f"config key '{key}': unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
     return table[name]

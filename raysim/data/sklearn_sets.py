@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from raysim.data import federate
@@ -12,10 +15,22 @@ from raysim.registry import register_dataset
 @register_dataset("sklearn_digits")
 def sklearn_digits(cfg) -> FederatedData:
     """scikit-learn's 1,797 real 8x8 handwritten digits (pixel values 0..16), as 1x8x8 images."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
-    domain = Domain("sklearn_digits", x, bunch.target, mean=np.array([x.mean()], dtype=np.float32),
+    images, target = load_sklearn_digits()
+    x = (images.astype(np.float32) / 16.0)[:, None, :, :]
+    domain = Domain("sklearn_digits", x, target, mean=np.array([x.mean()], dtype=np.float32),
                     std=np.array([x.std()], dtype=np.float32))
     return federate([domain], cfg, num_classes=10)
+
+
+def load_sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """(images (1797, 8, 8) float64, target (1797,) int) read straight from scikit-learn's ``digits.csv.gz``: the
+    same arrays as ``sklearn.datasets.load_digits()`` without ``import sklearn`` (~1.5 s in every run's driver)."""
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int)

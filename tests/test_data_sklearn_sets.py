@@ -1,0 +1,17 @@
+"""sklearn's digits read straight from its CSV equal load_digits() exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from raysim.data.sklearn_sets import load_sklearn_digits
+
+
+def test_direct_read_equals_load_digits():
+    from sklearn.datasets import load_digits
+
+    images, target = load_sklearn_digits()
+    bunch = load_digits()
+    assert images.shape == (1797, 8, 8) and images.dtype == bunch.images.dtype
+    np.testing.assert_array_equal(images, bunch.images)
+    np.testing.assert_array_equal(target, bunch.target)
