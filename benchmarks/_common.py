@@ -177,7 +177,7 @@ def start_ray(num_cpus: int = 2, object_store_gb: Optional[float] = None, extra_
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
-                              "_node_ip_address": "127.0.0.1", "_system_config": LOCAL_SYSTEM_CONFIG}
+                              "_node_ip_address": "127.0.0.1", "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
     if object_store_gb is not None:
         kwargs["object_store_memory"] = int(object_store_gb * 1024**3)
     ray.init(**kwargs)

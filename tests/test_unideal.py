@@ -111,7 +111,8 @@ def test_worker_uploads_resnet18_head_only(ray_cluster, tmp_path):
     data = build_federated_data(cfg)
     threads = torch.get_num_threads()
     try:  # the worker body, run in this process: exactly what an actor would send back to the driver
-        worker = ClientWorker(cfg, data)
+        worker = ClientWorker(cfg)
+        worker.attach(data)
         algo = get_algorithm("unideal")(cfg)
         initial = build_model(cfg, "resnet18", data.input_shape(0), 10).state_dict()
         payload = algo.server_payload(algo.init_server_state(initial), 1)

@@ -44,12 +44,15 @@ class Driver:
         # Ray reports an exception raised in an actor's __init__ as a bare ActorDiedError (the cause is lost), so
         # setup errors (missing data, damaged checkpoint) are kept and raised from the first method call instead.
         self._setup_error: Optional[BaseException] = None
+        self.pool: Optional[WorkerPool] = None  # made by start(), with the workers the host created
+        self._stop = threading.Event()
+        self._placement_group = placement_group
         try:
-            self._setup(cfg, run_dir, resume, placement_group)
-        except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start_round()
+            self._setup(cfg, run_dir, resume)
+        except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start()
             self._setup_error = exc
 
-    def _setup(self, cfg: Any, run_dir: str, resume: bool, placement_group: Any) -> None:
+    def _setup(self, cfg: Any, run_dir: str, resume: bool) -> None:
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg
@@ -71,16 +74,15 @@ class Driver:
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
         self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                           resume_round=self.round if resume else 0)
-        # workers take the last num_workers bundles: Tune drops an empty head bundle (driver_cpus=0), so the
-        # group then holds only the workers' bundles and the driver (0 CPU) shares bundle 0
-        first = placement_group.bundle_count - cfg.engine.num_workers if placement_group else 0
-        self.pool = WorkerPool(cfg, self.data_ref, placement_group, first_bundle=first)
-        self._stop = threading.Event()
 
     # ------------------------------------------------------------------ control (callable while run() streams)
-    def start_round(self) -> int:
+    def start(self, workers: Optional[list[Any]] = None) -> int:
+        """Take the workers (created by the host beside this actor, or here when None), send them the data, and
+        return the round the run continues after. A setup error is raised here, with its own message."""
         if self._setup_error is not None:
             raise self._setup_error
+        if self.pool is None:
+            self.pool = WorkerPool(self.cfg, self.data_ref, self._placement_group, workers)
         return self.round
 
     def worker_info(self) -> list[dict]:
@@ -88,8 +90,8 @@ class Driver:
 
     def shutdown(self) -> None:
         """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""
-        if self._setup_error is None:
-            self._stop.set()
+        self._stop.set()
+        if self.pool is not None:
             self.pool.shutdown()
 
     def request_stop(self) -> None:
@@ -98,6 +100,7 @@ class Driver:
 
     # ------------------------------------------------------------------ the round loop
     def run(self) -> Iterator[dict]:
+        self.start()  # a no-op once the runner has called it
         try:
             while self.round < self.cfg.rounds and not self._stop.is_set():
                 yield self.run_round(self.round + 1)

@@ -30,32 +30,48 @@ class Job:
     tries: int = field(default=0)
 
 
+def first_worker_bundle(cfg: Any, placement_group: Any) -> int:
+    """Index of the first workers' bundle: Tune drops an empty head bundle (driver_cpus=0), so the group then holds
+    only the workers' bundles and the driver (0 CPU) shares bundle 0; workers take the last num_workers bundles."""
+    return placement_group.bundle_count - cfg.engine.num_workers
+
+
+def spawn_worker(cfg: Any, index: int, placement_group: Optional[Any] = None) -> Any:
+    """Create worker ``index``'s actor (no data yet: the driver sends it with ``attach``)."""
+    e = cfg.engine
+    options: dict[str, Any] = {"num_cpus": e.cpus_per_worker, "num_gpus": e.gpus_per_worker, "max_restarts": 0}
+    if placement_group is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group=placement_group,
+            placement_group_bundle_index=first_worker_bundle(cfg, placement_group) + index)
+    return ray.remote(ClientWorker).options(**options).remote(cfg)
+
+
+def spawn_workers(cfg: Any, placement_group: Optional[Any] = None) -> list[Any]:
+    """All of a run's workers, created by the host right after the driver so that the processes of all three
+    start at once; Ray prestarts only ``num_cpus`` processes, and a process that starts cold imports torch (~4 s)."""
+    return [spawn_worker(cfg, i, placement_group) for i in range(cfg.engine.num_workers)]
+
+
 class WorkerPool:
     def __init__(self, cfg: Any, data_ref: ray.ObjectRef, placement_group: Optional[Any] = None,
-                 first_bundle: int = 0):
+                 workers: Optional[list[Any]] = None):
         enable_fast_tensor_serialization()  # the driver's payload puts and result gets
         self.cfg = cfg
         self._data_ref = data_ref
         self._pg = placement_group
-        self._first_bundle = first_bundle
-        self._remote_cls = ray.remote(ClientWorker)
-        # a worker's first call (info) completes once its process is up; until then no job is queued on it, so the
-        # first round starts on the workers that are ready instead of waiting for the slowest cold process start
+        # a worker's first call (attach) completes once its process is up; until then no job is queued on it, so
+        # the first round starts on the workers that are ready instead of waiting for the slowest cold start
         self._starting: list[Optional[ray.ObjectRef]] = []
-        self.workers: list[Any] = [self._spawn(i) for i in range(cfg.engine.num_workers)]
+        actors = workers if workers is not None else spawn_workers(cfg, placement_group)
+        self.workers: list[Any] = [self._attach(i, a) for i, a in enumerate(actors)]
         self.replacements = 0
         self._closed = False
 
-    def _spawn(self, index: int) -> Any:
-        e = self.cfg.engine
-        options: dict[str, Any] = {"num_cpus": e.cpus_per_worker, "num_gpus": e.gpus_per_worker, "max_restarts": 0}
-        if self._pg is not None:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=self._pg, placement_group_bundle_index=self._first_bundle + index)
-        actor = self._remote_cls.options(**options).remote(self.cfg, self._data_ref)
-        probe = actor.info.remote()
+    def _attach(self, index: int, actor: Any) -> Any:
+        probe = actor.attach.remote(self._data_ref)
         if index < len(self._starting):
             self._starting[index] = probe
         else:
@@ -71,7 +87,7 @@ class WorkerPool:
             ray.kill(self.workers[index], no_restart=True)
         except Exception:  # already gone
             pass
-        self.workers[index] = self._spawn(index)
+        self.workers[index] = self._attach(index, spawn_worker(self.cfg, index, self._pg))
         self.replacements += 1
 
     def run(self, jobs: list[Job]) -> dict[int, Any]:

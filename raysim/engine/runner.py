@@ -18,6 +18,7 @@ import yaml
 
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.engine.driver import Driver
+from raysim.engine.pool import spawn_workers
 from raysim.engine.resources import check_resources, ray_session
 from raysim.engine.state import read_checkpoint
 from raysim.errors import UserError
@@ -82,8 +83,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
         with ray_session(cfg.engine):
             if placement_group is None:
                 check_resources(cfg.engine)
+            # the driver first (it takes a prestarted process), then its workers: all their processes start now
             driver = _spawn_driver(cfg, run_dir, resume, placement_group)
-            start_round = ray.get(driver.start_round.remote())
+            workers = spawn_workers(cfg, placement_group)
+            start_round = ray.get(driver.start.remote(workers))
             if on_start:  # run_dir, the round it starts after, and the driver (for worker_info / request_stop)
                 on_start({"run_dir": run_dir, "start_round": start_round, "driver": driver})
             previous = None
@@ -103,7 +106,7 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
             finally:
                 if previous is not None:
                     signal.signal(signal.SIGINT, previous)
-                _kill_quietly(driver)
+                _kill_quietly(driver, workers)
     except BaseException:
         if created and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
@@ -111,16 +114,17 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
     return run_dir, rows, stop_requested.is_set() and (not rows or rows[-1]["round"] < cfg.rounds)
 
 
-def _kill_quietly(driver: Any) -> None:
-    """End the driver and, with it, its workers (they are owned by the driver actor)."""
+def _kill_quietly(driver: Any, workers: list[Any]) -> None:
+    """End the driver and the workers: those this process created and the replacements the driver created."""
     try:
         ray.get(driver.shutdown.remote(), timeout=30)
     except Exception:
         pass
-    try:
-        ray.kill(driver)
-    except Exception:
-        pass
+    for actor in [driver, *workers]:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
 
 
 def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:

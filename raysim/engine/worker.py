@@ -99,7 +99,9 @@ def enable_fast_tensor_serialization() -> None:
 class ClientWorker:
     """The actor body (wrapped with ``ray.remote`` by the pool, which sets its CPU/GPU share)."""
 
-    def __init__(self, cfg: Any, data: Any):
+    def __init__(self, cfg: Any):
+        import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.6 s): paid before attach()
+        # reports this worker ready, so no job of round 1 waits on it
         threads = max(1, int(math.floor(cfg.engine.cpus_per_worker)))
         torch.set_num_threads(threads)  # a worker's share of the cores, so workers don't fight over them
         try:
@@ -109,13 +111,22 @@ class ClientWorker:
         enable_fast_tensor_serialization()
         import_plugins(cfg.plugins)
         self.cfg = cfg
-        self.data = data
+        self.data: Any = None  # the federated dataset, given by the driver through attach()
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
         gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         self.device = torch.device("cuda" if gpu else "cpu")
         self._models: dict[tuple, tuple[torch.nn.Module, list[torch.Tensor], list[torch.Tensor]]] = {}
         self._payload_ref: Optional[ray.ObjectRef] = None
         self._payload: dict = {}
+
+    def attach(self, data: Any) -> dict:
+        """Receive the run's dataset (an object-store reference that Ray resolves for this call); returns info().
+
+        Data comes after construction so that a worker's process can be started before the driver has built the
+        data: the host creates the workers beside the driver, and their cold starts overlap instead of queueing.
+        """
+        self.data = data
+        return self.info()
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
