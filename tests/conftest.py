@@ -24,7 +24,7 @@ def ray_cluster():
                                                             os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(ROOT / "tests" / "plugins"))
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, _node_ip_address="127.0.0.1",
-             _system_config=LOCAL_SYSTEM_CONFIG)
+             _system_config=dict(LOCAL_SYSTEM_CONFIG))
     yield ray
     ray.shutdown()
 
@@ -41,11 +41,13 @@ TINY = {
 
 
 def tiny_overrides(tmp_path: Path, **extra: object) -> list[str]:
-    """A small, fast experiment on scikit-learn's digits; extra keys as dotted overrides (a__b -> a.b)."""
+    """A small, fast experiment on scikit-learn's digits; extra keys as dotted overrides (a__b -> a.b).
+
+    One worker, since each worker is a process that imports torch; tests about several workers ask for them."""
     base = {
         "name": "t", "rounds": 2, "clients.num": 4, "data.name": "sklearn_digits", "data.partition": "iid",
         "model.name": "mlp", "model.hidden": "[32]", "model.feature_dim": 16, "train.lr": 0.1,
-        "train.batch_size": 32, "engine.num_workers": 2, "log.dir": str(tmp_path / "run"),
+        "train.batch_size": 32, "engine.num_workers": 1, "log.dir": str(tmp_path / "run"),
     }
     base.update({k.replace("__", "."): v for k, v in extra.items()})
     return [f"{k}={v}" for k, v in base.items()]
