@@ -38,6 +38,10 @@ def ray_session(engine: Any) -> Iterator[bool]:
         kwargs["_node_ip_address"] = "127.0.0.1"
         if engine.state_memory_gb is not None:
             kwargs["object_store_memory"] = int(engine.state_memory_gb * 1024**3)
+            # Ray keeps return values under 100 KB in the caller's heap, where they are never spilled; under a
+            # memory budget every client state must go to the object store (and to disk beyond it), whatever its
+            # size. Measured cost: ~0.7 ms more per Ray call, so only when a budget is set.
+            kwargs["_system_config"]["max_direct_call_object_size"] = 0
     else:
         kwargs["address"] = engine.address
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
