@@ -57,22 +57,20 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def wait_quiet(threshold: float = 2.5, until_utc: str = "12:35", poll_s: float = 60.0,
+def wait_quiet(threshold: float = 2.5, max_wait_s: float = 1800.0, poll_s: float = 30.0,
                enabled: bool = True) -> float:
-    """Wait until the 1-minute load is below ``threshold`` (or the deadline passes); return the load then.
+    """Wait until the 1-minute load is below ``threshold`` (at most ``max_wait_s``); return the load then.
 
-    Other engineers share this machine; a figure taken under load says more about them than about raysim.
+    Other jobs may share the machine; a figure taken under load says more about them than about raysim.
     """
     if not enabled:
         return loadavg()
-    hh, mm = map(int, until_utc.split(":"))
-    now = dt.datetime.now(dt.timezone.utc)
-    deadline = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+    deadline = time.monotonic() + max_wait_s
     while True:
         load = loadavg()
-        if load < threshold or dt.datetime.now(dt.timezone.utc) >= deadline:
+        if load < threshold or time.monotonic() >= deadline:
             return load
-        print(f"[bench] load {load:.2f} >= {threshold}; waiting (until {until_utc} UTC)", flush=True)
+        print(f"[bench] load {load:.2f} >= {threshold}; waiting (at most {max_wait_s / 60:.0f} min in all)", flush=True)
         time.sleep(poll_s)
 
 
@@ -168,18 +166,15 @@ def start_ray(num_cpus: int = 2, object_store_gb: Optional[float] = None, extra_
     """
     import ray
 
-    from raysim.engine.resources import LOCAL_SYSTEM_CONFIG
+    from raysim.engine.resources import local_ray_options
 
     paths = [str(p) for p in extra_pythonpath]
     if paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
         sys.path[:0] = paths
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
-                              "_node_ip_address": "127.0.0.1", "_system_config": dict(LOCAL_SYSTEM_CONFIG)}
-    if object_store_gb is not None:
-        kwargs["object_store_memory"] = int(object_store_gb * 1024**3)
+                              **local_ray_options(object_store_gb)}
     ray.init(**kwargs)
 
 

@@ -32,6 +32,7 @@ def test_without_a_budget_small_returns_stay_inline_and_the_shared_config_is_unt
     kw["_system_config"]["written_by_ray"] = 1  # ray.init writes into the dict it is given
     assert "written_by_ray" not in resources.LOCAL_SYSTEM_CONFIG
     assert kw["_system_config"]["preload_python_modules"] == ["torch", "raysim.engine.worker"]
+    assert resources.local_ray_options()["_system_config"] is not resources.local_ray_options()["_system_config"]
 
 
 def test_a_cluster_address_gets_no_local_settings(monkeypatch):

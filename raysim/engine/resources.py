@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import ray
 
@@ -22,6 +22,21 @@ from raysim.errors import UserError
 LOCAL_SYSTEM_CONFIG = {"preload_python_modules": ["torch", "raysim.engine.worker"]}
 
 
+def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]:
+    """``ray.init`` arguments for a local Ray as raysim starts one (the tests and benchmarks start theirs with them)."""
+    # token authentication stays on; only the notice that it is on is silenced for a private local cluster
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    options: dict[str, Any] = {"_system_config": dict(LOCAL_SYSTEM_CONFIG),  # ray.init writes into the dict
+                               "_node_ip_address": "127.0.0.1"}  # a local Ray listens on the loopback interface
+    if state_memory_gb is not None:
+        options["object_store_memory"] = int(state_memory_gb * 1024**3)
+        # Ray keeps return values under 100 KB in the caller's heap, where they are never spilled; under a memory
+        # budget every client state must go to the object store (and to disk beyond it), whatever its size.
+        # Measured cost: ~0.7 ms more per Ray call, so only when a budget is set.
+        options["_system_config"]["max_direct_call_object_size"] = 0
+    return options
+
+
 @contextlib.contextmanager
 def ray_session(engine: Any) -> Iterator[bool]:
     """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
@@ -31,17 +46,7 @@ def ray_session(engine: Any) -> Iterator[bool]:
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True,
                               "include_dashboard": bool(engine.dashboard)}
     if engine.address is None:
-        kwargs["_system_config"] = dict(LOCAL_SYSTEM_CONFIG)  # ray.init adds to the dict it is given
-        # token authentication stays on; only the notice that it is on is silenced for a private local cluster
-        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        # a local Ray listens on the loopback interface only
-        kwargs["_node_ip_address"] = "127.0.0.1"
-        if engine.state_memory_gb is not None:
-            kwargs["object_store_memory"] = int(engine.state_memory_gb * 1024**3)
-            # Ray keeps return values under 100 KB in the caller's heap, where they are never spilled; under a
-            # memory budget every client state must go to the object store (and to disk beyond it), whatever its
-            # size. Measured cost: ~0.7 ms more per Ray call, so only when a budget is set.
-            kwargs["_system_config"]["max_direct_call_object_size"] = 0
+        kwargs.update(local_ray_options(engine.state_memory_gb))
     else:
         kwargs["address"] = engine.address
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
