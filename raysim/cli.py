@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -87,6 +88,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_STOPPED
         raise
     return 0
+
+
+def entry() -> int:
+    """The ``raysim`` command: ``main()``, then a faster exit. With torch loaded, the interpreter's final garbage
+    collection walks every torch object for ~0.7 s; frozen objects are skipped (atexit handlers still run)."""
+    code = main()
+    gc.freeze()
+    return code
 
 
 def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str], list[str]]:
@@ -193,4 +202,4 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
