@@ -189,3 +189,17 @@ def test_bad_files_are_one_line_errors(ray_cluster, tmp_path, capsys):
     # an existing run is never overwritten
     assert cli_main(["run", smoke, f"log.dir={run_dir}"]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_setup_error_in_the_driver_frees_the_workers_it_was_given(ray_cluster, tmp_path):
+    """The host creates the workers beside the driver; a driver that fails its setup must not leave them holding
+    CPUs (the next run in the session would wait for ever)."""
+    cfg = _cfg(tmp_path, "nodata", data__name="cifar10", data__root=str(tmp_path / "empty"), engine__num_workers=2)
+    with pytest.raises(BaseException) as info:
+        run_experiment(cfg)
+    assert "data.root" in str(find_user_error(info.value))
+    assert not (tmp_path / "nodata").exists()
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2

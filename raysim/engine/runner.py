@@ -86,18 +86,18 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
             # the driver first (it takes a prestarted process), then its workers: all their processes start now
             driver = _spawn_driver(cfg, run_dir, resume, placement_group)
             workers = spawn_workers(cfg, placement_group)
-            start_round = ray.get(driver.start.remote(workers))
-            if on_start:  # run_dir, the round it starts after, and the driver (for worker_info / request_stop)
-                on_start({"run_dir": run_dir, "start_round": start_round, "driver": driver})
             previous = None
-            if handle_sigint and threading.current_thread() is threading.main_thread():
-                def _on_sigint(signum, frame):  # first Ctrl-C: finish the round, checkpoint, stop
-                    if stop_requested.is_set():
-                        raise KeyboardInterrupt
-                    stop_requested.set()
-                    driver.request_stop.remote()
-                previous = signal.signal(signal.SIGINT, _on_sigint)
-            try:
+            try:  # from here on, the actors are ended whatever happens (a setup error included)
+                start_round = ray.get(driver.start.remote(workers))
+                if on_start:  # run_dir, the round it starts after, and the driver (for worker_info / request_stop)
+                    on_start({"run_dir": run_dir, "start_round": start_round, "driver": driver})
+                if handle_sigint and threading.current_thread() is threading.main_thread():
+                    def _on_sigint(signum, frame):  # first Ctrl-C: finish the round, checkpoint, stop
+                        if stop_requested.is_set():
+                            raise KeyboardInterrupt
+                        stop_requested.set()
+                        driver.request_stop.remote()
+                    previous = signal.signal(signal.SIGINT, _on_sigint)
                 for ref in driver.run.options(num_returns="streaming").remote():
                     metrics = ray.get(ref)
                     rows.append(metrics)
