@@ -10,7 +10,7 @@ object store (capped at ``engine.state_memory_gb``; Ray spills the rest to disk)
 about. Reported per size: the round period seen by the host (median of rounds 2..R), peak RSS (VmHWM) of the
 driver actor and of each worker, the largest sum of PSS over every process of the run (this script, Ray's
 gcs/raylet and all Ray workers: shared pages such as the object store counted once), and object-store usage and
-spilled bytes at the end.
+spilled by each run.
 """
 
 from __future__ import annotations
@@ -89,10 +89,12 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
             probe["store"] = store_stats()
             probe["acc_mean"] = m["acc_mean"]
 
+    spilled_before = store_stats().get("spilled_mib", 0.0)  # Ray's counter covers the whole session
     t0 = time.perf_counter()
     run_experiment(cfg, on_start=on_start, on_round=on_round)
     total = time.perf_counter() - t0
     shutil.rmtree(cfg.log.dir, ignore_errors=True)
+    probe["store"]["spilled_mib"] = probe["store"].get("spilled_mib", 0.0) - spilled_before  # this run's
     st = probe["stamps"]
     periods = [b - a for a, b in zip(st, st[1:])]
     import statistics
