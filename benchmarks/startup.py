@@ -31,7 +31,10 @@ TINY = ["name=startup-tiny", "rounds=2", "clients.num=4", "data.name=sklearn_dig
 
 
 def launch(run_dir: Path) -> dict[str, float]:
-    """One ``raysim run`` subprocess; seconds from launch to each phase."""
+    """One ``raysim run`` subprocess; seconds from launch to each phase.
+
+    Not ``_common.run_cli`` (one marker): this script times older commits too (the A/B in RESULTS.md), with their
+    own ``_common.py``, so it uses only what that file has always had."""
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [str(ROOT / ".venv" / "bin" / "raysim"), "run", *overrides("cnn"), "engine.num_workers=2",
            f"log.dir={run_dir}"]
