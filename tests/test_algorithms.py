@@ -31,7 +31,7 @@ def test_shared_parts():
     for name, expect_up in [("fedavg", keys), ("local", set()),
                             ("partialavg", {k for k in keys if k.startswith("head.")})]:
         algo = get_algorithm(name)(load_config(None, [f"algorithm.name={name}"]))
-        up, keep = algo.client_upload(model), algo.client_keep(model)
+        up, keep = algo.client_upload(model, None), algo.client_keep(model, None)
         assert set(up) == expect_up, name
         assert set(up) | set(keep) == keys and not set(up) & set(keep), name
 
@@ -40,8 +40,8 @@ def test_partialavg_setup_replaces_only_the_head():
     cfg = load_config(None, ["algorithm.name=partialavg"])
     algo = get_algorithm("partialavg")(cfg)
     own, other = _model(cfg, 0.0), _model(cfg, 1.0)
-    state = algo.client_keep(own)
-    payload = {"model": algo.client_upload(other)}
+    state = algo.client_keep(own, None)
+    payload = {"model": algo.client_upload(other, None)}
     fresh = _model(cfg, 5.0)
     algo.client_setup(fresh, state, payload, None)
     for k, v in fresh.state_dict().items():

@@ -13,6 +13,7 @@ from conftest import read_rows, strip_timing, tiny_overrides
 from raysim.cli import main as cli_main
 from raysim.config import load_config
 from raysim.data import build_federated_data
+from raysim.engine.jobs import TrainJob
 from raysim.engine.pool import Job, WorkerPool
 from raysim.engine.resources import check_resources
 from raysim.engine.runner import run_experiment
@@ -35,15 +36,20 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
         assert len({info["pid"] for info in pool.info()}) == 2
         clients = list(range(53))
         random.Random(0).shuffle(clients)
-        jobs = [Job(key=c, method="train", args=({"client": c, "round": 1}, [ray.put({})], None), clients=[c],
-                    round=1) for c in clients]
+        payload = ray.put({})
+
+        def job(c: int) -> Job:
+            work = TrainJob(client_id=c, round=1, payload_ref=payload)
+            return Job(key=c, submit=lambda w: w.train.remote(work, None), clients=[c], round=1)
+
+        jobs = [job(c) for c in clients]
         done = pool.run(jobs)
     finally:
         pool.shutdown()
     assert sorted(done) == list(range(53))
     for cid, (result, state_ref) in done.items():
-        assert result["client"] == cid
-        assert result["num_samples"] == data.num_train(cid)
+        assert result.client_id == cid
+        assert result.num_samples == data.num_train(cid)
         assert state_ref is not None
     states = ray.get([done[c][1] for c in (0, 1)])
     assert not torch.equal(states[0]["head.weight"], states[1]["head.weight"])

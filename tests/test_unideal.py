@@ -10,6 +10,7 @@ from conftest import ROOT, read_rows, strip_timing, tiny_overrides
 
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
+from raysim.engine.jobs import TrainJob
 from raysim.engine.worker import ClientWorker, nbytes
 from raysim.errors import UserError
 from raysim.models import build_model
@@ -85,20 +86,20 @@ def test_local_head_stays_and_only_the_head_is_uploaded():
     payload = {"model": {"head.weight": torch.zeros(3, 6), "head.bias": torch.zeros(3)}}
     algo.client_setup(model, state, payload, None)
     assert torch.equal(model.head.weight, state["head.weight"])  # the global head is not loaded into the model
-    assert set(algo.client_upload(model)) == HEAD_KEYS
-    assert set(algo.client_keep(model)) == set(model.state_dict())  # backbone and local head stay
+    assert set(algo.client_upload(model, None)) == HEAD_KEYS
+    assert set(algo.client_keep(model, None)) == set(model.state_dict())  # backbone and local head stay
     algo.eval_setup(model, state, payload)
     assert torch.equal(model.head.bias, state["head.bias"])  # evaluation uses the local head
 
 
 def test_fedrep_phases_head_then_body_and_shares_the_backbone():
     cfg, algo, model = _tiny("fedrep", "algorithm.head_epochs=2")
-    (head, e1), (body, e2) = algo.local_phases(model)
+    (head, e1), (body, e2) = algo.local_phases(model, None)
     assert (e1, e2) == (2, 3)
     assert {id(p) for p in head} == {id(p) for p in model.head.parameters()}
     assert {id(p) for p in body} == {id(p) for p in model.backbone.parameters()}
-    assert all(k.startswith("backbone.") for k in algo.client_upload(model))
-    assert set(algo.client_keep(model)) == HEAD_KEYS
+    assert all(k.startswith("backbone.") for k in algo.client_upload(model, None))
+    assert set(algo.client_keep(model, None)) == HEAD_KEYS
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
@@ -116,11 +117,11 @@ def test_worker_uploads_resnet18_head_only(ray_cluster, tmp_path):
         algo = get_algorithm("unideal")(cfg)
         initial = build_model(cfg, "resnet18", data.input_shape(0), 10).state_dict()
         payload = algo.server_payload(algo.init_server_state(initial), 1)
-        result, state = worker.train({"client": 0, "round": 1}, [ray.put(payload)], None)
+        result, state = worker.train(TrainJob(client_id=0, round=1, payload_ref=ray.put(payload)), None)
     finally:
         torch.set_num_threads(threads)
-    assert set(result["upload"]) == HEAD_KEYS
-    assert nbytes(result["upload"]) == 5130 * 4 and nbytes(payload) == 5130 * 4
+    assert set(result.upload) == HEAD_KEYS
+    assert nbytes(result.upload) == 5130 * 4 and nbytes(payload) == 5130 * 4
     assert set(state) == set(initial)  # the whole model stays on the client
 
 
@@ -190,7 +191,8 @@ def test_tabular_style_hete_mlps_train_together(ray_cluster, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- experiments/unideal
 EXPERIMENTS = ROOT / "experiments" / "unideal"
-KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2"}
+KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2", "fedproto"}
+AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen"}  # one architecture and input shape: no HETE files
 
 
 def test_experiment_configs_load_and_cover_every_method():
@@ -198,7 +200,7 @@ def test_experiment_configs_load_and_cover_every_method():
     assert len(settings) == 12
     for setting in settings:
         names = {p.stem for p in setting.glob("*.yaml")} - {"base"}
-        assert names == (KD_ALGOS if "hete" in setting.name else KD_ALGOS | {"fedavg", "fedrep"}), setting
+        assert names == (KD_ALGOS if "hete" in setting.name else KD_ALGOS | AVERAGING), setting
         for path in setting.glob("*.yaml"):
             cfg = load_config(path)
             algo = path.stem.split("-")[0] if path.stem != "base" else "unideal"

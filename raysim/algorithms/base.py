@@ -1,21 +1,32 @@
 """The hooks an algorithm overrides. The defaults are FedAvg; the round loop (engine/driver.py) exists once.
 
-Client side (run by a worker for one virtual client):
-  client_setup   load the client's own state and the driver's payload into the model
-  local_phases   which parameters train for how many local epochs (FedRep: head first, then body)
-  client_loss    the local objective on one batch
-  client_upload  what leaves the client        client_keep   what the client keeps for next time
+Model:
+  adapt_model        change a freshly built model (MOON's projection head), on workers and driver alike
+Client side (run by a worker for one virtual client; each hook gets the job's ``ClientContext``):
+  init_client_state  what a client holds before its first round
+  client_setup       load the client's own state and its payload into the model
+  local_phases       which parameters train for how many local epochs (FedRep: head first, then body)
+  client_loss        the local objective on one batch (``ctx.state`` is the client's kept state)
+  client_upload      what leaves the client: weights, prototypes, counts (every tensor counts in ``bytes_up``)
+  client_keep        what the client keeps for next time (stored outside workers: a dead worker loses nothing)
+  eval_setup, predict   the model a client predicts with after aggregation, and its logits
 Driver side:
-  init_server_state, server_payload (what goes down each round), server_aggregate, on_round_end.
+  prepare_data, check, init_server_state,
+  server_payload     what every sampled client downloads (put into the object store once a round)
+  client_payload     opt-in: what one client downloads on top (FedPAC's own head), counted per client
+  server_aggregate   the new server state from the round's ``ClientUpdate``s, in client-id order
+  server_train       opt-in: server-side training (FedGen's generator), run as a job on a worker, so it has
+                     reserved CPU/GPU, is retried if the worker dies, and is seeded from (seed, round)
+  on_round_end       server-side curriculum and extra metrics
 
-Which part of the model is shared is declared with ``shared`` ("all", "head", "backbone" or "none"); most
-algorithms need nothing else.
+Which part of the model the default hooks share is declared with ``shared`` ("all", "head", "backbone" or
+"none"); most algorithms need nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,16 +40,42 @@ TensorDict = dict[str, torch.Tensor]
 
 @dataclass
 class ClientContext:
-    """Where a client is in its local training; handed to every ``client_loss`` call."""
+    """One (client, round) job as the client-side hooks see it."""
 
     client_id: int
+    round: int  # 1-based; -1 during evaluation
+    total_rounds: int
+    epoch: int  # 0-based local epoch, counted across all local phases
+    num_epochs: int
+    payload: dict  # the shared payload merged with this client's own; a private copy, free to change
+    state: dict = field(default_factory=dict)  # what the client kept last time ({} before its first round)
+    meta: dict = field(default_factory=dict)  # the data's ``meta`` (what ``prepare_data`` attached), read-only
+    num_classes: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    train_data: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (x, y, sample index), on device
+    sample_idx: Optional[torch.Tensor] = None  # the current batch's sample indices in its domain
+
+
+@dataclass
+class ClientUpdate:
+    """One client's contribution to a round, as ``server_aggregate`` and ``server_train`` see it."""
+
+    client_id: int
+    upload: dict
+    num_samples: int
+    loss: float = float("nan")
+
+
+@dataclass
+class ServerContext:
+    """What ``server_train`` runs with: it runs on a worker, its RNG already seeded from (seed, round)."""
+
     round: int
     total_rounds: int
-    epoch: int  # 0-based local epoch within this round
-    num_epochs: int
-    payload: dict
-    sample_idx: Optional[torch.Tensor] = None  # the batch's sample indices in its domain
-    meta: dict = field(default_factory=dict)  # the data's ``meta`` (what ``prepare_data`` attached), read-only
+    seed: int
+    device: torch.device
+    num_classes: int
+    meta: dict = field(default_factory=dict)
 
 
 def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:
@@ -53,10 +90,22 @@ def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorD
     return out
 
 
+def average_updates(updates: list[ClientUpdate],
+                    select: Callable[[dict], TensorDict] = lambda upload: upload) -> TensorDict:
+    """``weighted_average`` of one part of every update (``select`` picks it), weighted by training samples."""
+    return weighted_average([select(u.upload) for u in updates], [u.num_samples for u in updates])
+
+
+def split_state(model: nn.Module, keep: Callable[[str], bool]) -> TensorDict:
+    """Detached CPU copies of the state entries whose key ``keep`` accepts."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep(k)}
+
+
 class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     name: ClassVar[str] = "base"
     shared: ClassVar[str] = "all"  # all | head | backbone | none
+    eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -89,6 +138,13 @@ class Algorithm:
                             f"{'model' if self.shared == 'all' else 'backbone'}, but clients' inputs differ in shape "
                             f"(use a head-sharing algorithm such as partialavg or unideal)")
 
+    # ----------------------------------------------------------------- model
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """Change a freshly built model (add or replace layers). Runs right after construction under the same
+        seeded RNG on every worker and on the driver, so the result is identical everywhere. Keep ``backbone``,
+        ``head`` and ``features(x)``: the default hooks and the head-sharing algorithms rely on them."""
+        return model
+
     # ----------------------------------------------------------------- driver side
     def prepare_data(self, data: Any) -> Any:
         """Called once on the driver before the data goes into the object store (FAPD carves out a server split
@@ -99,32 +155,55 @@ class Algorithm:
         return {"model": {k: v.clone() for k, v in initial_state.items() if self.is_shared(k)}}
 
     def server_payload(self, server_state: dict, round: int) -> dict:
-        """What every sampled client downloads this round (all of it is counted in ``bytes_down``)."""
+        """What every sampled client downloads this round: put into the object store once, and counted in
+        ``bytes_down`` once per sampled client. ``round`` is -1 for the evaluation after a round."""
         return {"model": server_state["model"]} if server_state["model"] else {}
+
+    def client_payload(self, server_state: dict, client_id: int, round: int) -> Optional[dict]:
+        """Opt-in: what client ``client_id`` alone downloads on top of the shared payload (its keys win). None, the
+        default, sends nothing per client; each client's own payload is counted in ``bytes_down`` for that client.
+        ``round`` is -1 for the evaluation after a round."""
+        return None
 
     def eval_payload(self, server_state: dict) -> dict:
         """What evaluation after aggregation sees: by default the payload the next round would send."""
         return self.server_payload(server_state, round=-1)
 
-    def server_aggregate(self, uploads: list[TensorDict], weights: list[float], server_state: dict,
-                         round: int) -> dict:
-        if uploads and uploads[0]:
-            server_state["model"] = weighted_average(uploads, weights)
+    def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
+        """The new server state from this round's finite updates (sorted by client id); FedAvg by default."""
+        if updates and updates[0].upload:
+            server_state["model"] = average_updates(updates)
         return server_state
+
+    def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
+        """Opt-in server-side training after ``server_aggregate``; returns the new server state.
+
+        Only called when a subclass overrides it. It runs as a job on a worker, so it has the CPU/GPU reserved for
+        that worker, it is re-run if the worker dies, and its RNG is seeded from (seed, round): keep it a pure
+        function of its arguments and the run stays deterministic whatever the number of workers."""
+        return server_state
+
+    @property
+    def trains_on_server(self) -> bool:
+        return type(self).server_train is not Algorithm.server_train
 
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
         """Server-side curriculum and extra metrics; returns entries to add to the round's metrics."""
         return {}
 
     # ----------------------------------------------------------------- client side
-    def client_setup(self, model: nn.Module, state: Optional[TensorDict], payload: dict,
+    def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:
+        """What a client holds before its first round (``ctx.state`` then; nothing by default)."""
+        return {}
+
+    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
                      ctx: Optional[ClientContext]) -> None:
         if state:
             model.load_state_dict(state, strict=False)
         if payload.get("model"):
             model.load_state_dict(payload["model"], strict=False)
 
-    def local_phases(self, model: nn.Module) -> list[tuple[list[nn.Parameter], int]]:
+    def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple[list[nn.Parameter], int]]:
         return [(list(model.parameters()), self.cfg.train.local_epochs)]
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -132,13 +211,17 @@ class Algorithm:
         """Returns the loss to minimise and named parts to log (averaged per client, then over clients)."""
         return F.cross_entropy(model(x), y), {}
 
-    def client_upload(self, model: nn.Module) -> TensorDict:
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if self.is_shared(k)}
+    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+        return split_state(model, self.is_shared)
 
-    def client_keep(self, model: nn.Module) -> TensorDict:
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if not self.is_shared(k)}
+    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+        return split_state(model, lambda k: not self.is_shared(k))
 
-    def eval_setup(self, model: nn.Module, state: Optional[TensorDict], payload: dict) -> None:
+    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
+                   ctx: Optional[ClientContext] = None) -> None:
         """Make the model a client would predict with after this round's aggregation."""
-        self.client_setup(model, state, payload, None)
+        self.client_setup(model, state, payload, ctx)
 
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+        """Logits at evaluation (FedRoD adds a personal head, prototype methods compare with prototypes)."""
+        return model(x)

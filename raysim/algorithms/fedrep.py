@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from raysim.algorithms.base import Algorithm
+from raysim.algorithms.base import Algorithm, ClientContext
 from raysim.config import AlgorithmConfig, ConfigError
 from raysim.registry import register_algorithm
 
@@ -30,7 +30,7 @@ class FedRep(Algorithm):
     Config = FedRepConfig
     shared = "backbone"
 
-    def local_phases(self, model: nn.Module) -> list[tuple[list[nn.Parameter], int]]:
+    def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple[list[nn.Parameter], int]]:
         phases = [(list(model.head.parameters()), self.config.head_epochs),
                   (list(model.backbone.parameters()), self.cfg.train.local_epochs)]
         return [(params, epochs) for params, epochs in phases if epochs > 0]

@@ -102,7 +102,7 @@ class Unideal(Algorithm):
         kd = clkd_loss(teacher, student, self.fraction(ctx), self.metric)
         return ce + self.config.alpha * kd, {"ce": ce, "clkd": kd}
 
-    def client_keep(self, model: nn.Module) -> TensorDict:
+    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> TensorDict:
         """Everything stays: the backbone and the local head (only a copy of the head is uploaded)."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 

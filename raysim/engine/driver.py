@@ -16,7 +16,9 @@ import numpy as np
 import ray
 import torch
 
+from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
+from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.pool import Job, WorkerPool
 from raysim.engine.state import ClientStateStore, read_checkpoint
 from raysim.engine.worker import nbytes
@@ -35,6 +37,11 @@ def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int
 
 def round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
+
+
+def _update(result: TrainResult) -> ClientUpdate:
+    return ClientUpdate(client_id=result.client_id, upload=result.upload, num_samples=result.num_samples,
+                        loss=result.loss)
 
 
 class Driver:
@@ -64,7 +71,8 @@ class Driver:
         self.states = ClientStateStore()
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
-        initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0)
+        initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0,
+                              self.algorithm)
         self.server_state = self.algorithm.init_server_state(initial.state_dict())
         if resume:
             ckpt = read_checkpoint(self.run_dir)
@@ -113,58 +121,109 @@ class Driver:
             self.pool.shutdown()
 
     def run_round(self, rnd: int) -> dict:
-        cfg = self.cfg
+        """One round, as named steps."""
         start = time.perf_counter()
-        sampled = sample_clients(cfg.seed, rnd, cfg.clients.num, cfg.clients.fraction)
-        payload = self.algorithm.server_payload(self.server_state, rnd)
-        payload_box = [ray.put(payload)]
-        jobs = [Job(key=c, method="train", args=({"client": c, "round": rnd}, payload_box, self.states.get(c)),
-                    clients=[c], round=rnd) for c in sampled]
-        done = self.pool.run(jobs)
+        sampled = sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction)
+        bytes_down, results = self._train_clients(sampled, rnd)
+        finished, kept, skipped = self._collect(results, rnd)
+        self._aggregate([_update(r) for r in finished], rnd)
+        for cid, ref in kept:
+            self.states.put(cid, ref)
+        metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
+        client_acc = self._evaluate_round(rnd, sampled, metrics)
+        metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
+        self._finish_round(rnd, metrics, client_acc, start)
+        return metrics
 
-        uploads, weights, kept, skipped = [], [], [], []
-        for cid in sorted(done):  # client-id order: aggregation never depends on who finished first
+    # ------------------------------------------------------------------ the round's steps
+    def _downloads(self, clients: list[int], rnd: int) -> tuple[Any, dict[int, Any], int]:
+        """(shared payload ref, per-client payload refs, bytes_down): the shared payload is put once; a client's
+        own payload (``client_payload``) only where the algorithm sends one, and counted for that client."""
+        shared = (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
+                  else self.algorithm.eval_payload(self.server_state))
+        own: dict[int, Any] = {}
+        total = nbytes(shared) * len(clients)
+        for cid in clients:
+            personal = self.algorithm.client_payload(self.server_state, cid, rnd)
+            if personal is not None:
+                own[cid] = ray.put(personal)
+                total += nbytes(personal)
+        return ray.put(shared), own, int(total)
+
+    def _train_clients(self, sampled: list[int], rnd: int) -> tuple[int, dict[int, Any]]:
+        """Dispatch the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state ref)})."""
+        shared_ref, own, bytes_down = self._downloads(sampled, rnd)
+
+        def job(cid: int) -> Job:
+            work = TrainJob(client_id=cid, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(cid))
+            state = self.states.get(cid)
+            return Job(key=cid, submit=lambda w: w.train.remote(work, state), clients=[cid], round=rnd)
+
+        return bytes_down, self.pool.run([job(c) for c in sampled])
+
+    def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
+        """The finite results in client-id order (so aggregation never depends on who finished first), the states
+        to keep, and the clients whose non-finite update was skipped."""
+        finished, kept, skipped = [], [], []
+        for cid in sorted(done):
             result, state_ref = done[cid]
-            if not result["finite"]:
-                if cfg.engine.on_nonfinite == "stop":
+            if not result.finite:
+                if self.cfg.engine.on_nonfinite == "stop":
                     raise RunStopped(f"client {cid} returned a non-finite (NaN/Inf) update in round {rnd}; the run "
                                      f"stopped with round {self.round} checkpointed (engine.on_nonfinite=skip drops "
                                      f"such updates instead)")
                 skipped.append(cid)
                 continue
-            uploads.append(result)
-            weights.append(result["num_samples"])
-            if result["has_state"]:
+            finished.append(result)
+            if result.has_state:
                 kept.append((cid, state_ref))
-        if uploads:
-            self.server_state = self.algorithm.server_aggregate(
-                [u["upload"] for u in uploads], weights, self.server_state, rnd)
-        for cid, ref in kept:
-            self.states.put(cid, ref)
+        return finished, kept, skipped
 
+    def _aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:
+        """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker."""
+        if not updates:
+            return
+        self.server_state = self.algorithm.server_aggregate(updates, self.server_state, rnd)
+        if self.algorithm.trains_on_server:
+            work = ServerTrainJob(round=rnd, state_ref=ray.put(self.server_state), updates_ref=ray.put(updates))
+            done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(work), clients=[], round=rnd)])
+            self.server_state = done[0]
+
+    def _round_metrics(self, rnd: int, sampled: list[int], results: list[TrainResult], skipped: list[int],
+                       bytes_down: int) -> dict[str, Any]:
+        weights = [r.num_samples for r in results]
         total_w = float(sum(weights)) or 1.0
         metrics: dict[str, Any] = {
             "round": rnd,
             "acc_mean": None,
             "acc_global": None,
-            "loss": float(sum(u["loss"] * w for u, w in zip(uploads, weights)) / total_w) if uploads else float("nan"),
-            "bytes_up": int(sum(nbytes(u["upload"]) for u in uploads)),
-            "bytes_down": int(nbytes(payload) * len(sampled)),
+            "loss": float(sum(r.loss * w for r, w in zip(results, weights)) / total_w) if results else float("nan"),
+            "bytes_up": int(sum(nbytes(r.upload) for r in results)),
+            "bytes_down": bytes_down,
             "clients": len(sampled),
         }
-        for part in sorted({k for u in uploads for k in u["parts"]}):
-            metrics[f"loss_{part}"] = float(sum(u["parts"].get(part, 0.0) * w for u, w in zip(uploads, weights)) / total_w)
+        for part in sorted({k for r in results for k in r.parts}):
+            metrics[f"loss_{part}"] = float(sum(r.parts.get(part, 0.0) * w for r, w in zip(results, weights)) / total_w)
         if skipped:
             metrics["skipped"] = skipped
-        client_acc: dict[int, float] = {}
-        if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
-            client_acc, pooled = self._evaluate(sampled if cfg.eval.clients == "sampled" else range(cfg.clients.num))
-            metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
-            if self.algorithm.has_global_model:
-                metrics["acc_global"] = pooled
         if not self.algorithm.has_global_model:
             metrics.pop("acc_global")
-        metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
+        return metrics
+
+    def _evaluate_round(self, rnd: int, sampled: list[int], metrics: dict[str, Any]) -> dict[int, float]:
+        """Evaluate when it is due; fills ``acc_mean`` (and ``acc_global``) and returns per-client accuracies."""
+        cfg = self.cfg
+        if not (rnd % cfg.eval.every == 0 or rnd == cfg.rounds):
+            return {}
+        client_acc, pooled = self._evaluate(sampled if cfg.eval.clients == "sampled" else range(cfg.clients.num),
+                                            rnd)
+        metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
+        if self.algorithm.has_global_model:
+            metrics["acc_global"] = pooled
+        return client_acc
+
+    def _finish_round(self, rnd: int, metrics: dict[str, Any], client_acc: dict[int, float], start: float) -> None:
+        """Totals, log, checkpoint."""
         if self.pool.replacements:
             metrics["workers_replaced"] = self.pool.replacements  # cumulative, this invocation
         self.round = rnd
@@ -174,23 +233,27 @@ class Driver:
         self.totals["wall_s_total"] += metrics["wall_s"]
         metrics.update(self.totals)
         self.log.write(metrics, client_acc)
-        if rnd % cfg.log.checkpoint_every == 0 or rnd == cfg.rounds:
+        if rnd % self.cfg.log.checkpoint_every == 0 or rnd == self.cfg.rounds:
             self.checkpoint()
-        return metrics
 
-    def _evaluate(self, clients: Any) -> tuple[dict[int, float], Optional[float]]:
+    def _evaluate(self, clients: Any, rnd: int) -> tuple[dict[int, float], Optional[float]]:
         """Personalised test accuracy per client, and the pooled accuracy over all their test samples."""
         clients = [c for c in clients if len(self.data.clients[c].test) > 0]
-        payload_box = [ray.put(self.algorithm.eval_payload(self.server_state))]
+        shared_ref, own, _ = self._downloads(clients, -1)
         n_chunks = max(1, min(len(clients), self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker))
         chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]
-        jobs = [Job(key=i, method="evaluate", args=(chunk, payload_box, [self.states.get(c) for c in chunk]),
-                    clients=chunk, round=self.round + 1) for i, chunk in enumerate(chunks)]
-        done = self.pool.run(jobs)
+
+        def job(i: int, chunk: list[int]) -> Job:
+            work = EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
+                           own_payload_refs=[own.get(c) for c in chunk] if own else None)
+            states = [self.states.get(c) for c in chunk]
+            return Job(key=i, submit=lambda w: w.evaluate.remote(work, states), clients=chunk, round=rnd)
+
+        done = self.pool.run([job(i, chunk) for i, chunk in enumerate(chunks)])
         rows = [row for i in sorted(done) for row in done[i]]
-        acc = {cid: correct / total for cid, correct, total in rows}
-        total = sum(t for _, _, t in rows)
-        pooled = sum(c for _, c, _ in rows) / total if total else None
+        acc = {r.client_id: r.correct / r.total for r in rows}
+        total = sum(r.total for r in rows)
+        pooled = sum(r.correct for r in rows) / total if total else None
         return acc, pooled
 
     def checkpoint(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
@@ -20,11 +20,19 @@ from raysim.errors import RunStopped
 _WORKER_DIED = (RayActorError, WorkerCrashedError)
 
 
+Submitted = Union[ray.ObjectRef, list]  # one ref, or the refs of a ``num_returns > 1`` method
+
+
 @dataclass
 class Job:
-    key: int  # results are returned keyed by this (client id, or chunk index for evaluation)
-    method: str  # "train" or "evaluate"
-    args: tuple
+    """One unit of work: ``submit(actor)`` starts it on a worker and returns its object ref(s).
+
+    Like ``ActorPool.submit(fn, value)``, the work is a callable, so the pool needs no knowledge of what the
+    workers can do. A job must be a pure function of its inputs: after a worker dies it is submitted again.
+    """
+
+    key: int  # results are returned keyed by this (client id, chunk index, ...)
+    submit: Callable[[Any], Submitted]
     clients: list[int]  # for error messages
     round: int
     tries: int = field(default=0)
@@ -91,7 +99,9 @@ class WorkerPool:
         self.replacements += 1
 
     def run(self, jobs: list[Job]) -> dict[int, Any]:
-        """Run every job once (re-running those whose worker died) and return {job.key: result}."""
+        """Run every job once (re-running those whose worker died) and return {job.key: result}; for a job that
+        returns several objects the result is (first value, the other refs), so a client's state stays in the
+        object store."""
         queue: deque[Job] = deque(jobs)
         inflight: dict[ray.ObjectRef, tuple[Job, int, Any]] = {}
         load = [0] * len(self.workers)
@@ -101,7 +111,7 @@ class WorkerPool:
             for w in range(len(self.workers)):
                 while queue and load[w] < per_worker and self._starting[w] is None:
                     job = queue.popleft()
-                    out = getattr(self.workers[w], job.method).remote(*job.args)
+                    out = job.submit(self.workers[w])
                     wait_ref = out[0] if isinstance(out, list) else out
                     inflight[wait_ref] = (job, w, out)
                     load[w] += 1

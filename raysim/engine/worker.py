@@ -16,14 +16,19 @@ import numpy as np
 import ray
 import torch
 
-from raysim.algorithms.base import ClientContext
+from raysim.algorithms.base import ClientContext, ServerContext
+from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.models import build_model, model_key
 from raysim.registry import get_algorithm, import_plugins
 
 
-def job_seed(seed: int, client_id: int, round: int) -> int:
-    """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it."""
-    return int(np.random.SeedSequence([seed, client_id, round]).generate_state(1)[0])
+EVAL_STREAM, SERVER_STREAM = 1, 2  # tags that give evaluation and server-side training streams of their own
+
+
+def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
+    """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it; a ``stream``
+    tag separates the draws of evaluation and server-side training from those of training."""
+    return int(np.random.SeedSequence([seed, client_id, round, *stream]).generate_state(1)[0])
 
 
 def nbytes(tree: Any) -> int:
@@ -137,7 +142,7 @@ class ClientWorker:
         key = model_key(self.cfg, self.data, client_id)
         if key not in self._models:
             model = build_model(self.cfg, key[0], self.data.input_shape(client_id), self.data.num_classes,
-                                client_id).to(self.device)
+                                client_id, self.algorithm).to(self.device)
             live = list(model.state_dict(keep_vars=True).values())  # the module's own parameters and buffers
             self._models[key] = (model, live, [t.detach().clone() for t in live])
         model, live, initial = self._models[key]
@@ -155,14 +160,19 @@ class ClientWorker:
         else:
             torch.manual_seed(seed)
 
-    def _payload_for(self, box: list) -> dict:
-        """The round's payload is fetched and deserialised once per worker, not once per job."""
-        ref = box[0]
+    def _payload_for(self, ref: Any, own_ref: Any = None) -> dict:
+        """A private copy of the round's payload (merged with the client's own, if any) for one job.
+
+        The shared payload is fetched and deserialised once per worker and round; each job gets its own copy of
+        the tensors, so a client that changes its payload in place cannot change what the next job here sees.
+        """
         if ref != self._payload_ref:
-            payload = ray.get(ref)
-            self._payload = _to_device(payload, self.device)
+            self._payload = _to_device(ray.get(ref), self.device)
             self._payload_ref = ref
-        return self._payload
+        payload = _copy_tree(self._payload)
+        if own_ref is not None:
+            payload.update(_to_device(ray.get(own_ref), self.device))
+        return payload
 
     def _optimizer(self, params: list) -> torch.optim.Optimizer:
         t = self.cfg.train
@@ -171,21 +181,28 @@ class ClientWorker:
         return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
     # ------------------------------------------------------------------ jobs
+    def _context(self, cid: int, rnd: int, payload: dict, state: Optional[dict], with_data: bool) -> ClientContext:
+        train = tuple(t.to(self.device) for t in self.data.tensors(cid, "train")) if with_data else None
+        return ClientContext(client_id=cid, round=rnd, total_rounds=self.cfg.rounds, epoch=0, num_epochs=0,
+                             payload=payload, state=_to_device(state, self.device) or {}, meta=self.data.meta,
+                             num_classes=self.data.num_classes, device=self.device, train_data=train)
+
     @ray.method(num_returns=2)
-    def train(self, job: dict, payload_box: list, state: Optional[dict]) -> tuple[dict, Optional[dict]]:
-        """Local training of one client for one round; returns (result with the upload, the client's new state)."""
+    def train(self, job: TrainJob, state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
+        """Local training of one client for one round; returns (its result with the upload, its new state)."""
         start = time.perf_counter()
-        cid, rnd = job["client"], job["round"]
+        cid, rnd = job.client_id, job.round
         seed = job_seed(self.cfg.seed, cid, rnd)
         self._seed(seed)
         gen = torch.Generator().manual_seed(seed)
-        payload = self._payload_for(payload_box)
         model = self._model(cid)
-        phases = self.algorithm.local_phases(model)
-        ctx = ClientContext(client_id=cid, round=rnd, total_rounds=self.cfg.rounds, epoch=0,
-                            num_epochs=sum(e for _, e in phases), payload=payload, meta=self.data.meta)
-        self.algorithm.client_setup(model, _to_device(state, self.device), payload, ctx)
-        x, y, idx = (t.to(self.device) for t in self.data.tensors(cid, "train"))
+        ctx = self._context(cid, rnd, self._payload_for(job.payload_ref, job.own_payload_ref), state, True)
+        if state is None:
+            ctx.state = self.algorithm.init_client_state(model, ctx) or {}
+        self.algorithm.client_setup(model, ctx.state, ctx.payload, ctx)
+        phases = self.algorithm.local_phases(model, ctx)
+        ctx.num_epochs = sum(e for _, e in phases)
+        x, y, idx = ctx.train_data
         n, bs = len(y), self.cfg.train.batch_size
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -219,36 +236,71 @@ class ClientWorker:
                 break
         for p in all_params:
             p.requires_grad_(True)
-        upload = self.algorithm.client_upload(model)
-        keep = self.algorithm.client_keep(model)
+        ctx.sample_idx = None
+        upload = self.algorithm.client_upload(model, ctx)
+        keep = self.algorithm.client_keep(model, ctx)
         finite = finite and all_finite(upload) and all_finite(keep)
-        result = {
-            "client": cid, "round": rnd, "upload": upload, "num_samples": n, "finite": finite,
-            "loss": float(loss_sum) / max(seen, 1),
-            "parts": {k: float(v) / max(seen, 1) for k, v in part_sums.items()},
-            "seconds": time.perf_counter() - start, "has_state": bool(keep),
-        }
+        result = TrainResult(client_id=cid, round=rnd, upload=upload, num_samples=n, finite=finite,
+                             loss=float(loss_sum) / max(seen, 1),
+                             parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
+                             seconds=time.perf_counter() - start, has_state=bool(keep))
         return result, (keep or None)
 
     @torch.no_grad()
-    def evaluate(self, client_ids: list[int], payload_box: list, state_refs: list) -> list[tuple[int, int, int]]:
-        """Test accuracy of the model each client would use after this round: [(client, correct, total)]."""
-        payload = self._payload_for(payload_box)
+    def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
+        """Test accuracy of the model each client would use after this round's aggregation."""
         present = [r for r in state_refs if r is not None]
         fetched = iter(ray.get(present)) if present else iter(())
+        own_refs = job.own_payload_refs or [None] * len(job.client_ids)
         out = []
-        for cid, ref in zip(client_ids, state_refs):
+        for cid, ref, own_ref in zip(job.client_ids, state_refs, own_refs):
             state = next(fetched) if ref is not None else None
             model = self._model(cid)
-            self.algorithm.eval_setup(model, _to_device(state, self.device), payload)
+            ctx = self._context(cid, -1, self._payload_for(job.payload_ref, own_ref), state,
+                                self.algorithm.eval_needs_train_data)
+            self._seed(job_seed(self.cfg.seed, cid, job.round, EVAL_STREAM))  # evaluation that trains (fine-tuning) is seeded
+            self.algorithm.eval_setup(model, ctx.state or None, ctx.payload, ctx)
             model.eval()
             x, y, _ = self.data.tensors(cid, "test")
             correct = 0
             for b in range(0, len(y), 1024):
-                pred = model(x[b:b + 1024].to(self.device)).argmax(dim=1)
+                pred = self.algorithm.predict(model, x[b:b + 1024].to(self.device), ctx).argmax(dim=1)
                 correct += int((pred.cpu() == y[b:b + 1024]).sum())
-            out.append((cid, correct, len(y)))
+            out.append(ClientAccuracy(cid, correct, len(y)))
         return out
+
+    def server_train(self, job: ServerTrainJob) -> dict:
+        """The algorithm's server-side training for one round, on this worker's reserved CPU/GPU share."""
+        seed = job_seed(self.cfg.seed, 0, job.round, SERVER_STREAM)
+        self._seed(seed)
+        state, updates = ray.get([job.state_ref, job.updates_ref])
+        ctx = ServerContext(round=job.round, total_rounds=self.cfg.rounds, seed=seed, device=self.device,
+                            num_classes=self.data.num_classes, meta=self.data.meta)
+        new_state = self.algorithm.server_train(_to_device(_copy_tree(state), self.device), updates, ctx)
+        return _to_device_cpu(new_state)
+
+
+def _copy_tree(tree: Any) -> Any:
+    """Fresh tensors (and containers) with the same values: what a job may change without anyone else seeing it."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {k: _copy_tree(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_copy_tree(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_copy_tree(v) for v in tree)
+    return tree
+
+
+def _to_device_cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _to_device_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_device_cpu(v) for v in tree)
+    return tree
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

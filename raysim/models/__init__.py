@@ -33,14 +33,17 @@ def init_seed(seed: int, arch_key: str) -> int:
     return int(np.random.SeedSequence([seed, *arch_key.encode()]).generate_state(1)[0])
 
 
-def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, client_id: int = 0) -> ClassifierModel:
-    """Build ``arch`` for one client's input shape with deterministic initial weights."""
+def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, client_id: int = 0,
+                algorithm=None) -> ClassifierModel:
+    """Build ``arch`` for one client's input shape with deterministic initial weights; ``algorithm.adapt_model``
+    then changes it under the same seeded RNG (so workers and driver build the same model)."""
     from raysim.registry import get_model
 
     factory = get_model(arch)
     torch.manual_seed(init_seed(cfg.seed, f"{arch}:{input_shape}"))
     backbone = factory(input_shape=input_shape, cfg=cfg.model, client_id=client_id, seed=cfg.seed)
-    return ClassifierModel(backbone, cfg.model.feature_dim, num_classes)
+    model = ClassifierModel(backbone, cfg.model.feature_dim, num_classes)
+    return algorithm.adapt_model(model) if algorithm is not None else model
 
 
 def model_key(cfg, data, client_id: int) -> tuple:
