@@ -76,6 +76,9 @@ class ServerContext:
     device: torch.device
     num_classes: int
     meta: dict = field(default_factory=dict)
+    # what the server kept (``server_keep``) of each of this round's clients: client id -> its newest
+    # ``server_history`` kept objects, oldest first (this round's last), on the CPU; {} when nothing is kept
+    history: dict = field(default_factory=dict)
 
 
 def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:
@@ -106,6 +109,8 @@ class Algorithm:
     name: ClassVar[str] = "base"
     shared: ClassVar[str] = "all"  # all | head | backbone | none
     eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
+    clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
+    server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
 
     def __init__(self, cfg: Any):
         self.cfg = cfg
@@ -187,6 +192,13 @@ class Algorithm:
     def trains_on_server(self) -> bool:
         return type(self).server_train is not Algorithm.server_train
 
+    def server_keep(self, update: ClientUpdate, round: int) -> Any:
+        """With ``server_history`` > 0: what the server keeps of one client's finite update (default: its upload;
+        None keeps nothing this round). Each client's newest ``server_history`` objects are held per client in the
+        object store (spilled past ``engine.state_memory_gb``, never in the driver's heap), checkpointed with the
+        run, and handed to ``server_train`` as ``ctx.history`` for the round's clients (FedCDA's model cache)."""
+        return update.upload
+
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
         """Server-side curriculum and extra metrics; returns entries to add to the round's metrics."""
         return {}
@@ -203,7 +215,9 @@ class Algorithm:
         if payload.get("model"):
             model.load_state_dict(payload["model"], strict=False)
 
-    def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple[list[nn.Parameter], int]]:
+    def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
+        """(parameters to train, local epochs[, learning rate]) per phase, in order; a fresh optimiser each phase,
+        at ``train.lr`` unless the phase names its own (FedPAC: the head at 0.1, the body at 0.01)."""
         return [(list(model.parameters()), self.cfg.train.local_epochs)]
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -174,11 +174,12 @@ class ClientWorker:
             payload.update(_to_device(ray.get(own_ref), self.device))
         return payload
 
-    def _optimizer(self, params: list) -> torch.optim.Optimizer:
+    def _optimizer(self, params: list, lr: Optional[float] = None) -> torch.optim.Optimizer:
         t = self.cfg.train
+        lr = t.lr if lr is None else lr
         if t.optimizer == "adam":
-            return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
-        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+            return torch.optim.Adam(params, lr=lr, weight_decay=t.weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
     # ------------------------------------------------------------------ jobs
     def _context(self, cid: int, rnd: int, payload: dict, state: Optional[dict], with_data: bool) -> ClientContext:
@@ -201,7 +202,7 @@ class ClientWorker:
             ctx.state = self.algorithm.init_client_state(model, ctx) or {}
         self.algorithm.client_setup(model, ctx.state, ctx.payload, ctx)
         phases = self.algorithm.local_phases(model, ctx)
-        ctx.num_epochs = sum(e for _, e in phases)
+        ctx.num_epochs = sum(phase[1] for phase in phases)
         x, y, idx = ctx.train_data
         n, bs = len(y), self.cfg.train.batch_size
         model.train()
@@ -210,11 +211,11 @@ class ClientWorker:
         seen = 0
         finite = True
         all_params = list(model.parameters())
-        for params, epochs in phases:
+        for params, epochs, *lr in phases:  # (parameters, epochs[, learning rate: train.lr when absent])
             active = {id(p) for p in params}
             for p in all_params:
                 p.requires_grad_(id(p) in active)
-            opt = self._optimizer(params)
+            opt = self._optimizer(params, lr[0] if lr else None)
             for _ in range(epochs):
                 order = torch.randperm(n, generator=gen).to(self.device)
                 for b, e in batch_bounds(n, bs):
@@ -223,6 +224,8 @@ class ClientWorker:
                     loss, parts = self.algorithm.client_loss(model, x[bi], y[bi], ctx)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    if self.algorithm.clip_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(params, self.algorithm.clip_grad_norm)
                     opt.step()
                     loss_sum += loss.detach().double() * len(bi)
                     for k, v in parts.items():
@@ -259,7 +262,9 @@ class ClientWorker:
             ctx = self._context(cid, -1, self._payload_for(job.payload_ref, own_ref), state,
                                 self.algorithm.eval_needs_train_data)
             self._seed(job_seed(self.cfg.seed, cid, job.round, EVAL_STREAM))  # evaluation that trains (fine-tuning) is seeded
-            self.algorithm.eval_setup(model, ctx.state or None, ctx.payload, ctx)
+            if state is None:  # a client that has not trained yet holds what it would start its first round with
+                ctx.state = self.algorithm.init_client_state(model, ctx) or {}
+            self.algorithm.eval_setup(model, ctx.state, ctx.payload, ctx)
             model.eval()
             x, y, _ = self.data.tensors(cid, "test")
             correct = 0
@@ -274,8 +279,9 @@ class ClientWorker:
         seed = job_seed(self.cfg.seed, 0, job.round, SERVER_STREAM)
         self._seed(seed)
         state, updates = ray.get([job.state_ref, job.updates_ref])
+        history = {cid: ray.get(list(refs)) for cid, refs in job.history_refs.items()}
         ctx = ServerContext(round=job.round, total_rounds=self.cfg.rounds, seed=seed, device=self.device,
-                            num_classes=self.data.num_classes, meta=self.data.meta)
+                            num_classes=self.data.num_classes, meta=self.data.meta, history=history)
         new_state = self.algorithm.server_train(_to_device(_copy_tree(state), self.device), updates, ctx)
         return _to_device_cpu(new_state)
 

@@ -1,0 +1,72 @@
+"""The hook contract end to end on the shared Ray, through tests/plugins/hook_probe.py: per-client state from
+init_client_state, per-client payloads counted per client, non-weight uploads, client ids in aggregation,
+server-side training on a worker, and payloads that a job cannot change for the next one."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import read_rows, strip_timing, tiny_overrides
+from raysim.config import load_config
+from raysim.engine.runner import run_experiment
+
+HEAD_BYTES = (16 * 10 + 10) * 4  # feature_dim 16, 10 classes, float32
+
+
+def _probe(tmp_path, name: str, workers: int) -> list[dict]:
+    overrides = tiny_overrides(tmp_path / name, rounds=3, clients__fraction=0.5, engine__num_workers=workers,
+                               engine__jobs_per_worker=1, algorithm__name="hook_probe", plugins="[hook_probe]")
+    run_dir, _, _ = run_experiment(load_config(None, overrides))
+    return read_rows(run_dir)
+
+
+def test_every_hook_of_the_contract_with_one_and_two_workers(ray_cluster, tmp_path):
+    one = _probe(tmp_path, "w1", 1)  # one worker runs every job in turn: a payload scribbled on would leak here
+    two = _probe(tmp_path, "w2", 2)
+    assert strip_timing(one) == strip_timing(two)
+    assert [r["trained_rounds"] for r in one] == [1, 2, 3]  # server_train ran once a round, its state kept
+    assert one[-1]["visits_sum"] == 2 * 3  # 2 of 4 clients a round: each client's visits counted by its own state
+    assert len({r["noise"] for r in one}) == 3 and all(r["noise"] > 0 for r in one)
+    from raysim.engine.driver import sample_clients
+
+    for r in one:
+        sampled = sample_clients(0, r["round"], 4, 0.5)
+        shared = HEAD_BYTES + 3 * 4  # the head and the noise vector, once per sampled client
+        assert r["bytes_down"] == len(sampled) * shared + sum((c + 1) * 4 for c in sampled)
+        assert r["bytes_up"] == len(sampled) * (HEAD_BYTES + 8 + 10 * 8)  # head, visit count, label counts
+
+
+def test_payload_changed_in_place_does_not_reach_the_next_job(ray_cluster, tmp_path):
+    """In-process worker: two jobs of one round on one worker share the cached payload object."""
+    import ray
+
+    from raysim.algorithms.base import Algorithm
+    from raysim.data import build_federated_data
+    from raysim.engine.jobs import TrainJob
+    from raysim.engine.worker import ClientWorker
+    from raysim.registry import register_algorithm
+
+    @register_algorithm("scribbler")
+    class Scribbler(Algorithm):
+        def client_loss(self, model, x, y, ctx):
+            ctx.payload["model"]["head.bias"].add_(1.0)
+            ctx.payload["extra"] = 1
+            return super().client_loss(model, x, y, ctx)
+
+    cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="scribbler"))
+    threads = torch.get_num_threads()
+    try:
+        worker = ClientWorker(cfg)
+        worker.attach(build_federated_data(cfg))
+        from raysim.models import build_model
+
+        initial = build_model(cfg, "mlp", worker.data.input_shape(0), 10).state_dict()
+        payload = {"model": {k: v.clone() for k, v in initial.items()}}
+        ref = ray.put(payload)
+        first, _ = worker.train(TrainJob(client_id=0, round=1, payload_ref=ref), None)
+        again, _ = worker.train(TrainJob(client_id=0, round=1, payload_ref=ref), None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(worker._payload["model"]["head.bias"], initial["head.bias"]) and "extra" not in worker._payload
+    assert first.loss == again.loss  # the same job twice on one worker: the same numbers
+    assert all(torch.equal(first.upload[k], again.upload[k]) for k in first.upload)
