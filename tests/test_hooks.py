@@ -24,6 +24,7 @@ def test_every_hook_of_the_contract_with_one_and_two_workers(ray_cluster, tmp_pa
     one = _probe(tmp_path, "w1", 1)  # one worker runs every job in turn: a payload scribbled on would leak here
     two = _probe(tmp_path, "w2", 2)
     assert strip_timing(one) == strip_timing(two)
+    assert 0 < one[0]["loss_draw"] < 1  # a worker's first job (which builds its model) draws what others would
     assert [r["trained_rounds"] for r in one] == [1, 2, 3]  # server_train ran once a round, its state kept
     assert one[-1]["visits_sum"] == 2 * 3  # 2 of 4 clients a round: each client's visits counted by its own state
     assert len({r["noise"] for r in one}) == 3 and all(r["noise"] > 0 for r in one)

@@ -194,9 +194,9 @@ class ClientWorker:
         start = time.perf_counter()
         cid, rnd = job.client_id, job.round
         seed = job_seed(self.cfg.seed, cid, rnd)
-        self._seed(seed)
+        model = self._model(cid)  # first: building a model reseeds torch's global RNG (deterministic weights)
+        self._seed(seed)  # so that a hook drawing from the global RNG gets the same numbers on any worker
         gen = torch.Generator().manual_seed(seed)
-        model = self._model(cid)
         ctx = self._context(cid, rnd, self._payload_for(job.payload_ref, job.own_payload_ref), state, True)
         if state is None:
             ctx.state = self.algorithm.init_client_state(model, ctx) or {}

@@ -6,7 +6,8 @@
 - client_payload: client c alone receives ``own = [c] * (c + 1)`` floats; client_loss checks it got its own;
 - server_aggregate: records which client sent what (``seen``: client id -> its visits);
 - server_train: on a worker, a seeded random step of ``noise`` (same numbers whatever the worker count);
-- client_loss also scribbles on its payload in place: the next job on the same worker must not see that.
+- client_loss also scribbles on its payload in place: the next job on the same worker must not see that;
+  and it logs a draw from torch's global RNG (``loss_draw``), which must not depend on the worker.
 """
 
 import torch
@@ -46,7 +47,8 @@ class HookProbe(Algorithm):
             assert float(ctx.payload["model"]["head.bias"].abs().max()) < 1e3, "a payload changed by an earlier job"
             ctx.payload["model"]["head.bias"].add_(1e4)  # in place: must stay inside this job
             ctx.payload["scribbled"] = True
-        return F.cross_entropy(model(x), y), {}
+        # a draw from torch's global RNG, logged as loss_draw: the same on any worker only if every job reseeds it
+        return F.cross_entropy(model(x), y), {"draw": torch.rand(())}
 
     def client_upload(self, model, ctx):
         return {"head": split_state(model, lambda k: k.startswith("head.")),
