@@ -191,8 +191,9 @@ def test_tabular_style_hete_mlps_train_together(ray_cluster, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- experiments/unideal
 EXPERIMENTS = ROOT / "experiments" / "unideal"
-KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2", "fedproto"}
-AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen"}  # one architecture and input shape: no HETE files
+KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2", "fedproto", "fedgen-p", "fedpcl"}
+# one architecture and input shape: no HETE files
+AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen"}
 
 
 def test_experiment_configs_load_and_cover_every_method():
@@ -203,7 +204,7 @@ def test_experiment_configs_load_and_cover_every_method():
         assert names == (KD_ALGOS if "hete" in setting.name else KD_ALGOS | AVERAGING), setting
         for path in setting.glob("*.yaml"):
             cfg = load_config(path)
-            algo = path.stem.split("-")[0] if path.stem != "base" else "unideal"
+            algo = "unideal" if path.stem == "base" else path.stem.removesuffix("-l1").removesuffix("-l2")
             assert cfg.algorithm.name == algo, path
             if algo == "unideal":
                 assert cfg.algorithm.metric == (path.stem.split("-") + ["cosine"])[1], path
