@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from raysim.algorithms.fedpac import (class_centroids, combine_heads, feature_st
 from raysim.config import ConfigError, load_config
 from raysim.registry import get_algorithm
 
-RAYSIM = "/work/main/.venv/bin/raysim"
+RAYSIM = str(Path(sys.executable).with_name("raysim"))  # the venv's console script, beside its python
 ROOT = Path(__file__).resolve().parents[1]
 
 

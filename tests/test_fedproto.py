@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from raysim.config import ConfigError, load_config
 from raysim.models import build_model
 from raysim.registry import get_algorithm
 
-RAYSIM = "/work/main/.venv/bin/raysim"
+RAYSIM = str(Path(sys.executable).with_name("raysim"))  # the venv's console script, beside its python
 
 
 # ---------------------------------------------------------------------------------------------- the math by hand
