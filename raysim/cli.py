@@ -21,7 +21,10 @@ _RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for 
 
 
 def _parser() -> argparse.ArgumentParser:
+    from raysim import __version__
+
     p = argparse.ArgumentParser(prog="raysim", description="Ray-based federated learning simulation.")
+    p.add_argument("--version", action="version", version=f"raysim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment",
                          description="Run one experiment: raysim run CONFIG.yaml [dotted.key=value ...]")
@@ -110,7 +113,7 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.engine.runner import load_resume_config, run_experiment
-    from raysim.runlog import format_round, read_metrics, summary_table
+    from raysim.runlog import ProgressLine, read_metrics, summary_table
 
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
@@ -120,8 +123,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:  # without CONFIG.yaml: the defaults plus the overrides
         cfg = load_config(config, overrides)
 
+    line = ProgressLine(cfg.rounds)
+
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
+        line.start(start_round)
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
@@ -129,7 +135,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     def on_round(m: dict) -> None:
         if not args.quiet and cfg.log.progress:
-            print(format_round(m, cfg.rounds), flush=True)
+            print(line.format(m), flush=True)
         if m.get("skipped"):
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)

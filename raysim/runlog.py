@@ -133,3 +133,33 @@ def summary_table(rows: list[dict], run_dir: Path) -> str:
     width = max(len(k) for k, _ in lines)
     bar = "-" * (width + 2 + max(len(v) for _, v in lines))
     return "\n".join([bar] + [f"{k:<{width}}  {v}" for k, v in lines] + [bar])
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+class ProgressLine:
+    """``format_round`` plus the time since this invocation started and an ETA from its mean round time."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+        self.t0: Optional[float] = None
+        self.first = 0
+
+    def start(self, after_round: int = 0) -> None:
+        import time
+
+        self.t0, self.first = time.monotonic(), after_round
+
+    def format(self, m: dict) -> str:
+        import time
+
+        if self.t0 is None:
+            self.start(m["round"] - 1)
+        elapsed = time.monotonic() - self.t0
+        done = max(1, m["round"] - self.first)
+        eta = elapsed / done * max(0, self.rounds - m["round"])
+        return f"{format_round(m, self.rounds)}  [{_clock(elapsed)} elapsed, eta {_clock(eta)}]"

@@ -37,12 +37,8 @@ def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]
     return options
 
 
-@contextlib.contextmanager
-def ray_session(engine: Any) -> Iterator[bool]:
-    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
-    if ray.is_initialized():
-        yield False
-        return
+def start_ray(engine: Any) -> None:
+    """Start a local Ray (``engine.address`` null) or join a running cluster, as ``raysim run`` does."""
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True,
                               "include_dashboard": bool(engine.dashboard)}
     if engine.address is None:
@@ -55,6 +51,15 @@ def ray_session(engine: Any) -> Iterator[bool]:
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {engine.address!r} "
                         f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")
+
+
+@contextlib.contextmanager
+def ray_session(engine: Any) -> Iterator[bool]:
+    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
+    if ray.is_initialized():
+        yield False
+        return
+    start_ray(engine)
     try:
         yield True
     finally:
