@@ -64,14 +64,16 @@ def _config(config: ConfigLike, overrides: Sequence[str]) -> ExperimentConfig:
     return load_config(None, overrides, base=config)
 
 
-def _ensure_ray(engine: Any) -> None:
-    """Start (or join) Ray once per process and keep it: later calls reuse the session."""
+def _ensure_ray(cfg: ExperimentConfig) -> None:
+    """Start (or join) Ray once per process and keep it: later calls reuse the session. The first call's
+    ``plugins`` travel with the session; a later run's new plugins must be importable on the workers (installed,
+    on PYTHONPATH, or shipped by your own ``ray.init(runtime_env={"py_modules": [...]})``)."""
     import ray
 
     from raysim.engine.resources import start_ray
 
     if not ray.is_initialized():
-        start_ray(engine)
+        start_ray(cfg.engine, cfg.plugins)
 
 
 def _frame(rows: list[dict]) -> "pandas.DataFrame":
@@ -110,7 +112,7 @@ def run(config: ConfigLike = None, *overrides: str, progress: bool = False,
         if progress:
             print(line.format(m), flush=True)
 
-    _ensure_ray(cfg.engine)
+    _ensure_ray(cfg)
     run_dir, _, stopped = run_experiment(cfg, resume=resume is not None, on_round=on_round, on_start=on_start,
                                          handle_sigint=True)
     if resume is not None:
@@ -148,13 +150,13 @@ def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[st
         sweep_dir = Path(resume)
         spec = spec_from_yaml(sweep_dir / "sweep.yaml")
         first = load_config(spec.base, spec.fixed)
-        _ensure_ray(first.engine)
+        _ensure_ray(first)
         result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=not progress, out=out)
     else:
         if sweep is None:
             raise UserError("raysim.tune needs a sweep YAML (or resume=SWEEP_DIR)")
         spec = load_sweep(sweep, list(overrides))
-        _ensure_ray(load_config(spec.base, spec.fixed).engine)
+        _ensure_ray(load_config(spec.base, spec.fixed))
         result = run_sweep(spec, quiet=not progress, out=out)
     best_yaml = result.sweep_dir / "best.yaml"
     return TuneResult(sweep_dir=result.sweep_dir, trials=_frame(result.rows), best=result.best,

@@ -486,7 +486,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     done = len([r for r in collect_trials(spec, sweep_dir) if r["status"] in ("done", "stopped", "error")]) \
         if resume else 0
     progress = _Progress(spec, total, first.rounds, quiet, done=done)
-    with ray_session(first.engine):
+    with ray_session(first.engine, first.plugins):
         check_cluster(spec)
         cpus = ray.cluster_resources().get("CPU", 0)
         what = f"{total} seeds" if spec.naming == "seed" else f"sweep of {total} trials"

@@ -34,7 +34,7 @@ class ScheduleConfig:
     """The p-schedule: the share of each batch that CLKD distils, from ``start`` to ``end``."""
 
     start: Optional[float] = None  # null: one sample per batch (1 / train.batch_size)
-    end: float = 1.0
+    end: float = 1.0  # share distilled at the end of the schedule, in (0, 1]
     over: str = "local_epochs"  # local_epochs (restarts every round) | rounds (spans the whole run)
     shape: str = "linear"  # linear | step (start, then end from half-way) | constant (end throughout)
 
@@ -71,6 +71,8 @@ class UnidealConfig(PartialKDConfig):
 
 @register_algorithm("unideal")
 class Unideal(Algorithm):
+    """UNIDEAL: shares the head; CLKD distils the global head on the easiest p of each batch, p growing."""
+
     Config = UnidealConfig
     shared = "head"
 
