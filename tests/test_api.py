@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 import raysim
-from conftest import ROOT, TINY, tiny_overrides
+from conftest import EXAMPLE_PLUGINS, ROOT, TINY, tiny_overrides
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    """This checkout only: not the plugin folders the test session's Ray puts on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def test_python_m_raysim_version():
@@ -32,10 +33,16 @@ def test_public_names_importable():
 
 
 def test_notebook_two_runs_share_one_ray_session(tmp_path):
-    """A fresh process (a notebook kernel): the first run starts Ray, the second reuses it; Ray stays up."""
+    """A fresh process (a notebook kernel): the first run starts Ray, the second reuses it; Ray stays up.
+
+    The run uses a plugin model that only the notebook's sys.path can import: Ray's workers get it through the
+    runtime environment raysim starts Ray with (``plugins:`` travel with the job)."""
     code = textwrap.dedent(f"""
-        import json, ray, raysim
+        import json, sys, ray, raysim
+        sys.path.insert(0, {str(EXAMPLE_PLUGINS)!r})
         tiny = {TINY!r}
+        tiny["plugins"] = ["resmlp"]
+        tiny["model"] = {{"name": "resmlp", "feature_dim": 16, "resmlp": {{"width": 16, "blocks": 1}}}}
         a = raysim.run(tiny, "rounds=1", "log.dir={tmp_path / 'a'}", progress=True)
         node = ray.get_runtime_context().get_node_id()
         b = raysim.run(a.config, "log.dir={tmp_path / 'b'}", "train.lr=0.05")
