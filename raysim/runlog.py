@@ -24,6 +24,7 @@ TB_TAGS = {
     "wall_s": "time/round_s",
     "wall_s_total": "time/total_s",
     "k": "curriculum/k",
+    "p": "curriculum/p",
 }
 
 
@@ -71,7 +72,8 @@ class RunLog:
                 continue
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
-            tag = TB_TAGS.get(key) or (key if "/" in key else f"metrics/{key}")
+            tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
+                                       else f"metrics/{key}")
             self.tb.add_scalar(tag, value, step)
         if client_acc:
             import numpy as np
@@ -98,6 +100,8 @@ def format_round(m: dict, rounds: int) -> str:
     parts.append(f"loss {m['loss']:.4f}")
     if "k" in m:
         parts.append(f"k {m['k']}")
+    if m.get("p") is not None:
+        parts.append(f"p {m['p']:.2f}")
     parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
     parts.append(f"{m['wall_s']:.2f}s")
     return "  ".join(parts)

@@ -108,6 +108,13 @@ class Unideal(Algorithm):
         """Everything stays: the backbone and the local head (only a copy of the head is uploaded)."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
+        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: curriculum/p)."""
+        n = self.cfg.train.local_epochs
+        ps = [self.fraction(ClientContext(client_id=-1, round=round, total_rounds=self.cfg.rounds, epoch=e,
+                                          num_epochs=n, payload={})) for e in range(n)]
+        return {"p": float(sum(ps) / len(ps))}
+
 
 def teacher_logits(model: nn.Module, features: torch.Tensor, payload: dict[str, Any]) -> torch.Tensor:
     """The global head applied to this client's own features, outside autograd (the teacher is never trained)."""
