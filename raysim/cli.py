@@ -172,7 +172,7 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.engine.runner import load_resume_config, run_experiment
-    from raysim.runlog import ProgressLine, read_metrics, summary_table
+    from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
@@ -183,10 +183,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(config, overrides)
 
     line = ProgressLine(cfg.rounds)
+    live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
         line.start(start_round)
+        if live is not None:
+            live.start(info["driver"])
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
@@ -194,13 +197,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     def on_round(m: dict) -> None:
         if not args.quiet and cfg.log.progress:
+            if live is not None:
+                if m["round"] >= cfg.rounds:
+                    live.stop()  # before Ray shuts down
+                live.clear()
             print(line.format(m), flush=True)
         if m.get("skipped"):
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
 
-    run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
-                                         handle_sigint=True)
+    try:
+        run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
+                                             handle_sigint=True)
+    finally:
+        if live is not None:
+            live.stop()
     print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
     if stopped:
         print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)

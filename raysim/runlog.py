@@ -167,3 +167,66 @@ class ProgressLine:
         done = max(1, m["round"] - self.first)
         eta = elapsed / done * max(0, self.rounds - m["round"])
         return f"{format_round(m, self.rounds)}  [{_clock(elapsed)} elapsed, eta {_clock(eta)}]"
+
+
+class LiveRound:
+    """On a terminal, a line under the round lines that shows the running round's progress (clients trained of
+    sampled, then evaluated), redrawn in place about once a second by a background thread that asks the driver."""
+
+    def __init__(self, rounds: int, stream: Any = None, every_s: float = 1.0):
+        import sys
+        import threading
+
+        self.rounds, self.every_s = rounds, every_s
+        self.stream = stream or sys.stderr
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._shown = False
+
+    def start(self, driver: Any) -> None:
+        import threading
+
+        def poll() -> None:
+            import ray
+
+            while not self._stop.wait(self.every_s):
+                if not ray.is_initialized():  # never let a late poll start a new Ray (ray.get would auto-init one)
+                    break
+                try:
+                    rnd, done, total, kind = ray.get(driver.progress.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw
+                    continue
+                if total and rnd <= self.rounds:
+                    what = "clients trained" if kind == "train" else "evaluation chunks done"
+                    self.show(f"  round {rnd}/{self.rounds}: {done}/{total} {what}")
+
+        self._thread = threading.Thread(target=poll, daemon=True, name="raysim-live-round")
+        self._thread.start()
+
+    def show(self, text: str) -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        """Call before printing a round line, so the live line never mixes with it."""
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self._shown = False
+
+    def stop(self) -> None:
+        """Stop polling (call it after the last round, while Ray is still up) and erase the live line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=6)
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self._shown = False

@@ -41,3 +41,29 @@ def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(ray_cluster, 
     layout = layout_pb2.Layout.FromString(content)
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
     assert charts["accuracy"] == ["acc/mean", "acc/global"] and charts["curriculum p"] == ["curriculum/p"]
+
+
+def test_live_round_line_shows_clients_done_and_clears(monkeypatch):
+    import io
+    import time
+
+    import ray
+
+    from raysim.runlog import LiveRound
+
+    class FakeDriver:  # what Driver.progress returns: (round, jobs done, jobs in this phase, kind)
+        class progress:  # noqa: N801 - mimics an actor method handle
+            @staticmethod
+            def remote():
+                return (4, 7, 20, "train")
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    out = io.StringIO()
+    live = LiveRound(rounds=10, stream=out, every_s=0.01)
+    live.start(FakeDriver())
+    deadline = time.monotonic() + 5
+    while "7/20" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    live.stop()
+    assert "round 4/10: 7/20 clients trained" in out.getvalue()
+    assert out.getvalue().endswith("\r\033[K")  # the live line is erased before the next round line

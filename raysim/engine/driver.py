@@ -88,6 +88,11 @@ class Driver:
     def worker_info(self) -> list[dict]:
         return self.pool.info()
 
+    def progress(self) -> tuple[int, int, int, str]:
+        """(round in progress, jobs done, jobs in this phase, "train" | "evaluate"): for a live progress line."""
+        done, total, kind = getattr(self.pool, "progress", (0, 0, ""))
+        return self.round + 1, done, total, kind
+
     def shutdown(self) -> None:
         """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""
         self._stop.set()
