@@ -74,6 +74,10 @@ class Driver:
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
         self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                           resume_round=self.round if resume else 0)
+        if cfg.log.tensorboard and not resume:  # HParams and the custom-scalars page, for every run
+            from raysim.tboard import write_run_header
+
+            write_run_header(self.run_dir, cfg)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:

@@ -75,10 +75,6 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                    handle_sigint: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
     """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early)."""
     run_dir, created = prepare_run_dir(cfg, resume)
-    if not resume and cfg.log.tensorboard:  # HParams and the custom-scalars layout, for every run
-        from raysim.tboard import write_run_header
-
-        write_run_header(run_dir, cfg)
     if resume:  # the resolved config of the original run, with this invocation's engine/log/rounds
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     rows: list[dict] = []
