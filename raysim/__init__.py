@@ -1,14 +1,29 @@
-"""raysim: a Ray-based parallel simulation engine for federated learning research."""
+"""raysim: a Ray-based parallel simulation engine for federated learning research.
 
+The Python API mirrors the commands::
+
+    import raysim
+    result = raysim.run("experiments/smoke.yaml", "rounds=3", "train.lr=0.1", progress=True)
+    result.run_dir, result.metrics, result.config     # Path, pandas.DataFrame (one row per round), config
+
+Ray starts on the first call and stays up for the next ones (a notebook pays its start once).
+"""
+
+from raysim.api import RunResult, TuneResult, load_run, report, run, tune
 from raysim.config import ExperimentConfig, load_config
 from raysim.errors import RunStopped, UserError
+from raysim.registry import register_algorithm, register_dataset, register_model
 
 __version__ = "0.1.0"
-__all__ = ["ExperimentConfig", "load_config", "run", "RunStopped", "UserError", "__version__"]
+__all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResult", "UserError", "__version__",
+           "load_config", "load_run", "register_algorithm", "register_dataset", "register_model", "report", "run",
+           "tune"]
 
 
-def run(cfg: ExperimentConfig, **kwargs):
-    """Run one experiment from Python; returns (run_dir, metrics rows, stopped_early). See engine.runner."""
-    from raysim.engine.runner import run_experiment
+def __getattr__(name: str):
+    # Algorithm's module imports torch (~1 s); loaded on first use so that `import raysim` stays light
+    if name == "Algorithm":
+        from raysim.algorithms.base import Algorithm
 
-    return run_experiment(cfg, **kwargs)
+        return Algorithm
+    raise AttributeError(f"module 'raysim' has no attribute {name!r}")

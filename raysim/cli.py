@@ -21,10 +21,15 @@ _RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="raysim", description="Ray-based federated learning simulation.")
+    from raysim import __version__
+
+    p = argparse.ArgumentParser(prog="raysim", description="Ray-based federated learning simulation.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_EXAMPLES["raysim"])
+    p.add_argument("--version", action="version", version=f"raysim {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one experiment",
-                         description="Run one experiment: raysim run CONFIG.yaml [dotted.key=value ...]")
+    run = sub.add_parser("run", help="run one experiment", formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Run one experiment: raysim run CONFIG.yaml [dotted.key=value ...]",
+                         epilog=_EXAMPLES["run"])
     run.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults; optional with --resume)")
     run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -34,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                           "each in PARENT/seed-<n> (PARENT = log.dir or runs/<config>-seeds-<time>); "
                           "with --resume PARENT, continue such a set")
 
-    tune = sub.add_parser("tune", help="hyperparameter sweep with Ray Tune",
+    tune = sub.add_parser("tune", help="hyperparameter sweep with Ray Tune", epilog=_EXAMPLES["tune"],
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
                           description="Run a sweep: raysim tune SWEEP.yaml [dotted.key=value ...]. Overrides of "
                                       "sweep keys (num_samples=4, scheduler.name=asha, metric=acc_global, dir=...) "
                                       "set the sweep; all others set every trial's experiment config.")
@@ -44,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--quiet", action="store_true", help="no per-round lines, only trials done and best so far")
 
     report = sub.add_parser("report", help="tables, significance tests and plots from run directories",
+                            epilog=_EXAMPLES["report"], formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Summarise runs: raysim report RUN_DIR... [--out DIR]. Run directories may "
                                         "be nested in sweep or seed directories.")
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or folders that hold them")
@@ -57,7 +64,58 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated config-key prefixes that make the table's columns (settings); other "
                              f"varying keys make its rows (methods). Default: {','.join(DEFAULT_COLUMNS)}")
     report.add_argument("--no-plots", action="store_true", help="tables only")
+
+    config = sub.add_parser("config", help="show a resolved config, or every config key with its help",
+                            epilog=_EXAMPLES["config"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the resolved YAML of CONFIG plus overrides")
+    show.add_argument("config", nargs="?", help="experiment YAML (default: the built-in defaults)")
+    show.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    keys = config_sub.add_parser("keys", help="every key: type, default and help")
+    keys.add_argument("--algorithm", metavar="NAME", help="list this algorithm's algorithm.* keys (default fedavg)")
+    keys.add_argument("--model", metavar="NAME", action="append", default=[],
+                      help="add the model.<NAME>.* section a plugin model declares")
+    keys.add_argument("--dataset", metavar="NAME", help="add the data.<NAME>.* section a plugin dataset declares")
+    keys.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
+
+    lister = sub.add_parser("list", help="the registered algorithms, models or datasets, plugins included",
+                            epilog=_EXAMPLES["list"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    lister.add_argument("kind", choices=("algorithms", "models", "datasets"))
+    lister.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
     return p
+
+
+_EXAMPLES = {
+    "raysim": """examples:
+  raysim run experiments/smoke.yaml                       a FedAvg run in under a minute
+  raysim run experiments/default.yaml rounds=20 train.lr=0.1
+  raysim config keys --algorithm unideal                  every key, its type, default and help
+  raysim list algorithms                                  what algorithm.name accepts
+  raysim tune experiments/sweeps/smoke-lr.yaml            a Ray Tune sweep
+  raysim report runs/a runs/b --out runs/report           tables, t-tests and plots
+  python -m raysim ...                                    the same command""",
+    "run": """examples:
+  raysim run experiments/smoke.yaml
+  raysim run experiments/default.yaml rounds=20 train.lr=0.1 log.dir=runs/mine
+  raysim run --resume runs/mine                    continue after a crash or Ctrl-C
+  raysim run experiments/smoke.yaml --seeds 0-4    five seeds, results.md with mean +- std
+  raysim run experiments/default.yaml engine.address=auto engine.num_workers=16   on a running cluster""",
+    "tune": """examples:
+  raysim tune experiments/sweeps/smoke-lr.yaml dir=runs/sweeps/smoke-lr
+  raysim tune experiments/sweeps/smoke-lr.yaml num_samples=8 search.name=optuna scheduler.name=hyperband
+  raysim tune --resume runs/sweeps/smoke-lr""",
+    "report": """examples:
+  raysim report runs/smoke-best runs/smoke-local --out runs/smoke-report --target 0.6
+  raysim report runs/sweeps/smoke-lr --metric acc_global""",
+    "config": """examples:
+  raysim config show experiments/smoke.yaml rounds=3      the resolved YAML, every key filled in
+  raysim config keys                                      common keys (and FedAvg's)
+  raysim config keys --algorithm fapd                     plus algorithm.* of FAPD
+  raysim config keys --plugins my_models --model tiny     plus a plugin model's model.tiny.* keys""",
+    "list": """examples:
+  raysim list algorithms
+  raysim list models --plugins my_models""",
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -74,6 +132,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _cmd_tune(args)
         if args.command == "report":
             return _cmd_report(args)
+        if args.command == "config":
+            return _cmd_config(args)
+        if args.command == "list":
+            return _cmd_list(args)
     except KeyboardInterrupt:
         print("raysim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -110,7 +172,7 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.engine.runner import load_resume_config, run_experiment
-    from raysim.runlog import format_round, read_metrics, summary_table
+    from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
@@ -120,8 +182,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:  # without CONFIG.yaml: the defaults plus the overrides
         cfg = load_config(config, overrides)
 
+    line = ProgressLine(cfg.rounds)
+    live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
+
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
+        line.start(start_round)
+        if live is not None:
+            live.start(info["driver"])
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
@@ -129,13 +197,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     def on_round(m: dict) -> None:
         if not args.quiet and cfg.log.progress:
-            print(format_round(m, cfg.rounds), flush=True)
+            if live is not None:
+                if m["round"] >= cfg.rounds:
+                    live.stop()  # before Ray shuts down
+                live.clear()
+            print(line.format(m), flush=True)
         if m.get("skipped"):
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
 
-    run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
-                                         handle_sigint=True)
+    try:
+        run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
+                                             handle_sigint=True)
+    finally:
+        if live is not None:
+            live.stop()
     print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
     if stopped:
         print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)
@@ -198,6 +274,33 @@ def _cmd_report(args: argparse.Namespace) -> int:
     report = make_report(args.runs, out, metric=args.metric, target=args.target, columns=columns,
                          plots=not args.no_plots)
     print(format_console(report, out))
+    return 0
+
+
+def _plugins(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from raysim.config import load_config, to_yaml
+
+    if args.config_command == "show":
+        config, overrides = _split_config_and_overrides(args)
+        print(to_yaml(load_config(config, overrides)), end="")
+        return 0
+    from raysim.schema import config_keys, format_keys
+
+    print(format_keys(config_keys(args.algorithm, tuple(args.model), args.dataset, _plugins(args.plugins))))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from raysim.registry import describe, import_plugins
+
+    import_plugins(list(_plugins(args.plugins)))
+    rows = describe(args.kind[:-1])
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(f"{name:<{width}}  {doc}" for name, doc in rows))
     return 0
 
 

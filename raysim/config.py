@@ -8,6 +8,7 @@ Every mistake becomes a :class:`ConfigError` whose one-line message names the of
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -43,7 +44,7 @@ class ClientsConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "sklearn_digits"
+    name: str = "sklearn_digits"  # dataset (raysim list datasets)
     root: Optional[str] = None  # directory holding full datasets in their native layout
     cache_dir: Optional[str] = None  # where generated datasets are cached (default: the user's cache dir)
     partition: str = "dirichlet"  # iid | dirichlet | niid1 | niid2
@@ -68,7 +69,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: Any = "mlp"  # one architecture for every client, or a list with one entry per client (HETE)
+    name: Any = field(default="mlp", metadata={"type": "str | list[str]"})  # one architecture for every client, or a list with one entry per client (HETE)
     feature_dim: int = 64  # backbone output size; heads are Linear(feature_dim, classes) everywhere
     hidden: list[int] = field(default_factory=lambda: [128])  # MLP hidden widths before the feature layer
     width: int = 32  # CNN base channel count
@@ -91,12 +92,12 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    lr: float = 0.05
-    local_epochs: int = 1
-    batch_size: int = 32
+    lr: float = 0.05  # local learning rate
+    local_epochs: int = 1  # passes over its training split each sampled client makes per round
+    batch_size: int = 32  # local mini-batch size
     optimizer: str = "sgd"  # sgd | adam; a fresh optimiser per client job (the usual FL simulation choice)
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    momentum: float = 0.0  # SGD momentum, in [0, 1)
+    weight_decay: float = 0.0  # L2 penalty of the local optimiser
 
     def validate(self) -> None:
         _require(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
@@ -111,7 +112,7 @@ class TrainConfig:
 class AlgorithmConfig:
     """Base of every algorithm's config; each algorithm file subclasses it with its own keys."""
 
-    name: str = "fedavg"
+    name: str = "fedavg"  # algorithm (raysim list algorithms); its own keys follow under algorithm.*
 
     def validate(self) -> None:
         pass
@@ -119,16 +120,16 @@ class AlgorithmConfig:
 
 @dataclass
 class EngineConfig:
-    num_workers: int = 2
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
+    num_workers: int = 2  # ClientWorker actors (processes) that run the virtual clients
+    cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
+    gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
     address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: join a running cluster
     driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
     max_retries: int = 3  # re-runs of one client job after its worker died
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
-    dashboard: bool = False
+    dashboard: bool = False  # start Ray's dashboard with a local Ray
 
     def validate(self) -> None:
         _require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
@@ -157,10 +158,10 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     dir: Optional[str] = None  # the run directory; default runs/<name>-<timestamp>
-    tensorboard: bool = True
-    checkpoint_every: int = 1
+    tensorboard: bool = True  # write TensorBoard event files into the run directory
+    checkpoint_every: int = 1  # checkpoint every N rounds (and always after the last); --resume starts there
     per_client_max: int = 100  # per-client accuracy scalars only up to this many clients (histogram always)
-    progress: bool = True
+    progress: bool = True  # one console line per round
 
     def validate(self) -> None:
         _require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
@@ -168,10 +169,10 @@ class LogConfig:
 
 @dataclass
 class ExperimentConfig:
-    name: str = "experiment"
+    name: str = "experiment"  # names the default run directory runs/<name>-<time>
     plugins: list[str] = field(default_factory=list)  # modules that register extra algorithms/models/datasets
-    seed: int = 0
-    rounds: int = 10
+    seed: int = 0  # seeds the partition, initial weights and every (client, round) job
+    rounds: int = 10  # communication rounds
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -188,6 +189,11 @@ class ExperimentConfig:
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
                 section.validate()
+        for section in (self.model, self.data):  # plugin models' and datasets' own sections
+            for f in dataclasses.fields(section):
+                sub = getattr(section, f.name)
+                if dataclasses.is_dataclass(sub) and hasattr(sub, "validate"):
+                    sub.validate()
         names = self.model.names()
         _require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
@@ -223,7 +229,7 @@ def algorithm_config_class(name: str) -> type:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict | DictConfig | None = None) -> ExperimentConfig:
+                base: dict | DictConfig | None = None, validate: bool = True) -> ExperimentConfig:
     """Build the validated config from an optional base mapping, a YAML file and dotted ``key=value`` overrides."""
     layers: list[DictConfig] = []
     if base is not None:
@@ -241,12 +247,38 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         import_plugins([str(m) for m in (OmegaConf.select(peek, "plugins", default=None) or [])])
         algo_name = OmegaConf.select(peek, "algorithm.name", default=AlgorithmConfig.name)
         algo_cls = algorithm_config_class(str(algo_name))
-        schema = OmegaConf.structured(ExperimentConfig(algorithm=algo_cls()))
+        model_names = OmegaConf.select(peek, "model.name", default=ModelConfig.name)
+        model_names = [str(n) for n in model_names] if OmegaConf.is_list(model_names) else [str(model_names)]
+        data_name = str(OmegaConf.select(peek, "data.name", default=DataConfig.name))
+        model_cls = _with_sections(ModelConfig, "model", "model", tuple(dict.fromkeys(model_names)))
+        data_cls = _with_sections(DataConfig, "data", "dataset", (data_name,))
+        schema = OmegaConf.structured(ExperimentConfig(algorithm=algo_cls(), model=model_cls(), data=data_cls()))
         merged = OmegaConf.merge(schema, *layers)
         cfg: ExperimentConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    return cfg.validate()
+    return cfg.validate() if validate else cfg
+
+
+def _with_sections(base: type, key: str, kind: str, names: tuple[str, ...]) -> type:
+    """``base`` plus one sub-section per named plugin model/dataset whose factory declares a ``Config`` dataclass:
+    ``model.<name>.*`` / ``data.<name>.*``. Built-ins keep their keys in the section itself."""
+    from raysim.registry import component_config
+
+    sections = {n: c for n in names if (c := component_config(kind, n)) is not None}
+    return _section_class(base, key, tuple(sections.items())) if sections else base
+
+
+@functools.lru_cache(maxsize=None)
+def _section_class(base: type, key: str, sections: tuple[tuple[str, type], ...]) -> type:
+    taken = {f.name for f in dataclasses.fields(base)}
+    for name, _ in sections:
+        _require(name not in taken and name.isidentifier(), f"{key}.name",
+                 f"{name!r} cannot have a config section (it clashes with the key {key}.{name})")
+    cls = dataclasses.make_dataclass(f"{base.__name__}_{'_'.join(n for n, _ in sections)}",
+                                     [(n, c, field(default_factory=c)) for n, c in sections], bases=(base,))
+    cls.__module__ = base.__module__
+    return cls
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -7,7 +7,7 @@ Each module registers itself with a decorator; the built-in modules are imported
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from raysim.errors import UserError
 
@@ -79,20 +79,38 @@ def register_algorithm(name: str) -> Callable[[type], type]:
     return wrap
 
 
-def register_model(name: str) -> Callable[[Callable], Callable]:
+def register_model(name: str, config: Optional[type] = None) -> Callable[[Callable], Callable]:
+    """Register a backbone factory ``fn(*, input_shape, cfg, client_id, seed) -> nn.Module`` (``cfg`` is the
+    ``model`` section). ``config``: a dataclass of the model's own keys, which appear as ``model.<name>.*`` and
+    reach the factory as ``cfg.<name>`` (a ``Config`` attribute on the factory does the same)."""
     def wrap(fn: Callable) -> Callable:
+        if config is not None:
+            fn.Config = config
         _MODELS[name] = fn
         return fn
 
     return wrap
 
 
-def register_dataset(name: str) -> Callable[[Callable], Callable]:
+def register_dataset(name: str, config: Optional[type] = None) -> Callable[[Callable], Callable]:
+    """Register a dataset builder ``fn(cfg) -> FederatedData`` (``cfg`` is the whole experiment config).
+    ``config``: a dataclass of the dataset's own keys, ``data.<name>.*`` (read as ``cfg.data.<name>``)."""
     def wrap(fn: Callable) -> Callable:
+        if config is not None:
+            fn.Config = config
         _DATASETS[name] = fn
         return fn
 
     return wrap
+
+
+def component_config(kind: str, name: str) -> Optional[type]:
+    """The ``Config`` dataclass a model or dataset declares, or None. Built-ins (whose keys live in the ``model`` /
+    ``data`` sections) are not imported for this: loading a config must not import torchvision."""
+    table = {"model": _MODELS, "dataset": _DATASETS}[kind]
+    if name not in table and name in _BUILTINS[kind]:
+        return None
+    return getattr(_get(table, kind, "model.name" if kind == "model" else "data.name", name), "Config", None)
 
 
 def _get(table: dict, kind: str, key: str, name: str) -> Any:
@@ -120,3 +138,13 @@ def get_dataset(name: str) -> Callable[..., Any]:
 def names(kind: str) -> list[str]:
     _load_builtins(kind)
     return sorted({"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}[kind])
+
+
+def describe(kind: str) -> list[tuple[str, str]]:
+    """(name, first line of its docstring) for every registered algorithm / model / dataset, plugins included."""
+    table = {"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}[kind]
+    out = []
+    for name in names(kind):
+        lines = (table[name].__doc__ or "").strip().splitlines()
+        out.append((name, lines[0].strip() if lines else ""))
+    return out

@@ -358,6 +358,10 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
               "Up/down: bytes crossing the network per round (all sampled clients together); bytes to target: "
               "cumulative up + down until the first round at or above the target, over the seeds that reached it; "
               "s to target includes the first round's start-up.", ""]
+    labels = plot_labels(report) if any(n.endswith(".png") for n in report.files) else {}
+    if any(short != method for method, short in labels.items()):
+        lines += ["## Plot labels", "", markdown_table(["label", "method"], [[labels[m], m] for m in report.methods]),
+                  ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k")):
         if name in report.files:
@@ -391,47 +395,75 @@ def _x_value(row: dict, x: str) -> float:
     return row[x]
 
 
+LABEL_MAX = 24  # longer method labels become "<algorithm>-<n>" in plots, explained in report.md's key table
+
+
+def plot_labels(report: Report) -> dict[str, str]:
+    """Method -> the label its curves carry: itself when short, else its algorithm name and a number."""
+    out: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for method in report.methods:
+        if len(method) <= LABEL_MAX:
+            out[method] = method
+            continue
+        base = method.split(" (", 1)[0][:LABEL_MAX - 3]
+        counts[base] = counts.get(base, 0) + 1
+        out[method] = f"{base}-{counts[base]}"
+    return out
+
+
 def write_plots(report: Report, out: Path) -> dict[str, Path]:
-    """Accuracy vs round and vs cumulative MB (mean line, std band over seeds); k vs round where FAPD logged it."""
+    """Accuracy vs round and vs cumulative MB (mean line, std band over seeds); k vs round where FAPD logged it.
+
+    One panel per setting, holding only settings with data (no empty k panel for a setting without FAPD); one
+    legend under the panels with short labels (``plot_labels``), each method in the same colour everywhere."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    labels = plot_labels(report)
+    cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
+    colours = {m: cmap(i % cmap.N) for i, m in enumerate(report.methods)}
     files = {}
     plots = [("acc_vs_round.png", report.metric, None, "round", report.metric),
-             ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric)]
-    if any("k" in r for g in report.groups for run in g.runs for r in run.rows):
-        plots.append(("k_vs_round.png", "k", None, "round", "curriculum dimension k"))
+             ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric),
+             ("k_vs_round.png", "k", None, "round", "curriculum dimension k")]
     for name, y, x, xlabel, ylabel in plots:
-        n = len(report.settings)
-        fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
-        drawn = False
-        for ax, setting in zip(axes[0], report.settings):
-            for g in _ordered(report):
-                if g.setting != setting:
-                    continue
-                xs, ys, sd = _curve(g.runs, y, x)
-                if not len(xs):
-                    continue
-                line, = ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, markersize=3,
-                                label=f"{g.method} (n={len(g.runs)})", drawstyle="steps-post" if y == "k" else None)
-                ax.fill_between(xs, ys - sd, ys + sd, alpha=0.2, color=line.get_color(),
-                                step="post" if y == "k" else None)
-                drawn = True
+        curves = {s: [(g, _curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
+                  for s in report.settings}
+        curves = {s: [(g, c) for g, c in cs if len(c[0])] for s, cs in curves.items()}
+        settings = [s for s in report.settings if curves[s]]
+        if not settings:
+            continue
+        n = len(settings)
+        methods = [m for m in report.methods if any(g.method == m for s in settings for g, _ in curves[s])]
+        ncol = max(1, min(len(methods), int(5.0 * n // 1.6) or 1, 4))
+        rows = -(-len(methods) // ncol)
+        fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.6 + 0.28 * rows), squeeze=False,
+                                 layout="constrained")
+        handles = {}
+        for ax, setting in zip(axes[0], settings):
+            for g, (xs, ys, sd) in curves[setting]:
+                step = "post" if y == "k" else None
+                line, = ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, markersize=3, color=colours[g.method],
+                                drawstyle="steps-post" if step else "default")
+                ax.fill_between(xs, ys - sd, ys + sd, alpha=0.2, color=colours[g.method], step=step)
+                handles.setdefault(g.method, line)
             if x is None:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_title(setting)
+            ax.set_title("\n".join(textwrap.wrap(setting, 45)), fontsize=10)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
-        fig.tight_layout()
-        if drawn:
-            fig.savefig(out / name, dpi=110)
-            files[name] = out / name
+        seeds = {g.method: len(g.runs) for g in report.groups}
+        fig.legend([handles[m] for m in methods], [f"{labels[m]} (n={seeds[m]})" for m in methods],
+                   loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+        fig.savefig(out / name, dpi=110)
+        files[name] = out / name
         plt.close(fig)
     return files
 

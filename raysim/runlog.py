@@ -24,6 +24,7 @@ TB_TAGS = {
     "wall_s": "time/round_s",
     "wall_s_total": "time/total_s",
     "k": "curriculum/k",
+    "p": "curriculum/p",
 }
 
 
@@ -71,7 +72,8 @@ class RunLog:
                 continue
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
-            tag = TB_TAGS.get(key) or (key if "/" in key else f"metrics/{key}")
+            tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
+                                       else f"metrics/{key}")
             self.tb.add_scalar(tag, value, step)
         if client_acc:
             import numpy as np
@@ -98,6 +100,8 @@ def format_round(m: dict, rounds: int) -> str:
     parts.append(f"loss {m['loss']:.4f}")
     if "k" in m:
         parts.append(f"k {m['k']}")
+    if m.get("p") is not None:
+        parts.append(f"p {m['p']:.2f}")
     parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
     parts.append(f"{m['wall_s']:.2f}s")
     return "  ".join(parts)
@@ -133,3 +137,96 @@ def summary_table(rows: list[dict], run_dir: Path) -> str:
     width = max(len(k) for k, _ in lines)
     bar = "-" * (width + 2 + max(len(v) for _, v in lines))
     return "\n".join([bar] + [f"{k:<{width}}  {v}" for k, v in lines] + [bar])
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+class ProgressLine:
+    """``format_round`` plus the time since this invocation started and an ETA from its mean round time."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+        self.t0: Optional[float] = None
+        self.first = 0
+
+    def start(self, after_round: int = 0) -> None:
+        import time
+
+        self.t0, self.first = time.monotonic(), after_round
+
+    def format(self, m: dict) -> str:
+        import time
+
+        if self.t0 is None:
+            self.start(m["round"] - 1)
+        elapsed = time.monotonic() - self.t0
+        done = max(1, m["round"] - self.first)
+        eta = elapsed / done * max(0, self.rounds - m["round"])
+        return f"{format_round(m, self.rounds)}  [{_clock(elapsed)} elapsed, eta {_clock(eta)}]"
+
+
+class LiveRound:
+    """On a terminal, a line under the round lines that shows the running round's progress (clients trained of
+    sampled, then evaluated), redrawn in place about once a second by a background thread that asks the driver."""
+
+    def __init__(self, rounds: int, stream: Any = None, every_s: float = 1.0):
+        import sys
+        import threading
+
+        self.rounds, self.every_s = rounds, every_s
+        self.stream = stream or sys.stderr
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self._shown = False
+
+    def start(self, driver: Any) -> None:
+        import threading
+
+        def poll() -> None:
+            import ray
+
+            while not self._stop.wait(self.every_s):
+                if not ray.is_initialized():  # never let a late poll start a new Ray (ray.get would auto-init one)
+                    break
+                try:
+                    rnd, done, total, kind = ray.get(driver.progress.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw
+                    continue
+                if total and rnd <= self.rounds:
+                    what = "clients trained" if kind == "train" else "evaluation chunks done"
+                    self.show(f"  round {rnd}/{self.rounds}: {done}/{total} {what}")
+
+        self._thread = threading.Thread(target=poll, daemon=True, name="raysim-live-round")
+        self._thread.start()
+
+    def show(self, text: str) -> None:
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        """Call before printing a round line, so the live line never mixes with it."""
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self._shown = False
+
+    def stop(self) -> None:
+        """Stop polling (call it after the last round, while Ray is still up) and erase the live line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=6)
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+                self._shown = False

@@ -37,10 +37,16 @@ from raysim.config import ExperimentConfig, load_config, to_yaml
 from raysim.errors import UserError
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
-SCHEDULERS = ("fifo", "asha")
-METRICS = ("acc_mean", "acc_global")
+SCHEDULERS = ("fifo", "asha", "hyperband", "median")
+# each scheduler's keys besides name (ASHA's may stay in a file run with another scheduler: ignored there)
+SCHEDULER_KEYS = ("grace_period", "reduction_factor", "min_samples_required")
+SEARCHERS = ("random", "optuna")
+# what every run's metrics.jsonl holds (numeric), besides algorithm extras such as FAPD's k, UNIDEAL's p and loss_<part>
+RUN_METRICS = ("acc_mean", "acc_global", "loss", "bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
+               "wall_s", "wall_s_total", "k", "p")
 # top-level keys of a sweep file; an override whose first segment is one of these sets the sweep, not the experiment
-SWEEP_KEYS = ("base", "metric", "mode", "num_samples", "scheduler", "max_concurrent", "dir", "fixed", "space")
+SWEEP_KEYS = ("base", "metric", "mode", "num_samples", "scheduler", "search", "max_concurrent", "dir", "fixed",
+              "space")
 
 
 class SweepError(UserError):
@@ -58,6 +64,7 @@ class SweepSpec:
     mode: str = "max"
     num_samples: int = 1
     scheduler: dict[str, Any] = field(default_factory=lambda: {"name": "fifo"})
+    search: dict[str, Any] = field(default_factory=lambda: {"name": "random"})  # random (and grid) | optuna (TPE)
     max_concurrent: Optional[int] = None
     dir: Optional[str] = None
     naming: str = "trial"  # "trial": trials/<trial_id>; "seed": seed-<n> (raysim run --seeds)
@@ -111,9 +118,11 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         space.pop(item.partition("=")[0], None)
     scheduler = raw.get("scheduler", "fifo")
     scheduler = {"name": scheduler} if isinstance(scheduler, str) else dict(scheduler)
+    search = raw.get("search", "random")
+    search = {"name": search} if isinstance(search, str) else dict(search)
     spec = SweepSpec(base=str(base), space=space, fixed=fixed + experiment_overrides,
                      metric=raw.get("metric", "acc_mean"), mode=raw.get("mode", "max"),
-                     num_samples=raw.get("num_samples", 1), scheduler=scheduler,
+                     num_samples=raw.get("num_samples", 1), scheduler=scheduler, search=search,
                      max_concurrent=raw.get("max_concurrent"), dir=raw.get("dir"))
     check_spec(spec)
     return spec
@@ -124,7 +133,7 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     for part in parts[:-1]:
         node = tree.get(part)
         if not isinstance(node, dict):
-            node = {"name": node} if part == "scheduler" and isinstance(node, str) else {}
+            node = {"name": node} if part in ("scheduler", "search") and isinstance(node, str) else {}
             tree[part] = node
         tree = node
     tree[parts[-1]] = value
@@ -178,8 +187,9 @@ def _check_distribution(key: str, kind: str, args: Any) -> None:
 
 
 def check_spec(spec: SweepSpec) -> None:
-    if spec.metric not in METRICS:
-        raise SweepError(f"sweep key 'metric': must be one of {', '.join(METRICS)}, got {spec.metric!r}")
+    if not isinstance(spec.metric, str) or not (spec.metric in RUN_METRICS or spec.metric.startswith("loss_")):
+        raise SweepError(f"sweep key 'metric': any numeric metric of metrics.jsonl ({', '.join(RUN_METRICS)}, "
+                         f"loss_<part>), got {spec.metric!r}")
     if spec.mode not in ("max", "min"):
         raise SweepError(f"sweep key 'mode': must be max or min, got {spec.mode!r}")
     if not isinstance(spec.num_samples, int) or spec.num_samples < 1:
@@ -187,16 +197,25 @@ def check_spec(spec: SweepSpec) -> None:
     if spec.scheduler.get("name") not in SCHEDULERS:
         raise SweepError(f"sweep key 'scheduler.name': must be one of {', '.join(SCHEDULERS)}, "
                          f"got {spec.scheduler.get('name')!r}")
-    # ASHA's keys may stay in a file run with scheduler.name=fifo (they are ignored there)
-    extra = sorted(set(spec.scheduler) - {"name", "grace_period", "reduction_factor"})
+    # a scheduler's keys may stay in a file run with another scheduler (they are ignored there)
+    extra = sorted(set(spec.scheduler) - {"name", *SCHEDULER_KEYS})
     if extra:
-        raise SweepError(f"sweep key 'scheduler.{extra[0]}' is unknown (known: name, grace_period, "
-                         f"reduction_factor)")
-    for key in ("grace_period", "reduction_factor"):
-        value = spec.scheduler.get(key, 1 if key == "grace_period" else 2)
-        if not isinstance(value, int) or value < (1 if key == "grace_period" else 2):
-            raise SweepError(f"sweep key 'scheduler.{key}': must be an integer >= "
-                             f"{1 if key == 'grace_period' else 2}, got {value!r}")
+        raise SweepError(f"sweep key 'scheduler.{extra[0]}' is unknown (known: name, {', '.join(SCHEDULER_KEYS)})")
+    for key, low in (("grace_period", 1), ("reduction_factor", 2), ("min_samples_required", 1)):
+        value = spec.scheduler.get(key, low)
+        if not isinstance(value, int) or value < low:
+            raise SweepError(f"sweep key 'scheduler.{key}': must be an integer >= {low}, got {value!r}")
+    search = spec.search.get("name") if isinstance(spec.search, dict) else None
+    if search not in SEARCHERS:
+        raise SweepError(f"sweep key 'search.name': must be one of {', '.join(SEARCHERS)}, got {search!r}")
+    extra = sorted(set(spec.search) - {"name", "seed", "startup_trials"})
+    if extra:
+        raise SweepError(f"sweep key 'search.{extra[0]}' is unknown (known: name, seed, startup_trials)")
+    if search == "optuna":
+        grids = [k for k, d in spec.space.items() if "grid" in d]
+        if grids:
+            raise SweepError(f"sweep key 'space.{grids[0]}': Optuna samples, it does not enumerate grids; use "
+                             f"choice instead of grid (or search.name=random)")
     if spec.max_concurrent is not None and (not isinstance(spec.max_concurrent, int) or spec.max_concurrent < 1):
         raise SweepError(f"sweep key 'max_concurrent': must be an integer >= 1, got {spec.max_concurrent!r}")
 
@@ -250,7 +269,7 @@ def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
             if not get_algorithm(cfg.algorithm.name)(cfg).has_global_model:
                 raise SweepError(f"sweep key 'metric': {cfg.algorithm.name} has no global model, so no acc_global; "
                                  f"use metric: acc_mean")
-    if spec.scheduler["name"] == "asha":
+    if spec.scheduler["name"] in ("asha", "median"):
         rounds = min(cfg.rounds for cfg in configs)
         if spec.scheduler.get("grace_period", 1) > rounds:
             raise SweepError(f"sweep key 'scheduler.grace_period': {spec.scheduler['grace_period']} rounds, but "
@@ -325,10 +344,8 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
     def report(m: dict) -> None:
         row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                and math.isfinite(v)}
-        for key in METRICS:  # carried over rounds without evaluation (eval.every > 1), so ASHA always has a value
-            if key in row:
-                last[key] = row[key]
-        tune.report({**last, **row})
+        last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
+        tune.report(dict(last))
 
     run_experiment(cfg, resume=resume, on_round=report, placement_group=ray.util.get_current_placement_group())
 
@@ -486,7 +503,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     done = len([r for r in collect_trials(spec, sweep_dir) if r["status"] in ("done", "stopped", "error")]) \
         if resume else 0
     progress = _Progress(spec, total, first.rounds, quiet, done=done)
-    with ray_session(first.engine):
+    with ray_session(first.engine, first.plugins):
         check_cluster(spec)
         cpus = ray.cluster_resources().get("CPU", 0)
         what = f"{total} seeds" if spec.naming == "seed" else f"sweep of {total} trials"
@@ -501,6 +518,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
                     trainable, param_space=_param_space(spec),
                     tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
                                                 scheduler=_scheduler(spec, first.rounds),
+                                                search_alg=_searcher(spec),
                                                 max_concurrent_trials=spec.max_concurrent,
                                                 trial_dirname_creator=lambda trial: trial.trial_id),
                     run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
@@ -513,12 +531,35 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
 
 
 def _scheduler(spec: SweepSpec, rounds: int) -> Any:
-    if spec.scheduler["name"] == "fifo":
+    """Trial schedulers count rounds: ASHA and HyperBand stop weak trials at rungs, median stopping stops a trial
+    whose best so far is below the median of the others' running averages at the same round."""
+    name, opts = spec.scheduler["name"], spec.scheduler
+    if name == "fifo":
         return None
-    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
 
-    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=spec.scheduler.get("grace_period", 1),
-                         reduction_factor=spec.scheduler.get("reduction_factor", 2))
+    if name == "hyperband":
+        return HyperBandScheduler(time_attr="round", max_t=rounds, reduction_factor=opts.get("reduction_factor", 2))
+    if name == "median":
+        return MedianStoppingRule(time_attr="round", grace_period=opts.get("grace_period", 1),
+                                  min_samples_required=opts.get("min_samples_required", 3))
+    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=opts.get("grace_period", 1),
+                         reduction_factor=opts.get("reduction_factor", 2))
+
+
+def _searcher(spec: SweepSpec) -> Any:
+    """None: Tune's own random/grid generator. Optuna: TPE through Tune's OptunaSearch adapter; Tune saves its
+    state with the experiment, so ``--resume`` continues the same study."""
+    search = spec.search if isinstance(spec.search, dict) else {"name": "random"}
+    if search.get("name", "random") == "random":
+        return None
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=search.get("seed"),
+                                         n_startup_trials=int(search.get("startup_trials", 5)))
+    return OptunaSearch(sampler=sampler)
 
 
 def default_sweep_dir(spec: SweepSpec) -> Path:

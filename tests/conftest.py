@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_PLUGINS = ROOT / "examples" / "plugins"
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +21,10 @@ def ray_cluster():
     from raysim.engine.resources import local_ray_options
 
     # workers inherit the environment of the Ray that this process starts: let them import tests/plugins
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"),
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"), str(EXAMPLE_PLUGINS),
                                                             os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(ROOT / "tests" / "plugins"))
+    sys.path.insert(0, str(EXAMPLE_PLUGINS))
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, **local_ray_options())
     yield ray
     ray.shutdown()

@@ -152,3 +152,26 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert "no raysim run directories" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_many_differing_keys_get_short_labels_a_key_table_and_no_empty_k_panel(tmp_path, recwarn):
+    """Runs differing in several method keys: plots use `<algorithm>-<n>` labels explained in report.md; a setting
+    where no run logs k gets no k panel; matplotlib does not warn about the layout."""
+    import matplotlib.image
+
+    root = tmp_path / "many"
+    for i, (lr, mom, wd) in enumerate([(0.01, 0.0, 0.0), (0.05, 0.9, 0.001), (0.1, 0.5, 0.0001)]):
+        for partition, algorithm in (("iid", "fedavg"), ("dirichlet", "local")):  # only fedavg rows log k
+            run_dir = root / f"{partition}-{i}"
+            write_run(run_dir, algorithm, partition, 0, 0.6 + 0.1 * i, workers=1)
+            cfg = load_config(run_dir / "config.yaml", [f"train.lr={lr}", f"train.momentum={mom}",
+                                                       f"train.weight_decay={wd}"])
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    report = make_report([root], tmp_path / "out")
+    assert not [w for w in recwarn if "layout" in str(w.message).lower()]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Plot labels" in md and "| fedavg-1 " in md and "lr=0.05, momentum=0.9" in md
+    k_png = matplotlib.image.imread(tmp_path / "out" / "k_vs_round.png")
+    acc_png = matplotlib.image.imread(tmp_path / "out" / "acc_vs_round.png")
+    assert k_png.shape[1] < 0.7 * acc_png.shape[1]  # one panel (iid, where fedavg logged k), not two
+    assert len(report.methods) == 6

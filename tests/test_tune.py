@@ -87,7 +87,7 @@ def test_sweep_file_errors_name_the_key(tmp_path):
     with pytest.raises(SweepError, match="loguniform needs low > 0"):
         load_sweep(write_sweep(tmp_path, space={"train.lr": {"loguniform": [0, 1]}}))
     with pytest.raises(SweepError, match="scheduler.name"):
-        load_sweep(write_sweep(tmp_path, scheduler="hyperband"))
+        load_sweep(write_sweep(tmp_path, scheduler="pbt"))
     with pytest.raises(SweepError, match="'base'"):
         load_sweep(write_sweep(tmp_path, base="missing.yaml"))
 

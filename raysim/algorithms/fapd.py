@@ -85,7 +85,7 @@ class FAPDConfig(AlgorithmConfig):
     window: int = 3  # consensus window N (rounds)
     curriculum: str = "consensus"  # consensus | fixed (FAPD-nadpt) | linear (k grows by delta_k every round)
     k_fixed: Optional[int] = None  # fixed curriculum's dimension (null: D, the whole teacher space)
-    lambda_kd: float = 0.5
+    lambda_kd: float = 0.5  # weight of the projected feature-distillation (PKD) term
     lambda_cl: float = 0.5  # 0: FAPD-ncont
     tau: float = 0.04  # contrastive temperature
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
@@ -106,6 +106,8 @@ class FAPDConfig(AlgorithmConfig):
 
 @register_algorithm("fapd")
 class FAPD(Algorithm):
+    """FedAvg plus PCA-projected feature distillation, k grown by a consensus controller."""
+
     Config = FAPDConfig
     shared = "all"
 

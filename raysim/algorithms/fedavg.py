@@ -6,4 +6,6 @@ from raysim.registry import register_algorithm
 
 @register_algorithm("fedavg")
 class FedAvg(Algorithm):
+    """Federated averaging of the whole model, weighted by client sample counts."""
+
     shared = "all"

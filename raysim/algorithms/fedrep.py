@@ -27,6 +27,8 @@ class FedRepConfig(AlgorithmConfig):
 
 @register_algorithm("fedrep")
 class FedRep(Algorithm):
+    """Shares the backbone; each client trains its own head first, then the body."""
+
     Config = FedRepConfig
     shared = "backbone"
 

@@ -6,4 +6,6 @@ from raysim.registry import register_algorithm
 
 @register_algorithm("local")
 class Local(Algorithm):
+    """No communication: every client trains alone (the baseline)."""
+
     shared = "none"

@@ -10,4 +10,6 @@ from raysim.registry import register_algorithm
 
 @register_algorithm("partialavg")
 class PartialAvg(Algorithm):
+    """Averages only the classification heads; each client keeps its own backbone."""
+
     shared = "head"

@@ -34,7 +34,7 @@ class ScheduleConfig:
     """The p-schedule: the share of each batch that CLKD distils, from ``start`` to ``end``."""
 
     start: Optional[float] = None  # null: one sample per batch (1 / train.batch_size)
-    end: float = 1.0
+    end: float = 1.0  # share distilled at the end of the schedule, in (0, 1]
     over: str = "local_epochs"  # local_epochs (restarts every round) | rounds (spans the whole run)
     shape: str = "linear"  # linear | step (start, then end from half-way) | constant (end throughout)
 
@@ -71,6 +71,8 @@ class UnidealConfig(PartialKDConfig):
 
 @register_algorithm("unideal")
 class Unideal(Algorithm):
+    """UNIDEAL: shares the head; CLKD distils the global head on the easiest p of each batch, p growing."""
+
     Config = UnidealConfig
     shared = "head"
 
@@ -105,6 +107,13 @@ class Unideal(Algorithm):
     def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> TensorDict:
         """Everything stays: the backbone and the local head (only a copy of the head is uploaded)."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
+        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: curriculum/p)."""
+        n = self.cfg.train.local_epochs
+        ps = [self.fraction(ClientContext(client_id=-1, round=round, total_rounds=self.cfg.rounds, epoch=e,
+                                          num_epochs=n, payload={})) for e in range(n)]
+        return {"p": float(sum(ps) / len(ps))}
 
 
 def teacher_logits(model: nn.Module, features: torch.Tensor, payload: dict[str, Any]) -> torch.Tensor:

@@ -82,6 +82,10 @@ class Driver:
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
         self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                           resume_round=self.round if resume else 0)
+        if cfg.log.tensorboard and not resume:  # HParams and the custom-scalars page, for every run
+            from raysim.tboard import write_run_header
+
+            write_run_header(self.run_dir, cfg)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
@@ -95,6 +99,11 @@ class Driver:
 
     def worker_info(self) -> list[dict]:
         return self.pool.info()
+
+    def progress(self) -> tuple[int, int, int, str]:
+        """(round in progress, jobs done, jobs in this phase, "train" | "evaluate"): for a live progress line."""
+        done, total, kind = getattr(self.pool, "progress", (0, 0, ""))
+        return self.round + 1, done, total, kind
 
     def shutdown(self) -> None:
         """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""

@@ -106,6 +106,7 @@ class WorkerPool:
         inflight: dict[ray.ObjectRef, tuple[Job, int, Any]] = {}
         load = [0] * len(self.workers)
         results: dict[int, Any] = {}
+        self.progress = (0, len(jobs), jobs[0].method if jobs else "")  # (done, total, kind), read by Driver.progress
         per_worker = self.cfg.engine.jobs_per_worker
         while queue or inflight:
             for w in range(len(self.workers)):
@@ -143,6 +144,7 @@ class WorkerPool:
                     queue.appendleft(j)
                 continue
             results[job.key] = (value, out[1]) if isinstance(out, list) else value
+            self.progress = (len(results), len(jobs), job.method)
         return results
 
     def shutdown(self) -> None:

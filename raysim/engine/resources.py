@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import ray
 
@@ -37,14 +37,30 @@ def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]
     return options
 
 
-@contextlib.contextmanager
-def ray_session(engine: Any) -> Iterator[bool]:
-    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
-    if ray.is_initialized():
-        yield False
-        return
+def plugin_runtime_env(plugins: Sequence[str]) -> dict[str, Any]:
+    """Ray's runtime environment that ships the ``plugins:`` modules (their top-level package, or the single
+    ``.py`` file) to every worker process on every node, so a plugin need not be installed on the cluster."""
+    import importlib
+
+    modules = []
+    for name in dict.fromkeys(str(p).split(".")[0] for p in plugins):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise UserError(f"config key 'plugins': cannot import {name!r} ({exc})") from None
+        if getattr(module, "__file__", None):  # namespace packages and built-ins cannot be shipped
+            modules.append(module)
+    return {"py_modules": modules} if modules else {}
+
+
+def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
+    """Start a local Ray (``engine.address`` null) or join a running cluster, as ``raysim run`` does; the
+    ``plugins`` modules travel to every node with the job's runtime environment."""
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True,
                               "include_dashboard": bool(engine.dashboard)}
+    runtime_env = plugin_runtime_env(plugins)
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
     if engine.address is None:
         kwargs.update(local_ray_options(engine.state_memory_gb))
     else:
@@ -55,6 +71,15 @@ def ray_session(engine: Any) -> Iterator[bool]:
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {engine.address!r} "
                         f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")
+
+
+@contextlib.contextmanager
+def ray_session(engine: Any, plugins: Sequence[str] = ()) -> Iterator[bool]:
+    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
+    if ray.is_initialized():
+        yield False
+        return
+    start_ray(engine, plugins)
     try:
         yield True
     finally:

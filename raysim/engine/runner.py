@@ -80,7 +80,7 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
     rows: list[dict] = []
     stop_requested = threading.Event()
     try:
-        with ray_session(cfg.engine):
+        with ray_session(cfg.engine, cfg.plugins):
             if placement_group is None:
                 check_resources(cfg.engine)
             # the driver first (it takes a prestarted process), then its workers: all their processes start now

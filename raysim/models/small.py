@@ -12,6 +12,7 @@ from raysim.registry import register_model
 
 @register_model("mlp")
 def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """Fully connected: flattened input, model.hidden widths, then model.feature_dim."""
     widths = [math.prod(input_shape), *cfg.hidden]
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(widths[:-1], widths[1:]):
@@ -22,6 +23,7 @@ def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
 
 @register_model("cnn")
 def cnn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """Small CNN for images (model.width base channels), ending in model.feature_dim."""
     if len(input_shape) != 3:
         raise UserError(f"config key 'model.name': cnn needs image inputs [C, H, W], got shape {input_shape}")
     channels, w = input_shape[0], cfg.width

@@ -49,6 +49,7 @@ def _resnet(name: str, net: ResNet, input_shape: tuple[int, ...], feature_dim: i
 
 @register_model("resnet18")
 def resnet18(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """torchvision's ResNet-18, stem adapted to small inputs."""
     return _resnet("resnet18", tvm.resnet18(weights=None), input_shape, cfg.feature_dim)
 
 
@@ -60,6 +61,7 @@ def resnet10(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
 
 @register_model("mobilenet_v3_small")
 def mobilenet_v3_small(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """torchvision's MobileNetV3-Small, stem adapted to small inputs."""
     channels, h, w = _image_shape("mobilenet_v3_small", input_shape)
     net = tvm.mobilenet_v3_small(weights=None)
     stem = net.features[0][0]

@@ -1,0 +1,179 @@
+"""The Python API: ``raysim.run``, ``raysim.tune``, ``raysim.report`` and ``raysim.load_run``.
+
+Each verb does what the command of the same name does and returns an object instead of printing. Ray is started on
+the first call (or an already running session is used: ``ray.init(...)`` of your own, a notebook's earlier call) and
+is left running, so a notebook pays Ray's start-up (seconds) once; ``ray.shutdown()`` ends it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+
+from raysim.config import ExperimentConfig, load_config
+
+if TYPE_CHECKING:
+    import pandas
+
+ConfigLike = Union[str, Path, dict, ExperimentConfig, None]
+
+
+@dataclass
+class RunResult:
+    """One run directory: where it is, its per-round metrics and its resolved config."""
+
+    run_dir: Path
+    metrics: "pandas.DataFrame"  # one row per round: what metrics.jsonl holds
+    config: ExperimentConfig
+    stopped: bool = False  # True when interrupted (Ctrl-C / kernel interrupt) before its last round
+
+    def __repr__(self) -> str:
+        last = self.metrics.iloc[-1].to_dict() if len(self.metrics) else {}
+        acc = f", acc_mean={last['acc_mean']:.4f}" if last.get("acc_mean") is not None else ""
+        return (f"RunResult(run_dir={str(self.run_dir)!r}, rounds={len(self.metrics)}/{self.config.rounds}"
+                f"{acc}{', stopped' if self.stopped else ''})")
+
+
+@dataclass
+class TuneResult:
+    """A sweep directory: one row per trial (best first), the best trial and its config."""
+
+    sweep_dir: Path
+    trials: "pandas.DataFrame"
+    best: Optional[dict]
+    best_config: Optional[Path]
+
+
+def _config(config: ConfigLike, overrides: Sequence[str]) -> ExperimentConfig:
+    """A path, a nested dict, a config object or None (the defaults), with dotted overrides on top."""
+    overrides = list(overrides)
+    if config is None or isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    if isinstance(config, ExperimentConfig):
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(OmegaConf.structured(config))
+    if not isinstance(config, dict):
+        from omegaconf import DictConfig, OmegaConf
+
+        if not isinstance(config, DictConfig):
+            raise TypeError(f"config must be a path, a dict or an ExperimentConfig, not {type(config).__name__}")
+        config = OmegaConf.to_container(config)
+    return load_config(None, overrides, base=config)
+
+
+def _ensure_ray(cfg: ExperimentConfig) -> None:
+    """Start (or join) Ray once per process and keep it: later calls reuse the session. The first call's
+    ``plugins`` travel with the session; a later run's new plugins must be importable on the workers (installed,
+    on PYTHONPATH, or shipped by your own ``ray.init(runtime_env={"py_modules": [...]})``)."""
+    import ray
+
+    from raysim.engine.resources import start_ray
+
+    if not ray.is_initialized():
+        start_ray(cfg.engine, cfg.plugins)
+
+
+def _frame(rows: list[dict]) -> "pandas.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def run(config: ConfigLike = None, *overrides: str, progress: bool = False,
+        resume: Union[str, Path, None] = None) -> RunResult:
+    """Run one experiment, like ``raysim run``; returns its :class:`RunResult`.
+
+    ``config`` is a YAML path, a nested dict (``{"rounds": 3, "train": {"lr": 0.1}}``), an
+    :class:`ExperimentConfig` or None (the defaults); ``overrides`` are dotted ``key=value`` strings applied on top.
+    ``progress=True`` prints one line per round. ``resume=RUN_DIR`` continues an interrupted run (``config`` may
+    then be None: the run's own config is used). A bad config raises :class:`raysim.UserError`.
+    """
+    from raysim.engine.runner import load_resume_config, run_experiment
+    from raysim.runlog import ProgressLine, read_metrics
+
+    overrides = list(overrides)
+    if resume is not None:
+        overrides.append(f"log.dir={resume}")
+        cfg = _config(config, overrides) if config is not None else load_resume_config(Path(resume), overrides)
+    else:
+        cfg = _config(config, overrides)
+    line = ProgressLine(cfg.rounds) if progress else None
+
+    def on_start(info: dict) -> None:
+        if progress:
+            print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, run directory {info['run_dir']}"
+                  + (f", resuming after round {info['start_round']}" if info["start_round"] else ""), flush=True)
+            line.start(info["start_round"])
+
+    def on_round(m: dict) -> None:
+        if progress:
+            print(line.format(m), flush=True)
+
+    _ensure_ray(cfg)
+    run_dir, _, stopped = run_experiment(cfg, resume=resume is not None, on_round=on_round, on_start=on_start,
+                                         handle_sigint=True)
+    if resume is not None:
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
+    elif cfg.log.dir is None:
+        cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
+    return RunResult(run_dir=Path(run_dir), metrics=_frame(read_metrics(Path(run_dir) / "metrics.jsonl")),
+                     config=cfg, stopped=stopped)
+
+
+def load_run(run_dir: Union[str, Path]) -> RunResult:
+    """Read a run directory written by ``raysim run`` (or a sweep's trial) back into a :class:`RunResult`."""
+    import yaml
+
+    from raysim.errors import UserError
+    from raysim.runlog import read_metrics
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise UserError(f"{run_dir} is not a raysim run directory (no config.yaml)")
+    cfg = load_config(None, (), base=yaml.safe_load((run_dir / "config.yaml").read_text()))
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return RunResult(run_dir=run_dir, metrics=_frame(rows), config=cfg,
+                     stopped=bool(rows) and rows[-1]["round"] < cfg.rounds)
+
+
+def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[str, Path, None] = None,
+         progress: bool = False) -> TuneResult:
+    """Run a sweep, like ``raysim tune SWEEP.yaml key=value ...``; ``resume=SWEEP_DIR`` continues one."""
+    from raysim.errors import UserError
+    from raysim.tune import load_sweep, run_sweep, spec_from_yaml
+
+    out = print if progress else (lambda _line: None)
+    if resume is not None:
+        sweep_dir = Path(resume)
+        spec = spec_from_yaml(sweep_dir / "sweep.yaml")
+        first = load_config(spec.base, spec.fixed)
+        _ensure_ray(first)
+        result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=not progress, out=out)
+    else:
+        if sweep is None:
+            raise UserError("raysim.tune needs a sweep YAML (or resume=SWEEP_DIR)")
+        spec = load_sweep(sweep, list(overrides))
+        _ensure_ray(load_config(spec.base, spec.fixed))
+        result = run_sweep(spec, quiet=not progress, out=out)
+    best_yaml = result.sweep_dir / "best.yaml"
+    return TuneResult(sweep_dir=result.sweep_dir, trials=_frame(result.rows), best=result.best,
+                      best_config=best_yaml if best_yaml.is_file() else None)
+
+
+def report(*runs: Union[str, Path], out: Union[str, Path, None] = None, metric: str = "acc_mean",
+           target: float = 0.5, columns: Optional[Sequence[str]] = None, plots: bool = True) -> Any:
+    """Tables, Welch's t-tests and plots over run directories (or folders holding them), like ``raysim report``.
+
+    Returns the report object; its ``files`` maps each written file (``report.md``, ``table.csv`` ...) to its path.
+    """
+    from raysim.report import DEFAULT_COLUMNS, make_report
+
+    if not runs:
+        raise TypeError("raysim.report needs at least one run directory")
+    out_dir = Path(out) if out else (Path(runs[0]) / "report" if len(runs) == 1 else Path("report"))
+    return make_report(list(runs), out_dir, metric=metric, target=target,
+                       columns=tuple(columns) if columns else DEFAULT_COLUMNS, plots=plots)
+

@@ -1,0 +1,79 @@
+"""The Python API as a notebook uses it, and ``python -m raysim``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import raysim
+from conftest import EXAMPLE_PLUGINS, ROOT, TINY, tiny_overrides
+
+
+def _env() -> dict:
+    """This checkout only: not the plugin folders the test session's Ray puts on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_python_m_raysim_version():
+    out = subprocess.run([sys.executable, "-m", "raysim", "--version"], capture_output=True, text=True, env=_env(),
+                         cwd=ROOT, check=True, timeout=60)
+    assert out.stdout.strip() == f"raysim {raysim.__version__}"
+
+
+def test_public_names_importable():
+    from raysim import Algorithm, register_algorithm, register_dataset, register_model  # noqa: F401
+
+    assert Algorithm.__name__ == "Algorithm" and callable(raysim.run) and callable(raysim.load_run)
+
+
+def test_notebook_two_runs_share_one_ray_session(tmp_path):
+    """A fresh process (a notebook kernel): the first run starts Ray, the second reuses it; Ray stays up.
+
+    The run uses a plugin model that only the notebook's sys.path can import: Ray's workers get it through the
+    runtime environment raysim starts Ray with (``plugins:`` travel with the job)."""
+    code = textwrap.dedent(f"""
+        import json, sys, ray, raysim
+        sys.path.insert(0, {str(EXAMPLE_PLUGINS)!r})
+        tiny = {TINY!r}
+        tiny["plugins"] = ["resmlp"]
+        tiny["model"] = {{"name": "resmlp", "feature_dim": 16, "resmlp": {{"width": 16, "blocks": 1}}}}
+        a = raysim.run(tiny, "rounds=1", "log.dir={tmp_path / 'a'}", progress=True)
+        node = ray.get_runtime_context().get_node_id()
+        b = raysim.run(a.config, "log.dir={tmp_path / 'b'}", "train.lr=0.05")
+        print(json.dumps({{"same": ray.get_runtime_context().get_node_id() == node, "up": ray.is_initialized(),
+                          "a": [str(a.run_dir), list(a.metrics["round"]), a.config.rounds],
+                          "b": [str(b.run_dir), b.config.train.lr, len(b.metrics)]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=tmp_path,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    got = json.loads(lines[-1])
+    assert got["same"] and got["up"]
+    assert got["a"] == [str(tmp_path / "a"), [1], 1]
+    assert got["b"] == [str(tmp_path / "b"), 0.05, 1]
+    assert any("round 1/1" in line and "elapsed" in line and "eta 00:00" in line for line in lines)
+
+
+def test_run_returns_metrics_frame_and_load_run_reads_it_back(ray_cluster, tmp_path):
+    result = raysim.run(None, *tiny_overrides(tmp_path))
+    assert result.run_dir == tmp_path / "run"
+    assert list(result.metrics["round"]) == [1, 2]
+    assert {"acc_mean", "loss", "bytes_up", "wall_s"} <= set(result.metrics.columns)
+    again = raysim.load_run(result.run_dir)
+    assert again.config == result.config
+    assert again.metrics["acc_mean"].tolist() == result.metrics["acc_mean"].tolist()
+    assert "rounds=2/2" in repr(again)
+
+
+def test_bad_config_raises_user_error(tmp_path):
+    with pytest.raises(raysim.UserError, match="train.nope"):
+        raysim.run({"train": {"nope": 1}})
+    with pytest.raises(raysim.UserError, match="no config.yaml"):
+        raysim.load_run(tmp_path)

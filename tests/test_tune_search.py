@@ -1,0 +1,54 @@
+"""raysim tune with Optuna's TPE (Ray Tune's OptunaSearch), other schedulers and any metrics.jsonl metric."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+
+import pytest
+
+from raysim.tune import SweepError, _Progress, _scheduler, load_sweep, run_sweep
+from test_tune import write_sweep
+
+
+def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch):
+    """Ctrl-C after the first trial: Tune saves the experiment with Optuna's study; --resume runs only what is
+    left of num_samples, keeps the first trial's values and finishes with every trial done."""
+    sweep = write_sweep(tmp_path, num_samples=2, max_concurrent=1, metric="loss", mode="min",
+                        search={"name": "optuna", "seed": 1, "startup_trials": 1},
+                        space={"train.lr": {"loguniform": [0.01, 0.5]}})
+    spec = load_sweep(sweep, ["rounds=1", f"dir={tmp_path / 'sw'}"])
+    finished = _Progress.finished
+
+    def finish_then_interrupt(self, trial, failed):
+        finished(self, trial, failed)
+        if self.done == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: Tune stops, saving its state and the searcher's
+
+    monkeypatch.setattr(_Progress, "finished", finish_then_interrupt)
+    first = run_sweep(spec, quiet=True)
+    monkeypatch.setattr(_Progress, "finished", finished)
+    done = [r for r in first.rows if r["status"] == "done"]
+    assert len(done) == 1 and len(first.rows) <= 2
+    assert list((tmp_path / "sw" / "tune").glob("searcher-state-*.pkl")), "Optuna's study saved with the sweep"
+
+    result = run_sweep(spec, sweep_dir=tmp_path / "sw", resume=True, quiet=True)
+    rows = list(csv.DictReader(open(tmp_path / "sw" / "results.csv")))
+    assert len(rows) == 2 and all(r["status"] == "done" for r in rows)
+    assert done[0]["train.lr"] in [float(r["train.lr"]) for r in rows]
+    assert result.best is not None and "best_loss" in rows[0]
+
+
+def test_schedulers_and_searchers_are_checked(tmp_path):
+    sweep = write_sweep(tmp_path)
+    assert type(_scheduler(load_sweep(sweep, ["scheduler.name=hyperband"]), 5)).__name__ == "HyperBandScheduler"
+    assert type(_scheduler(load_sweep(sweep, ["scheduler.name=median"]), 5)).__name__ == "MedianStoppingRule"
+    assert load_sweep(sweep, ["metric=bytes_up_total", "mode=min"]).metric == "bytes_up_total"
+    assert load_sweep(sweep, ["metric=k"]).metric == "k"
+    with pytest.raises(SweepError, match="search.name"):
+        load_sweep(sweep, ["search.name=bayes"])
+    with pytest.raises(SweepError, match="use choice instead of grid"):
+        load_sweep(sweep, ["search.name=optuna"])  # the sweep's space is a grid
+    with pytest.raises(SweepError, match="sweep key 'metric'"):
+        load_sweep(sweep, ["metric=acc_mena"])
