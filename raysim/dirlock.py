@@ -8,6 +8,7 @@ let two processes lock two different files); it holds the holder's pid, host and
 from __future__ import annotations
 
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -41,7 +42,12 @@ class DirLock:
             raise UserError(f"config key '{self.key}': cannot create {path} ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):  # a filesystem without locks
+                print(f"raysim: warning: cannot lock {path} ({exc.strerror}); nothing stops a second process "
+                      f"from using {self.directory} at the same time", file=sys.stderr, flush=True)
+                self._fd = fd
+                return self
             holder = _describe(fd)
             os.close(fd)
             raise UserError(f"{self.directory} is in use by another raysim process{holder}; wait for it to end "

@@ -17,11 +17,11 @@ import ray
 import yaml
 
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
+from raysim.dirlock import DirLock
 from raysim.engine.driver import Driver
 from raysim.engine.pool import spawn_workers
 from raysim.engine.resources import check_resources, ray_session
 from raysim.engine.state import read_checkpoint
-from raysim.dirlock import DirLock
 from raysim.errors import RunStopped, UserError, find_user_error
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
