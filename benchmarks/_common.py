@@ -164,18 +164,14 @@ def start_ray(num_cpus: int = 2, object_store_gb: Optional[float] = None, extra_
 
     ``extra_pythonpath`` is exported before ``ray.init`` so workers can import benchmark-only plugins.
     """
-    import ray
-
-    from raysim.engine.resources import local_ray_options
+    from raysim.engine.resources import init_local_ray
 
     paths = [str(p) for p in extra_pythonpath]
     if paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
         sys.path[:0] = paths
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    kwargs: dict[str, Any] = {"num_cpus": num_cpus, "include_dashboard": False, "logging_level": logging.WARNING,
-                              **local_ray_options(object_store_gb)}
-    ray.init(**kwargs)
+    init_local_ray(object_store_gb, num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
 
 
 def run_cli(args: list[str], env: Optional[dict] = None, marker: str = "round 1/",

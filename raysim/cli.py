@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
+EXIT_TRIALS_FAILED = 1  # a sweep or seed set ran to its end, but some trials failed
 EXIT_INTERRUPTED = 130
 _RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for the resume hint
 
@@ -145,7 +146,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"raysim: error: {found}", file=sys.stderr)
             return EXIT_USER_ERROR
         if isinstance(found, RunStopped):
-            hint = f"; resume with: raysim run --resume {_RUN_DIR[0]}" if _RUN_DIR else ""
+            run_dir = getattr(found, "run_dir", None) or (_RUN_DIR[0] if _RUN_DIR else None)
+            hint = ""
+            if run_dir is not None:
+                hint = (f"; resume with: raysim run --resume {run_dir}"
+                        if (Path(run_dir) / "checkpoint" / "server.pt").is_file()
+                        else "; no round was checkpointed: start the run again")
             print(f"raysim: stopped: {found}{hint}", file=sys.stderr)
             return EXIT_STOPPED
         raise
@@ -249,21 +255,24 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
-    """Print the table; exit 0 when every trial ended normally, 130 with a resume hint when some never finished."""
+    """Print the table; exit 0 when every trial ended normally (done, or stopped early by ASHA), 1 when some failed
+    (each one's cause is in the table and printed here), 130 with a resume hint when some never finished."""
     print(result.table_md)
     d = result.sweep_dir
     best = f"best config {d / 'best.yaml'}; " if result.best else ""
     print(f"raysim: table {d / 'results.md'} (csv: results.csv); {best}"
           f"compare: tensorboard --logdir {d}; summarise: raysim report {d}")
     unfinished = [r for r in result.rows if r["status"] == "unfinished"]
-    failed = [r for r in result.rows if r["status"] == "error"]
+    failed = [r for r in result.rows if r["status"].startswith("error")]
+    for r in failed:
+        cause = r["status"].partition(": ")[2] or f"see Ray Tune's error file under {d / 'tune'}"
+        print(f"raysim: {what[:-1]} {r['trial']} failed: {cause}", file=sys.stderr)
     if failed:
-        print(f"raysim: {len(failed)} {what} failed: {', '.join(r['run_dir'] for r in failed)} "
-              f"(Ray Tune's error files are under {d / 'tune'})", file=sys.stderr)
+        print(f"raysim: {len(failed)} {what} failed; `{resume_cmd} {d}` runs them again", file=sys.stderr)
     if unfinished:
         print(f"raysim: {len(unfinished)} {what} unfinished; resume with: {resume_cmd} {d}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return 1 if failed else 0
+    return EXIT_TRIALS_FAILED if failed else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from raysim.errors import UserError
-from raysim.runlog import human_bytes, read_metrics
+from raysim.runlog import human_bytes, read_metrics, warn_stderr
 
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
 DEFAULT_COLUMNS = ("data.", "clients.", "model.")
@@ -108,7 +108,7 @@ def load_run(path: Path) -> Run:
         raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path}/config.yaml is not valid YAML ({str(exc).splitlines()[0]})") from None
-    return Run(path=path, config=_flatten(raw), rows=read_metrics(path / "metrics.jsonl"))
+    return Run(path=path, config=_flatten(raw), rows=read_metrics(path / "metrics.jsonl", warn=warn_stderr))
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:

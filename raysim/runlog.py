@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # metrics.jsonl name -> TensorBoard tag; keys not listed here and containing "/" are written as they are
 TB_TAGS = {
@@ -28,16 +29,39 @@ TB_TAGS = {
 }
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) -> list[dict]:
+    """The rows of a ``metrics.jsonl``. A torn last line (a kill or power cut in the middle of a write, or a run
+    still writing) is skipped, and reported through ``warn`` when given; a damaged line before the last is an error.
+    """
     if not path.is_file():
         return []
+    with open(path, "rb") as fh:
+        lines = fh.read().decode("utf-8", errors="replace").splitlines()
     rows = []
-    with open(path) as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "round" not in row:
+                raise ValueError("not a round's metrics")
+        except ValueError:
+            if all(not rest.strip() for rest in lines[i + 1:]):  # the last line: torn by an interrupted write
+                if warn is not None:
+                    warn(f"{path}: skipped an incomplete last line (line {i + 1}: a run killed mid-write, "
+                         f"or one still writing)")
+                break
+            from raysim.errors import UserError
+
+            raise UserError(f"{path} is damaged at line {i + 1} of {len(lines)} (not a JSON object with 'round')") \
+                from None
+        rows.append(row)
     return rows
+
+
+def warn_stderr(message: str) -> None:
+    print(f"raysim: warning: {message}", file=sys.stderr, flush=True)
 
 
 class RunLog:
@@ -50,7 +74,10 @@ class RunLog:
         if resume_round:
             kept = [m for m in read_metrics(self.metrics_path) if m["round"] <= resume_round]
             tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(json.dumps(m) + "\n" for m in kept))
+            with open(tmp, "w") as fh:  # whole lines up to the checkpoint; a torn last line is dropped here
+                fh.write("".join(json.dumps(m) + "\n" for m in kept))
+                fh.flush()
+                os.fsync(fh.fileno())
             os.replace(tmp, self.metrics_path)
         self._fh = open(self.metrics_path, "a")
         self.tb = None
@@ -85,9 +112,16 @@ class RunLog:
         self.tb.flush()
 
     def close(self) -> None:
-        self._fh.close()
-        if self.tb is not None:
-            self.tb.close()
+        """Close both writers; an error from either (a full disk) is raised after both are closed."""
+        errors = []
+        for close in (self._fh.close, self.tb.close if self.tb is not None else None):
+            try:
+                if close is not None:
+                    close()
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
 
 def format_round(m: dict, rounds: int) -> str:

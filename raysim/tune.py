@@ -21,6 +21,7 @@ import contextlib
 import csv
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterator, Optional
 import yaml
 
 from raysim.config import ExperimentConfig, load_config, to_yaml
+from raysim.dirlock import DirLock
 from raysim.errors import UserError
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
@@ -322,32 +324,83 @@ class TrialSetup:
         return load_config(self.base, list(self.fixed) + extra)
 
 
+ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line cause, for the console and the table
+
+
 def run_trial(values: dict, setup: TrialSetup) -> None:
     """The Tune trainable: one raysim run in the trial's placement group, reporting every round.
 
-    A trial restarted by ``Tuner.restore`` finds its run directory's checkpoint and continues from it.
+    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) finds its run directory's checkpoint and
+    continues from it; one whose run had already ended (killed before Tune recorded it) reports its last round
+    again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is raised to Tune.
     """
     import ray
     from ray import tune
 
     from raysim.engine.runner import run_experiment
+    from raysim.runlog import read_metrics
 
     with contextlib.suppress(OSError):
         os.chdir(setup.cwd)  # Tune starts trials in its own trial dir; relative paths in configs mean the user's cwd
     run_dir = setup.run_dir(values, tune.get_context().get_trial_id())
-    cfg = setup.config(values, run_dir)
-    resume = (run_dir / "checkpoint" / "server.pt").is_file()
-    if not resume and run_dir.exists():
-        shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
-    last: dict[str, float] = {}
+    try:
+        cfg = setup.config(values, run_dir)
+        resume = (run_dir / "checkpoint" / "server.pt").is_file()
+        if not resume and run_dir.exists():
+            shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)
+        done = _checkpointed_round(run_dir) if resume else 0
+        rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["round"] <= done]
+        last: dict[str, float] = {}
 
-    def report(m: dict) -> None:
-        row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-               and math.isfinite(v)}
-        last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
-        tune.report(dict(last))
+        def report(m: dict) -> dict:
+            row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)}
+            last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
+            return dict(last)
 
-    run_experiment(cfg, resume=resume, on_round=report, placement_group=ray.util.get_current_placement_group())
+        for m in rows:  # what the rounds already run measured, so the first report after a resume has the metric
+            report(m)
+        if rows and done >= cfg.rounds:  # the run ended before the sweep was killed: report it, run nothing
+            tune.report(report(rows[-1]))
+            return
+        run_experiment(cfg, resume=resume, on_round=lambda m: tune.report(report(m)),
+                       placement_group=ray.util.get_current_placement_group())
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ERROR_FILE).write_text(one_line_cause(exc) + "\n")
+        raise
+
+
+def _checkpointed_round(run_dir: Path) -> int:
+    from raysim.engine.state import read_checkpoint
+
+    try:
+        return int(read_checkpoint(run_dir)["round"])
+    except (UserError, OSError):
+        return 0  # run_experiment reports the damage
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """The innermost cause of an error raised through Ray, as one line: ``RuntimeError: what went wrong``."""
+    from raysim.errors import find_user_error
+
+    found = find_user_error(exc)
+    if found is not None:
+        return str(found).splitlines()[0] if str(found) else type(found).__name__
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)  # RayTaskError keeps the original exception here
+        if isinstance(cause, BaseException):
+            exc = cause
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _trial_resources(values: dict, setup: TrialSetup) -> Any:
@@ -370,9 +423,11 @@ def _param_space(spec: SweepSpec) -> dict[str, Any]:
 class _Progress:
     """Console lines a person can follow: each trial's rounds, and trials done out of total with the best so far."""
 
-    def __init__(self, spec: SweepSpec, total: int, rounds: int, quiet: bool, done: int = 0):
+    def __init__(self, spec: SweepSpec, total: int, rounds: int, quiet: bool, done: tuple[str, ...] = (),
+                 run_dir: Optional[Callable[[Any], Path]] = None):
         self.spec, self.total, self.rounds, self.quiet = spec, total, rounds, quiet
-        self.done = done
+        self.done = set(done)  # trial ids that ended (a resumed sweep starts with those ended before)
+        self.run_dir = run_dir
         self.best: Optional[tuple[float, str]] = None
         self.per_trial: dict[str, float] = {}  # each trial's best so far (seeds: their mean is the news)
         self.start = time.monotonic()
@@ -404,7 +459,9 @@ class _Progress:
             print(f"raysim: started {self.label(trial)}", flush=True)
 
     def finished(self, trial: Any, failed: bool) -> None:
-        self.done += 1
+        if trial.trial_id in self.done and not failed:
+            return  # ended before a kill that Tune's state missed: counted, and re-reported without running
+        self.done.add(trial.trial_id)
         best = (f"; best {self.spec.metric} {self.best[0]:.4f} ({self.best[1]})" if self.best else "")
         if self.spec.naming == "seed" and self.per_trial:
             import numpy as np
@@ -416,7 +473,10 @@ class _Progress:
         last = (getattr(trial, "last_result", None) or {}).get("round")
         what = ("failed" if failed else f"stopped early after round {last}" if last and last < self.rounds
                 else "finished")
-        print(f"raysim: {self.done}/{self.total} {'seeds' if self.spec.naming == 'seed' else 'trials'} done "
+        if failed:
+            cause = trial_error(self.run_dir(trial)) if self.run_dir else None
+            what = f"failed: {cause or 'see ' + str(getattr(trial, 'error_file', None) or 'Tune error file')}"
+        print(f"raysim: {len(self.done)}/{self.total} {'seeds' if self.spec.naming == 'seed' else 'trials'} done "
               f"({self.label(trial)} {what}, {time.monotonic() - self.start:.0f}s elapsed){best}", flush=True)
 
 
@@ -472,37 +532,99 @@ def _tune_env() -> Iterator[None]:
 
 def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool = False, quiet: bool = False,
               out: Callable[[str], None] = print) -> "SweepResult":
-    """Run (or resume) a sweep to the end and write its table, best config and HParams; returns the table."""
+    """Run (or resume) a sweep to the end and write its table, best config and HParams; returns the table.
+
+    The sweep directory is locked while this runs (``raysim.dirlock``): a second sweep into it, or a ``--resume``
+    of it while it runs, is refused; a lock left by a killed sweep is gone with its process."""
+    first = validate_sweep(spec)
+    sweep_dir = Path(sweep_dir or spec.dir or default_sweep_dir(spec)).resolve()
+    key = "log.dir" if spec.naming == "seed" else "dir"
+    if resume and not sweep_dir.is_dir():
+        raise SweepError(f"{sweep_dir} holds no sweep to resume (no such directory)")
+    created = not sweep_dir.exists()
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"cannot create sweep directory {sweep_dir} ({exc.strerror})") from None
+    # claimed before it is checked: of two sweeps started together into one directory, one runs, one is refused
+    with DirLock(sweep_dir, key=key):
+        try:
+            resume = _check_sweep_dir(spec, sweep_dir, resume)
+        except BaseException:
+            if created:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
+        try:
+            return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out)
+        except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
+            if created and not (sweep_dir / "tune").exists():
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
+
+
+def _check_sweep_dir(spec: SweepSpec, sweep_dir: Path, resume: bool) -> bool:
+    """Check (and prepare) the sweep directory; returns whether Tune's state is to be restored."""
+    tune_dir = sweep_dir / "tune"
+    if resume and not _tune_state_restorable(tune_dir):
+        if not (sweep_dir / "sweep.yaml").is_file():
+            raise SweepError(f"{sweep_dir} holds no sweep to resume (no Tune state in {tune_dir})")
+        # killed before Tune saved any state: no trial is on record, so the sweep starts again from sweep.yaml.
+        # Seeds keep their run directories (seed-<n> names the same run again: a done one is not rerun); sweep
+        # trials get new ids, so their directories from the lost attempt go.
+        shutil.rmtree(tune_dir, ignore_errors=True)
+        if spec.naming != "seed":
+            shutil.rmtree(spec.trials_dir(sweep_dir), ignore_errors=True)
+        resume = False
+    elif not resume and tune_dir.exists():
+        raise SweepError(f"{sweep_dir} already holds a sweep; continue it with --resume {sweep_dir} "
+                         f"or choose another directory")
+    try:
+        spec.trials_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
+        write_atomically(sweep_dir / "sweep.yaml", spec_to_yaml(dataclasses.replace(spec, dir=str(sweep_dir))))
+    except OSError as exc:
+        raise SweepError(f"cannot write sweep directory {sweep_dir} ({exc.strerror})") from None
+    return resume
+
+
+def _tune_state_restorable(tune_dir: Path) -> bool:
+    """Whether ``Tuner.restore`` can read ``tune_dir``. Tune writes its state files in place, so a kill can tear
+    one: a torn newest experiment state is removed (the one before it, and the trials' run directories, which hold
+    the truth about each trial, are enough to go on); a torn or missing ``tuner.pkl`` means nothing ever ran."""
+    import pickle
+
+    try:
+        pickle.loads((tune_dir / "tuner.pkl").read_bytes())
+    except Exception:  # noqa: BLE001 - missing, torn, or from another version: not restorable
+        return False
+    for state in sorted(tune_dir.glob("experiment_state-*.json"), reverse=True):
+        try:
+            json.loads(state.read_text())
+            return True
+        except (OSError, ValueError):
+            state.unlink(missing_ok=True)
+    return False
+
+
+def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path, resume: bool, quiet: bool,
+                      out: Callable[[str], None]) -> "SweepResult":
     import ray
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from raysim.engine.resources import ray_session
 
-    first = validate_sweep(spec)
-    sweep_dir = Path(sweep_dir or spec.dir or default_sweep_dir(spec)).resolve()
     tune_dir = sweep_dir / "tune"
-    if resume:
-        if not tune.Tuner.can_restore(str(tune_dir)):
-            raise SweepError(f"{sweep_dir} holds no sweep to resume (no Tune state in {tune_dir})")
-    elif tune_dir.exists():
-        raise SweepError(f"{sweep_dir} already holds a sweep; continue it with --resume {sweep_dir} "
-                         f"or choose another directory")
-    try:
-        spec.trials_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SweepError(f"cannot create sweep directory {sweep_dir} ({exc.strerror})") from None
     spec = dataclasses.replace(spec, dir=str(sweep_dir))
-    (sweep_dir / "sweep.yaml").write_text(spec_to_yaml(spec))
 
     setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
                        cwd=os.getcwd(), naming=spec.naming)
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
                                     functools.partial(_trial_resources, setup=setup))
     total = spec.total_trials()
-    done = len([r for r in collect_trials(spec, sweep_dir) if r["status"] in ("done", "stopped", "error")]) \
-        if resume else 0
-    progress = _Progress(spec, total, first.rounds, quiet, done=done)
+    done = tuple(r["trial_id"] for r in collect_trials(spec, sweep_dir)
+                 if r["status"] in ("done", "stopped")) if resume else ()  # errored trials run again
+    progress = _Progress(spec, total, first.rounds, quiet, done=done,
+                         run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
     with ray_session(first.engine, first.plugins):
         check_cluster(spec)
         cpus = ray.cluster_resources().get("CPU", 0)
@@ -512,7 +634,9 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
         with _tune_env():
             callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback()]
             if resume:
-                tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True, resume_errored=True)
+                with _quiet_tune_logs():  # trials that never reported have no result.json: Tune warns of that
+                    tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True,
+                                               resume_errored=True)
             else:
                 tuner = tune.Tuner(
                     trainable, param_space=_param_space(spec),
@@ -526,8 +650,26 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
             # Tuner.restore keeps the original run config; the progress callback has to be re-attached
             if resume:
                 tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
-            tuner.fit()
+            with _one_line_trial_errors():
+                tuner.fit()
     return finish_sweep(spec, sweep_dir)
+
+
+@contextlib.contextmanager
+def _one_line_trial_errors() -> Iterator[None]:
+    """Tune logs each failed trial's whole traceback; raysim prints its one-line cause (the traceback stays in the
+    trial's ``error.txt`` under the Tune directory)."""
+    import logging
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trial task failed")
+
+    log = logging.getLogger("ray.tune.execution.tune_controller")
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 def _scheduler(spec: SweepSpec, rounds: int) -> Any:
@@ -587,22 +729,23 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
     rows = []
     for trial in trials:
         values = {k: trial["config"].get(k) for k in spec.space}
-        run_dir = spec.trials_dir(sweep_dir) / (f"seed-{trial['config'].get('seed')}" if spec.naming == "seed"
-                                                else trial["trial_id"])
+        run_dir = trial_run_dir(spec, sweep_dir, trial["trial_id"], trial["config"])
         metrics = read_metrics(run_dir / "metrics.jsonl")
         scored = [m for m in metrics if m.get(spec.metric) is not None]
         best = (max if spec.mode == "max" else min)(scored, key=lambda m: m[spec.metric]) if scored else None
         rounds = _total_rounds(run_dir)
         ran = metrics[-1]["round"] if metrics else 0
-        if trial["status"] == "ERROR":
-            status = "error"
+        cause = trial_error(run_dir)
+        if trial["status"] == "ERROR" or (cause and trial["status"] != "TERMINATED"):
+            status = f"error: {cause}" if cause else "error"
         elif rounds is not None and ran >= rounds:
             status = "done"
         elif trial["status"] == "TERMINATED":
             status = "stopped"  # by the scheduler (ASHA)
         else:
             status = "unfinished"  # the sweep was interrupted; --resume continues it
-        rows.append({"trial": run_dir.name if spec.naming == "seed" else trial["trial_id"], **values,
+        rows.append({"trial": run_dir.name if spec.naming == "seed" else trial["trial_id"],
+                     "trial_id": trial["trial_id"], **values,
                      f"best_{spec.metric}": best[spec.metric] if best else None,
                      "best_round": best["round"] if best else None,
                      "rounds": f"{ran}/{rounds if rounds is not None else '?'}", "status": status,
@@ -614,6 +757,19 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
     else:
         rows.sort(key=lambda r: (r[key] is None, sign * (r[key] or 0.0), r["trial"]))
     return rows
+
+
+def trial_run_dir(spec: SweepSpec, sweep_dir: Path, trial_id: str, config: dict) -> Path:
+    return spec.trials_dir(sweep_dir) / (f"seed-{config.get('seed')}" if spec.naming == "seed" else trial_id)
+
+
+def trial_error(run_dir: Path) -> Optional[str]:
+    """A failed trial's one-line cause (``error.txt`` in its run directory), or None."""
+    try:
+        text = (run_dir / ERROR_FILE).read_text().strip()
+    except OSError:
+        return None
+    return text.splitlines()[0] if text else None
 
 
 def _tune_trials(tune_dir: Path) -> list[dict]:
@@ -651,11 +807,12 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
     """Write results.csv, results.md, best.yaml and each trial's HParams."""
     rows = collect_trials(spec, sweep_dir)
     columns = ["trial", *spec.space, f"best_{spec.metric}", "best_round", "rounds", "status", "run_dir"]
-    with open(sweep_dir / "results.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
+    write_atomically(sweep_dir / "results.csv", buf.getvalue())
     md_columns = [c for c in columns if c != "run_dir"]
     table = markdown_table(md_columns, [[_fmt(row[c]) if c in spec.space else _cell(row[c]) for c in md_columns]
                                         for row in rows])
@@ -674,7 +831,7 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
         sd = statistics.stdev(scored) if len(scored) > 1 else 0.0
         header += [f"Best {spec.metric}: {statistics.fmean(scored):.4f} ± {sd:.4f} (mean ± std over "
                    f"{len(scored)} seeds).", ""]
-    (sweep_dir / "results.md").write_text("\n".join(header + [table]) + "\n")
+    write_atomically(sweep_dir / "results.md", "\n".join(header + [table]) + "\n")
     if best:
         write_best_config(spec, best, sweep_dir / "best.yaml")
     for row in rows:
@@ -688,10 +845,20 @@ def write_best_config(spec: SweepSpec, best: dict, path: Path) -> None:
     cfg = load_config(Path(best["run_dir"]) / "config.yaml")
     cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=None))
     values = ", ".join(f"{k}={_fmt(best[k])}" for k in spec.space)
-    path.write_text(f"# best trial {best['trial']} of sweep {path.parent}: {spec.metric} "
+    write_atomically(path, f"# best trial {best['trial']} of sweep {path.parent}: {spec.metric} "
                     f"{best[f'best_{spec.metric}']:.4f} at round {best['best_round']}\n"
                     f"# searched: {values}\n"
                     f"# rerun over seeds: raysim run {path} --seeds 0-4\n" + to_yaml(cfg))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A kill while the table is written leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
@@ -724,6 +891,7 @@ def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
 
 
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    rows = [[c.replace("|", "\\|") for c in r] for r in rows]  # an error message may hold a '|'
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])

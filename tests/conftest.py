@@ -18,14 +18,14 @@ EXAMPLE_PLUGINS = ROOT / "examples" / "plugins"
 def ray_cluster():
     import ray
 
-    from raysim.engine.resources import local_ray_options
+    from raysim.engine.resources import init_local_ray
 
     # workers inherit the environment of the Ray that this process starts: let them import tests/plugins
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"), str(EXAMPLE_PLUGINS),
                                                             os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, str(ROOT / "tests" / "plugins"))
     sys.path.insert(0, str(EXAMPLE_PLUGINS))
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, **local_ray_options())
+    init_local_ray(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
 

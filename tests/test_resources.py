@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
+
 import ray
 
 from raysim.config import load_config
@@ -39,3 +43,66 @@ def test_a_cluster_address_gets_no_local_settings(monkeypatch):
     kw = _init_kwargs(monkeypatch, ["engine.address=ray://head:10001", "engine.state_memory_gb=0.5"])
     assert kw["address"] == "ray://head:10001"
     assert "_system_config" not in kw and "object_store_memory" not in kw
+
+
+def _family(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                children.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                    int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = {pid}, [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """Local addresses of the TCP sockets in LISTEN state that these processes hold (from /proc, no tools)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in (Path("/proc") / str(pid) / "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in (Path("/proc/net") / table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                hexaddr = fields[1].split(":")[0]
+                raw = bytes.fromhex(hexaddr)
+                if len(raw) == 4:
+                    out.append(socket.inet_ntop(socket.AF_INET, raw[::-1]))
+                else:  # /proc prints IPv6 as four little-endian 32-bit words
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                    out.append(socket.inet_ntop(socket.AF_INET6, words))
+    return out
+
+
+def test_a_local_ray_stays_on_loopback(ray_cluster):
+    """The session's Ray is started as raysim starts one: node address, process arguments and listening sockets."""
+    from ray._private import ray_constants
+
+    assert [n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]] == ["127.0.0.1"]
+    assert ray_constants.ENABLE_RAY_CLUSTER, "the flag is restored once the node has started"
+    family = _family(os.getpid())
+    args = []
+    for pid in family:
+        try:
+            args += (Path("/proc") / str(pid) / "cmdline").read_text().split("\0")
+        except OSError:
+            continue
+    node_ips = {a.split("=", 1)[1] for a in args if a.startswith(("--node-ip-address=", "--node_ip_address="))}
+    assert node_ips == {"127.0.0.1"}
+    listening = _listening(family)
+    assert len(listening) >= 3  # GCS, raylet, this driver, the workers
+    assert all(a in ("127.0.0.1", "::ffff:127.0.0.1") for a in listening), listening

@@ -7,6 +7,9 @@ that yields each round's metrics, so the CLI prints progress and a Tune trial re
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +29,10 @@ from raysim.errors import RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
+
+
+class WriteFailed(RunStopped):
+    """Writing the run directory failed (a full disk): the run stops; the checkpoint on disk is whole."""
 
 
 def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int]:
@@ -71,21 +78,24 @@ class Driver:
         self.states = ClientStateStore()
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
+        self._checkpointed = 0  # the round of the checkpoint on disk
         initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0,
                               self.algorithm)
         self.server_state = self.algorithm.init_server_state(initial.state_dict())
         if resume:
             ckpt = read_checkpoint(self.run_dir)
-            self.round = int(ckpt["round"])
+            self.round = self._checkpointed = int(ckpt["round"])
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
-        self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
-                          resume_round=self.round if resume else 0)
+        with self._writing("metrics.jsonl"):
+            self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
+                              resume_round=self.round if resume else 0)
         if cfg.log.tensorboard and not resume:  # HParams and the custom-scalars page, for every run
             from raysim.tboard import write_run_header
 
-            write_run_header(self.run_dir, cfg)
+            with self._writing("TensorBoard's events"):
+                write_run_header(self.run_dir, cfg)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
@@ -121,13 +131,40 @@ class Driver:
         try:
             while self.round < self.cfg.rounds and not self._stop.is_set():
                 yield self.run_round(self.round + 1)
-        except RunStopped:
-            if self.round > 0:
-                self.checkpoint()  # the last complete round, whatever log.checkpoint_every says
+        except RunStopped as exc:
+            if not isinstance(exc, WriteFailed) and self.round > self._checkpointed:
+                with self._writing("the checkpoint"):
+                    self.checkpoint()  # the last complete round, whatever log.checkpoint_every says
             raise
         finally:
-            self.log.close()
-            self.pool.shutdown()
+            failing = sys.exc_info()[1] is not None
+            try:
+                with self._writing("metrics.jsonl and TensorBoard's events"):
+                    self.log.close()
+            except WriteFailed:
+                if not failing:  # else the first error is the one to report
+                    raise
+            finally:
+                self.pool.shutdown()
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """A failed write to the run directory (a full disk, a quota, a lost mount) stops the run in one line.
+
+        The checkpoint is replaced atomically and metrics beyond it are trimmed on resume, so nothing is lost."""
+        try:
+            yield
+        except WriteFailed:
+            raise
+        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+            if isinstance(exc, OSError):
+                reason = exc.strerror or str(exc)
+            else:
+                free = shutil.disk_usage(self.run_dir).free if self.run_dir.is_dir() else 0
+                reason = (f"No space left on device ({free} bytes free)" if free < 16 * 1024 * 1024
+                          else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            raise WriteFailed(f"cannot write {what} in {self.run_dir}: {reason}; the run stopped with round "
+                              f"{self._checkpointed} checkpointed (free some space, then resume)") from None
 
     def run_round(self, rnd: int) -> dict:
         """One round, as named steps."""
@@ -241,9 +278,11 @@ class Driver:
         self.totals["bytes_down_total"] += metrics["bytes_down"]
         self.totals["wall_s_total"] += metrics["wall_s"]
         metrics.update(self.totals)
-        self.log.write(metrics, client_acc)
+        with self._writing("metrics.jsonl and TensorBoard's events"):
+            self.log.write(metrics, client_acc)
         if rnd % self.cfg.log.checkpoint_every == 0 or rnd == self.cfg.rounds:
-            self.checkpoint()
+            with self._writing("the checkpoint"):
+                self.checkpoint()
 
     def _evaluate(self, clients: Any, rnd: int) -> tuple[dict[int, float], Optional[float]]:
         """Personalised test accuracy per client, and the pooled accuracy over all their test samples."""
@@ -268,3 +307,4 @@ class Driver:
     def checkpoint(self) -> None:
         self.states.save(self.run_dir / "checkpoint", self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals)})
+        self._checkpointed = self.round

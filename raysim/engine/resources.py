@@ -27,7 +27,7 @@ def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]
     # token authentication stays on; only the notice that it is on is silenced for a private local cluster
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     options: dict[str, Any] = {"_system_config": dict(LOCAL_SYSTEM_CONFIG),  # ray.init writes into the dict
-                               "_node_ip_address": "127.0.0.1"}  # a local Ray listens on the loopback interface
+                               "_node_ip_address": "127.0.0.1"}  # honoured only inside loopback_only(): see there
     if state_memory_gb is not None:
         options["object_store_memory"] = int(state_memory_gb * 1024**3)
         # Ray keeps return values under 100 KB in the caller's heap, where they are never spilled; under a memory
@@ -53,6 +53,33 @@ def plugin_runtime_env(plugins: Sequence[str]) -> dict[str, Any]:
     return {"py_modules": modules} if modules else {}
 
 
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Make ``ray.init`` keep a local Ray on 127.0.0.1.
+
+    Ray 2.60 replaces a loopback ``_node_ip_address`` with the machine's routable address
+    (``services.resolve_ip_for_localhost``) unless ``ray_constants.ENABLE_RAY_CLUSTER`` is false, the setting it
+    uses for Windows and macOS (env ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read when Ray is imported). With the node
+    address at 127.0.0.1, the GCS, the raylet, the driver's and every worker's gRPC servers bind to 127.0.0.1 instead
+    of all interfaces, and every process is told ``--node-ip-address=127.0.0.1``. The flag is only needed while the
+    node starts; it is restored afterwards, so a later ``ray.init(address=...)`` in this process joins clusters as
+    before."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def init_local_ray(state_memory_gb: Optional[float] = None, **kwargs: Any) -> Any:
+    """``ray.init`` of a private local Ray as raysim starts one: on loopback, with ``local_ray_options()``."""
+    with loopback_only():
+        return ray.init(**kwargs, **local_ray_options(state_memory_gb))
+
+
 def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
     """Start a local Ray (``engine.address`` null) or join a running cluster, as ``raysim run`` does; the
     ``plugins`` modules travel to every node with the job's runtime environment."""
@@ -61,13 +88,12 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
     runtime_env = plugin_runtime_env(plugins)
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
-    if engine.address is None:
-        kwargs.update(local_ray_options(engine.state_memory_gb))
-    else:
-        kwargs["address"] = engine.address
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     try:
-        ray.init(**kwargs)
+        if engine.address is None:
+            init_local_ray(engine.state_memory_gb, **kwargs)
+        else:
+            ray.init(address=engine.address, **kwargs)
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {engine.address!r} "
                         f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")

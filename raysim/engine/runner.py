@@ -17,11 +17,12 @@ import ray
 import yaml
 
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
+from raysim.dirlock import DirLock
 from raysim.engine.driver import Driver
 from raysim.engine.pool import spawn_workers
 from raysim.engine.resources import check_resources, ray_session
 from raysim.engine.state import read_checkpoint
-from raysim.errors import UserError
+from raysim.errors import RunStopped, UserError, find_user_error
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
 _RESUMABLE_PREFIXES = ("engine.", "log.", "rounds", "eval.every")
@@ -31,33 +32,52 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
     return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool]:
-    """Create (or check) the run directory; returns (path, created_now). Fails before any work is done."""
+def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, DirLock]:
+    """Claim (or check) the run directory; returns (path, created_now, its lock). Fails before any work is done.
+
+    The directory is locked before it is checked, so of two runs started together into one new ``log.dir``, one
+    runs and the other is refused; the caller releases the lock when the run ends."""
     run_dir = Path(cfg.log.dir) if cfg.log.dir else default_run_dir(cfg)
     if resume:
-        if not (run_dir / "checkpoint" / "server.pt").is_file():
-            raise UserError(f"{run_dir} holds no checkpoint to resume (expected {run_dir}/checkpoint/server.pt)")
-        saved = load_config(run_dir / "config.yaml")
-        differ = [k for k, v in to_flat_dict(saved).items()
-                  if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
-        if differ:
-            raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
-                            f"resume with the same config, or start a new run")
-        _check_writable(run_dir)
-        read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
-        return run_dir, False
-    if run_dir.exists() and any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
-        raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
-                        f"or choose another log.dir")
+        lock = DirLock(run_dir).acquire() if run_dir.is_dir() else DirLock(run_dir)
+        try:
+            if not (run_dir / "checkpoint" / "server.pt").is_file():
+                raise UserError(f"{run_dir} holds no checkpoint to resume (expected {run_dir}/checkpoint/server.pt)")
+            saved = load_config(run_dir / "config.yaml")
+            differ = [k for k, v in to_flat_dict(saved).items()
+                      if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
+            if differ:
+                raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
+                                f"resume with the same config, or start a new run")
+            _check_writable(run_dir)
+            read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
+        except BaseException:
+            lock.release()
+            raise
+        return run_dir, False, lock
     created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
-    _check_writable(run_dir)
-    (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, log=dataclasses.replace(
-        cfg.log, dir=str(run_dir)))))
-    return run_dir, created
+    lock = DirLock(run_dir).acquire()  # refused: another process claimed it first, and its files are its own
+    try:
+        if any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
+            raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
+                            f"or choose another log.dir")
+        _check_writable(run_dir)
+        try:
+            (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, log=dataclasses.replace(
+                cfg.log, dir=str(run_dir)))))
+        except OSError as exc:
+            raise UserError(f"config key 'log.dir': cannot write {run_dir / 'config.yaml'} ({exc.strerror})") \
+                from None
+    except BaseException:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        lock.release()
+        raise
+    return run_dir, created, lock
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -74,7 +94,16 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                    on_start: Optional[Callable[[dict], None]] = None,
                    handle_sigint: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
     """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early)."""
-    run_dir, created = prepare_run_dir(cfg, resume)
+    run_dir, created, lock = prepare_run_dir(cfg, resume)
+    try:
+        return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_sigint, placement_group)
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: bool,
+                on_round: Optional[Callable[[dict], None]], on_start: Optional[Callable[[dict], None]],
+                handle_sigint: bool, placement_group: Any) -> tuple[Path, list[dict], bool]:
     if resume:  # the resolved config of the original run, with this invocation's engine/log/rounds
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     rows: list[dict] = []
@@ -107,7 +136,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                 if previous is not None:
                     signal.signal(signal.SIGINT, previous)
                 _kill_quietly(driver, workers)
-    except BaseException:
+    except BaseException as exc:
+        found = find_user_error(exc)
+        if isinstance(found, RunStopped):
+            found.run_dir = run_dir  # for the resume hint
         if created and not (run_dir / "checkpoint").exists():
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
         raise

@@ -1,0 +1,43 @@
+"""Test-only: a run directory whose disk "fills up" in a given round (listed in a config's ``plugins``).
+
+A file ``FULL_DISK`` beside the run directory holds ``metrics ROUND`` or ``checkpoint ROUND``; in that round the
+metrics writer leaves a torn line and raises ENOSPC, or torch.save of the checkpoint fails as it does on a full disk.
+Without the file the plugin changes nothing, so the same config resumes normally once the file is gone.
+"""
+
+import errno
+import os
+from pathlib import Path
+
+import raysim.engine.state as state
+import raysim.runlog as runlog
+
+
+def _armed(run_dir: Path, what: str, rnd: int) -> bool:
+    try:
+        kind, at = (Path(run_dir).parent / "FULL_DISK").read_text().split()
+    except (OSError, ValueError):
+        return False
+    return kind == what and int(at) == rnd
+
+
+_write = runlog.RunLog.write
+_atomic_save = state.atomic_save
+
+
+def write(self, metrics, client_acc=None):
+    if _armed(self.run_dir, "metrics", metrics["round"]):
+        self._fh.write('{"round": %d, "acc_mean": 0.5' % metrics["round"])  # part of a line reached the disk
+        self._fh.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return _write(self, metrics, client_acc)
+
+
+def atomic_save(obj, path):
+    if isinstance(obj, dict) and "round" in obj and _armed(Path(path).parent.parent, "checkpoint", obj["round"]):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 2048 vs 1986")
+    return _atomic_save(obj, path)
+
+
+runlog.RunLog.write = write
+state.atomic_save = atomic_save

@@ -1,0 +1,244 @@
+"""Runs and sweeps that survive crashes and collisions: SIGKILL of the launching process group, a torn metrics line,
+a full disk, two processes in one directory, a failing trial."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, TINY, read_rows, strip_timing, tiny_overrides
+from raysim.cli import main
+from raysim.config import load_config
+from raysim.dirlock import DirLock
+from raysim.engine.runner import run_experiment
+from raysim.errors import UserError
+from raysim.tune import load_sweep, spec_to_yaml
+
+
+def _launch(args: list[str]) -> subprocess.Popen:
+    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
+
+
+def _kill_group_once(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    """Read the console until a line holds ``text``, then SIGKILL the whole process group (a crash, an OOM kill)."""
+    seen: list[str] = []
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"exited ({proc.wait()}) before {text!r}:\n" + "".join(seen[-30:]))
+            seen.append(line)
+            if text in line:
+                return seen
+        raise AssertionError(f"never saw {text!r}:\n" + "".join(seen[-30:]))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
+def _one_line_error(err: str, prefix: str) -> str:
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------- killed sweeps
+
+
+def _sweep_file(tmp_path: Path, **body: object) -> Path:
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    sweep = {"base": "exp.yaml", "metric": "acc_mean", "mode": "max", "num_samples": 1,
+             "space": {"train.lr": {"grid": [0.02, 0.3]}}, **body}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
+    return tmp_path / "sweep.yaml"
+
+
+@pytest.mark.parametrize("moment", ["before any report", "after a trial ended"])
+def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys, moment):
+    sweep, out = _sweep_file(tmp_path), tmp_path / "sw"
+    quiet = ["--quiet"] if moment == "after a trial ended" else []
+    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *quiet])
+    _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
+
+    assert main(["tune", "--resume", str(out), "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "2/2 trials done" in captured.out
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 2 and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
+    # each trial ends as an undisturbed run of its config (continued from its checkpoint, or restarted)
+    for r in rows:
+        run_dir = Path(r["run_dir"])
+        assert [m["round"] for m in read_rows(run_dir)] == [1, 2, 3]
+        if float(r["train.lr"]) == 0.3 and quiet:  # the trial likeliest to be mid-way at the kill
+            cfg = load_config(run_dir / "config.yaml", [f"log.dir={tmp_path / 'plain'}"])
+            assert strip_timing(read_rows(run_dir)) == strip_timing(run_experiment(cfg)[1])
+
+    if moment == "after a trial ended":  # killed while the table was written: a resume writes it again
+        table = (out / "results.md").read_text()
+        (out / "results.csv").write_text("trial,train.lr\n3a")
+        (out / "best.yaml").unlink()
+        assert main(["tune", "--resume", str(out), "--quiet"]) == 0
+        assert (out / "results.md").read_text() == table and load_config(out / "best.yaml").log.dir is None
+        assert len(list(csv.DictReader(open(out / "results.csv")))) == 2
+
+
+def test_seed_set_killed_midway_resumes(ray_cluster, tmp_path, capsys):
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    parent = tmp_path / "seeds"
+    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "--quiet"])
+    _kill_group_once(proc, "1/2 seeds done")
+    assert main(["run", "--resume", str(parent), "--quiet"]) == 0
+    assert "2/2 seeds done" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(parent / "results.csv")))
+    assert sorted(r["seed"] for r in rows) == ["0", "1"] and all(r["status"] == "done" for r in rows)
+    plain = run_experiment(load_config(tmp_path / "exp.yaml", ["seed=1", "rounds=3",
+                                                               f"log.dir={tmp_path / 'plain'}"]))[1]
+    assert strip_timing(read_rows(parent / "seed-1")) == strip_timing(plain)
+
+
+def test_a_failing_trial_shows_its_cause(ray_cluster, tmp_path, capsys):
+    sweep = _sweep_file(tmp_path, space={"algorithm.name": {"grid": ["fedavg", "fail_round2"]}},
+                        fixed={"plugins": ["fail_round2"]})
+    out = tmp_path / "sw"
+    assert main(["tune", str(sweep), f"dir={out}", "--quiet"]) == 1  # the sweep ran to its end; a trial failed
+    captured = capsys.readouterr()
+    cause = "RuntimeError: deliberate failure in round 2 | for the test"
+    assert "Traceback" not in captured.err, captured.err
+    assert f"failed: {cause}" in captured.out  # the progress line
+    assert f"failed: {cause}" in captured.err  # the summary after the table
+    rows = {r["algorithm.name"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert rows["fedavg"]["status"] == "done"
+    assert rows["fail_round2"]["status"] == f"error: {cause}" and rows["fail_round2"]["rounds"] == "1/2"
+    assert "error: RuntimeError: deliberate failure in round 2 \\| for the test" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- torn line, full disk
+
+
+@pytest.fixture(scope="module")
+def undisturbed(ray_cluster, tmp_path_factory) -> list[dict]:
+    d = tmp_path_factory.mktemp("undisturbed")
+    return strip_timing(run_experiment(load_config(None, tiny_overrides(d, rounds=3, plugins="[full_disk]")))[1])
+
+
+def test_torn_last_line_is_trimmed_on_resume_and_skipped_by_report(undisturbed, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["run", *tiny_overrides(tmp_path, rounds=2, plugins="[full_disk]"), "--quiet"]) == 0
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write('{"round": 3, "acc_mean": 0.5')  # a kill in the middle of a write
+    capsys.readouterr()
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
+    warning = _one_line_error(capsys.readouterr().err, "raysim: warning:")
+    assert "metrics.jsonl" in warning and "incomplete last line" in warning
+    assert main(["run", "--resume", str(run_dir), "rounds=3", "--quiet"]) == 0
+    assert strip_timing(read_rows(run_dir)) == undisturbed
+
+
+@pytest.mark.parametrize("where", ["metrics", "checkpoint"])
+def test_full_disk_stops_in_one_line_and_resumes_identically(undisturbed, tmp_path, capsys, where):
+    run_dir = tmp_path / "run"
+    (tmp_path / "FULL_DISK").write_text(f"{where} 2")  # read by tests/plugins/full_disk.py in the driver
+    assert main(["run", *tiny_overrides(tmp_path, rounds=3, plugins="[full_disk]"), "--quiet"]) == 3
+    stop = _one_line_error(capsys.readouterr().err, "raysim: stopped:")
+    assert f"resume with: raysim run --resume {run_dir}" in stop
+    assert ("No space left on device" if where == "metrics" else "cannot write the checkpoint") in stop
+    (tmp_path / "FULL_DISK").unlink()  # space freed
+    assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
+    assert strip_timing(read_rows(run_dir)) == undisturbed
+
+
+# ------------------------------------------------------------------------------------------- one process per directory
+
+
+def test_dir_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
+    with DirLock(tmp_path):
+        with pytest.raises(UserError, match=rf"in use by another raysim process \(pid {os.getpid()} "):
+            DirLock(tmp_path).acquire()
+    DirLock(tmp_path).acquire().release()  # released
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from raysim.dirlock import DirLock; "
+                               f"DirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(UserError, match=rf"pid {holder.pid} "):
+        DirLock(tmp_path).acquire()
+    holder.kill()
+    holder.wait()
+    DirLock(tmp_path).acquire().release()  # the lock file is still there, but nothing holds it
+
+
+def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(ray_cluster, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    first = _launch(["run", *tiny_overrides(tmp_path, rounds=200)])
+    try:
+        _wait_for(first, "1/200")
+        capsys.readouterr()
+        for args in (["run", *tiny_overrides(tmp_path, rounds=200)],  # the same new log.dir, a second time
+                     ["run", "--resume", str(run_dir)]):  # a run still running
+            assert main(args) == 2
+            refusal = _one_line_error(capsys.readouterr().err, "raysim: error:")
+            assert f"{run_dir} is in use by another raysim process (pid {first.pid} " in refusal
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    # the killed run left its lock file; it blocks nothing
+    assert main(["run", "--resume", str(run_dir), "rounds=3", "--quiet"]) == 0
+    rounds = [m["round"] for m in read_rows(run_dir)]
+    assert rounds == list(range(1, len(rounds) + 1)) and rounds[-1] >= 3  # one run's rounds, once each
+
+
+def test_sweeps_and_seed_sets_are_refused_while_their_directory_is_in_use(tmp_path, capsys):
+    sweep, out = _sweep_file(tmp_path), tmp_path / "sw"
+    out.mkdir()
+    with DirLock(out):
+        assert main(["tune", str(sweep), f"dir={out}"]) == 2
+        assert "is in use by another raysim process" in _one_line_error(capsys.readouterr().err, "raysim: error:")
+        (out / "sweep.yaml").write_text(spec_to_yaml(load_sweep(sweep)))
+        assert main(["tune", "--resume", str(out)]) == 2
+        assert "is in use by another raysim process" in _one_line_error(capsys.readouterr().err, "raysim: error:")
+        assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={out}"]) == 2
+        assert "is in use by another raysim process" in _one_line_error(capsys.readouterr().err, "raysim: error:")
+    assert not (out / "tune").exists()
+
+
+def _wait_for(proc: subprocess.Popen, text: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line.split():
+            return
+    raise AssertionError(f"never saw {text!r}:\n" + "".join(seen[-30:]))
+
+
+def test_torn_tune_state_files_fall_back_to_what_is_whole(tmp_path):
+    """Tune writes tuner.pkl and its experiment state in place: a kill can tear them."""
+    import pickle
+
+    from raysim.tune import _tune_state_restorable
+
+    tune_dir = tmp_path / "tune"
+    tune_dir.mkdir()
+    assert not _tune_state_restorable(tune_dir)  # killed before Tune wrote anything: the sweep starts anew
+    (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1})[:-3])
+    assert not _tune_state_restorable(tune_dir)
+    (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1}))
+    (tune_dir / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
+    (tune_dir / "experiment_state-2026-01-02_00-00-00.json").write_text('{"trial_data": [')
+    assert _tune_state_restorable(tune_dir)
+    assert [p.name for p in tune_dir.glob("experiment_state-*")] == ["experiment_state-2026-01-01_00-00-00.json"]
