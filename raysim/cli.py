@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated config-key prefixes that make the table's columns (settings); other "
                              f"varying keys make its rows (methods). Default: {','.join(DEFAULT_COLUMNS)}")
     report.add_argument("--no-plots", action="store_true", help="tables only")
+    report.add_argument("--layout", default="auto", choices=("auto", "name", "keys"),
+                        help="name: methods as rows and settings as columns, read from config names "
+                             "'<setting>-<method>' (the seeds' tables); keys: columns from the keys that vary; "
+                             "auto: name when every run is named that way")
 
     config = sub.add_parser("config", help="show a resolved config, or every config key with its help",
                             epilog=_EXAMPLES["config"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -281,7 +285,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("report"))
     columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
     report = make_report(args.runs, out, metric=args.metric, target=args.target, columns=columns,
-                         plots=not args.no_plots)
+                         plots=not args.no_plots, layout=args.layout)
     print(format_console(report, out))
     return 0
 

@@ -2,10 +2,22 @@
 
 Runs are found below the given paths (a run directory holds ``config.yaml`` and ``metrics.jsonl``; sweep and seed
 parents are searched) and grouped by their config minus the seed and the keys that only say how or where a run ran
-(``name``, ``log.*``, ``engine.*``). The main table is shaped like the papers': rows are methods (the varying keys
-that are not settings), columns are settings (varying ``data.*`` / ``clients.*`` / ``model.*`` keys by default),
-cells are mean ± std over seeds of each run's best accuracy; the column's best is bold, and a ``*`` marks each method
-that the best beats at p < 0.01 in Welch's t-test.
+(``name``, ``log.*``, ``engine.*``). The main table is shaped like the papers': rows are methods, columns are
+settings, cells are mean ± std over seeds of each run's best accuracy; the column's best is bold, and a ``*`` marks
+each method that the best beats at p < 0.01 in Welch's t-test.
+
+Which runs are a method and which a setting (``layout``):
+
+* ``name``: from the configs' names, ``<setting>-<method>`` with the method starting at the algorithm's name, as the
+  experiment files are named (``experiments/fapd/cifar10-moon.yaml`` is ``cifar10-moon``: setting ``cifar10``, method
+  ``moon``; ``digits-fapd-nadpt``: ``digits`` and ``fapd-nadpt``; ``digits-niid1-cpu-fedproto``:
+  ``digits-niid1-cpu`` and ``fedproto``). So every method of a seed's table lands in one table whatever its own
+  hyperparameters, and a method that had to run a variant of the setting (UNIDEAL's FedAvg on the RGB domains)
+  stays in its setting's column. Groups that still share a cell (a sweep over ``train.lr``, say) get the keys that
+  tell them apart appended to the method: ``fedprox (lr=0.1)``.
+* ``keys``: from the keys that vary between groups: columns are the varying ``data.*`` / ``clients.*`` /
+  ``model.*`` keys (``columns``), rows ``algorithm.name`` plus the other varying keys.
+* ``auto`` (the default): ``name`` when every group's runs are named that way (one name per group), else ``keys``.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from raysim.errors import UserError
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+LAYOUTS = ("auto", "name", "keys")
 DEFAULT_COLUMNS = ("data.", "clients.", "model.")
 ALPHA = 0.01
 MB = 1e6
@@ -75,6 +88,7 @@ class Report:
     metric: str
     target: float
     files: dict[str, Path]
+    layout: str = "keys"  # how rows and columns were found: "name" or "keys" (see the module docstring)
 
     def group(self, method: str, setting: Optional[str] = None) -> Group:
         for g in self.groups:
@@ -132,13 +146,27 @@ def _hashable(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------- grouping
 
 
-def group_runs(runs: list[Run], columns: Sequence[str] = DEFAULT_COLUMNS) -> list[Group]:
-    """Group by config minus seed/name/log/engine; label each group by the keys that vary between groups."""
+def group_runs(runs: list[Run], columns: Sequence[str] = DEFAULT_COLUMNS, layout: str = "auto") -> list[Group]:
+    """Group by config minus seed/name/log/engine; label each group's method and setting by ``layout``."""
+    return _group_runs(runs, columns, layout)[0]
+
+
+def _group_runs(runs: list[Run], columns: Sequence[str], layout: str) -> tuple[list[Group], str]:
+    if layout not in LAYOUTS:
+        raise UserError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     buckets: dict[tuple, list[Run]] = {}
     for run in runs:
         key = tuple(sorted((k, _hashable(v)) for k, v in run.config.items() if not _ignored(k)))
         buckets.setdefault(key, []).append(run)
     keys = sorted({k for run in runs for k in run.config if not _ignored(k)})
+    named = [_named_cell(members) for members in buckets.values()]
+    if layout == "name" and None in named:
+        bad = next(m for m, n in zip(buckets.values(), named) if n is None)[0]
+        raise UserError(f"{bad.path}: its config's name {bad.config.get('name')!r} is not '<setting>-<method>' with "
+                        f"the method starting at algorithm.name {bad.config.get('algorithm.name')!r} "
+                        f"(use the keys layout)")
+    if layout != "keys" and None not in named:
+        return _label_by_name(list(buckets.values()), named, keys), "name"
     varying = [k for k in keys if len({_hashable(b[0].config.get(k)) for b in buckets.values()}) > 1]
     col_keys = [k for k in varying if any(k == c or k.startswith(c) for c in columns)]
     row_keys = [k for k in varying if k not in col_keys]
@@ -147,6 +175,41 @@ def group_runs(runs: list[Run], columns: Sequence[str] = DEFAULT_COLUMNS) -> lis
         cfg = members[0].config
         groups.append(Group(method=_method_label(cfg, row_keys, varying),
                             setting=_setting_label(cfg, col_keys, varying), runs=sorted(members, key=_seed_key)))
+    return groups, "keys"
+
+
+def split_name(name: Any, algorithm: Any) -> Optional[tuple[str, str]]:
+    """(setting, method) of a config named ``<setting>-<method>`` whose method is ``algorithm`` or starts with
+    ``algorithm-`` (the last such place in the name); None when the name is not of that form."""
+    name, algorithm = str(name or ""), str(algorithm or "")
+    if not algorithm:
+        return None
+    token = f"-{algorithm}"
+    at = name.rfind(token)
+    while at > 0:
+        end = at + len(token)
+        if end == len(name) or name[end] == "-":
+            return name[:at], name[at + 1:]
+        at = name.rfind(token, 0, at)
+    return None
+
+
+def _named_cell(members: list[Run]) -> Optional[tuple[str, str]]:
+    """The group's (setting, method) from its runs' names, if they all name the same one."""
+    cells = {split_name(r.config.get("name"), r.config.get("algorithm.name")) for r in members}
+    return cells.pop() if len(cells) == 1 and None not in cells else None
+
+
+def _label_by_name(buckets: list[list[Run]], named: list[tuple[str, str]], keys: list[str]) -> list[Group]:
+    """Groups labelled by their names; groups sharing a cell get the keys that tell them apart."""
+    groups = []
+    for members, (setting, method) in zip(buckets, named):
+        clash = [b for b, cell in zip(buckets, named) if cell == (setting, method)]
+        if len(clash) > 1:
+            differ = [k for k in keys if len({_hashable(b[0].config.get(k)) for b in clash}) > 1]
+            cfg = members[0].config
+            method += " (" + ", ".join(f"{_short(k, differ)}={_value(cfg.get(k))}" for k in differ) + ")"
+        groups.append(Group(method=method, setting=setting, runs=sorted(members, key=_seed_key)))
     return groups
 
 
@@ -211,15 +274,17 @@ def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
 
 
 def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_mean", target: float = 0.5,
-                columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True) -> Report:
-    """Find, group and score the runs; write report.md, table.csv, summary.csv, comm.csv and the PNG plots."""
+                columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True,
+                layout: str = "auto") -> Report:
+    """Find, group and score the runs; write report.md, table.csv, summary.csv, comm.csv and the PNG plots.
+    ``layout`` says how methods (rows) and settings (columns) are found: see the module docstring."""
     if metric not in ("acc_mean", "acc_global"):
         raise UserError(f"--metric must be acc_mean or acc_global, got {metric!r}")
     runs = [load_run(p) for p in find_runs(paths)]
     runs = [r for r in runs if r.rows]
     if not runs:
         raise UserError("no run has completed a round (every metrics.jsonl is empty)")
-    groups = group_runs(runs, columns)
+    groups, layout = _group_runs(runs, columns, layout)
     score(groups, metric, alpha)
     methods = sorted(dict.fromkeys(g.method for g in groups))
     settings = list(dict.fromkeys(g.setting for g in sorted(groups, key=lambda g: g.setting)))
@@ -227,7 +292,8 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
-    report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={})
+    report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={},
+                    layout=layout)
     report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
     report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
     report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
@@ -344,7 +410,9 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              markdown_table(["method"] + report.settings, main_table_rows(report)), "",
              f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
              f"(Welch's t-test over seeds; needs at least two seeds on each side). "
-             f"p-values are in `summary.csv`.", "",
+             f"p-values are in `summary.csv`. "
+             + ("Rows and columns come from the configs' names (`<setting>-<method>`)." if report.layout == "name"
+                else "Rows and columns come from the config keys that vary between groups."), "",
              f"## Communication and speed (target: {report.metric} ≥ {report.target:g})", ""]
     rows = []
     for g in _ordered(report):

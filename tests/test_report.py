@@ -11,6 +11,7 @@ import pytest
 
 from raysim.cli import main
 from raysim.config import load_config, to_yaml
+from raysim.errors import UserError
 from raysim.report import find_runs, make_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -175,3 +176,72 @@ def test_many_differing_keys_get_short_labels_a_key_table_and_no_empty_k_panel(t
     acc_png = matplotlib.image.imread(tmp_path / "out" / "acc_vs_round.png")
     assert k_png.shape[1] < 0.7 * acc_png.shape[1]  # one panel (iid, where fedavg logged k), not two
     assert len(report.methods) == 6
+
+
+# ---------------------------------------------------------------------------------------------- the seeds' layout
+def write_named_run(run_dir: Path, name: str, overrides: list[str], seed: int, best: float) -> None:
+    """A two-round run named like the experiment files (``<setting>-<method>``)."""
+    cfg = load_config(None, [f"name={name}", f"seed={seed}", f"log.dir={run_dir}", *overrides])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    rows = [{"round": r, "acc_mean": acc, "acc_global": acc, "loss": 1.0, "bytes_up": 1, "bytes_down": 1,
+             "bytes_up_total": r, "bytes_down_total": r, "wall_s": 1.0, "wall_s_total": float(r)}
+            for r, acc in ((1, 0.3), (2, best))]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_puts_every_method_of_a_table_in_one_table_by_name(tmp_path):
+    # FAPD-style runs: each method with its own algorithm keys, two settings that differ in data and model, a
+    # method whose variant name extends the algorithm's (fapd-nadpt), and a sweep that shares a cell (fedprox lr)
+    cifar = ["data.name=cifar10", "model.name=resnet10", "model.feature_dim=512"]
+    runs = {
+        ("digits", "fedavg"): ("digits-fedavg", ["algorithm.name=fedavg"], 0.90),
+        ("digits", "moon"): ("digits-moon", ["algorithm.name=moon", "algorithm.mu=5"], 0.80),
+        ("digits", "fapd-nadpt"): ("digits-fapd-nadpt", ["algorithm.name=fapd", "algorithm.curriculum=fixed"], 0.70),
+        ("digits", "fedprox (lr=0.1)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.1"], 0.60),
+        ("digits", "fedprox (lr=0.01)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.01"], 0.50),
+        ("cifar10", "fedavg"): ("cifar10-fedavg", ["algorithm.name=fedavg", *cifar], 0.40),
+        ("cifar10", "moon"): ("cifar10-moon", ["algorithm.name=moon", "algorithm.mu=5", *cifar], 0.45),
+    }
+    root = tmp_path / "runs"
+    for i, ((setting, method), (name, overrides, best)) in enumerate(runs.items()):
+        for seed in range(2):
+            write_named_run(root / f"{i}" / f"seed-{seed}", name, overrides, seed, best + 0.01 * seed)
+    report = make_report([root], tmp_path / "out", plots=False)
+    assert report.layout == "name"
+    assert report.settings == ["cifar10", "digits"]
+    assert report.methods == sorted({m for _, m in runs})
+    for (setting, method), (_, _, best) in runs.items():
+        assert report.group(method, setting).mean == pytest.approx(best + 0.005)
+    table = list(csv.reader(open(tmp_path / "out" / "table.csv")))
+    assert table[0] == ["method", "cifar10", "digits"]
+    rows = {r[0]: r[1:] for r in table[1:]}
+    assert rows["moon"] == ["45.50 ± 0.71", "80.50 ± 0.71*"] and rows["fapd-nadpt"] == ["-", "70.50 ± 0.71*"]
+    assert rows["fedavg"] == ["40.50 ± 0.71", "90.50 ± 0.71"]  # the best of digits; 5 points on 2 seeds: p > 0.01
+    assert "configs' names" in (tmp_path / "out" / "report.md").read_text()
+    # the key layout on the same runs: columns from the varying data/model keys, rows cluttered with every
+    # algorithm's own keys; asking for the name layout where names do not fit is a one-line error
+    keyed = make_report([root], tmp_path / "out2", plots=False, layout="keys")
+    assert keyed.layout == "keys" and "cifar10" in keyed.settings[0] + keyed.settings[1]
+    with pytest.raises(UserError, match="layout must be one of"):
+        make_report([root], tmp_path / "out3", layout="rows")
+
+
+def test_report_falls_back_to_keys_when_names_do_not_say(runs, tmp_path):
+    # the runs of the first tests are named run0, run1, ...: not '<setting>-<method>'
+    assert make_report([runs], tmp_path / "out", plots=False).layout == "keys"
+    with pytest.raises(UserError, match="is not '<setting>-<method>'"):
+        make_report([runs], tmp_path / "out", plots=False, layout="name")
+
+
+@pytest.mark.parametrize("name,algorithm,cell", [
+    ("digits-moon", "moon", ("digits", "moon")),
+    ("cifar100-fapd-ncont", "fapd", ("cifar100", "fapd-ncont")),
+    ("digits-niid1-cpu-unideal-l1", "unideal", ("digits-niid1-cpu", "unideal-l1")),
+    ("fedavg-on-fedavg", "fedavg", ("fedavg-on", "fedavg")),  # the last place
+    ("digits-fedavg2", "fedavg", None), ("fedavg", "fedavg", None), ("t", "fedavg", None),
+])
+def test_split_name(name, algorithm, cell):
+    from raysim.report import split_name
+
+    assert split_name(name, algorithm) == cell

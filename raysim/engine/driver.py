@@ -23,7 +23,7 @@ from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.pool import Job, WorkerPool
-from raysim.engine.state import ClientStateStore, read_checkpoint
+from raysim.engine.state import ClientHistoryStore, ClientStateStore, read_checkpoint
 from raysim.engine.worker import nbytes
 from raysim.errors import RunStopped
 from raysim.models import build_model
@@ -76,6 +76,7 @@ class Driver:
         self.algorithm.check(cfg, self.data)
         self.data_ref = ray.put(self.data)  # once per run; jobs carry client ids, never samples
         self.states = ClientStateStore()
+        self.history = ClientHistoryStore(self.algorithm.server_history)  # server_keep's per-client window
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
         self._checkpointed = 0  # the round of the checkpoint on disk
@@ -88,6 +89,7 @@ class Driver:
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
             self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
+            self.history.load(self.run_dir / "checkpoint", ckpt.get("history", {}))
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -172,7 +174,9 @@ class Driver:
         sampled = sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction)
         bytes_down, results = self._train_clients(sampled, rnd)
         finished, kept, skipped = self._collect(results, rnd)
-        self._aggregate([_update(r) for r in finished], rnd)
+        updates = [_update(r) for r in finished]
+        self._keep_history(updates, rnd)
+        self._aggregate(updates, rnd)
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
@@ -225,13 +229,24 @@ class Driver:
                 kept.append((cid, state_ref))
         return finished, kept, skipped
 
+    def _keep_history(self, updates: list[ClientUpdate], rnd: int) -> None:
+        """What the server keeps of each finite update (``server_keep``), into the bounded per-client window."""
+        if self.algorithm.server_history < 1:
+            return
+        for u in updates:
+            kept = self.algorithm.server_keep(u, rnd)
+            if kept is not None:
+                self.history.push(u.client_id, rnd, ray.put(kept))
+
     def _aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:
         """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker."""
         if not updates:
             return
         self.server_state = self.algorithm.server_aggregate(updates, self.server_state, rnd)
         if self.algorithm.trains_on_server:
-            work = ServerTrainJob(round=rnd, state_ref=ray.put(self.server_state), updates_ref=ray.put(updates))
+            work = ServerTrainJob(round=rnd, state_ref=ray.put(self.server_state), updates_ref=ray.put(updates),
+                                  history_refs={u.client_id: self.history.refs(u.client_id) for u in updates
+                                                if self.history.refs(u.client_id)})
             done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(work), clients=[], round=rnd)])
             self.server_state = done[0]
 
@@ -305,6 +320,8 @@ class Driver:
         return acc, pooled
 
     def checkpoint(self) -> None:
+        history = self.history.save(self.run_dir / "checkpoint")  # new entries' files, before server.pt names them
         self.states.save(self.run_dir / "checkpoint", self.round,
-                         {"server_state": self.server_state, "totals": dict(self.totals)})
+                         {"server_state": self.server_state, "totals": dict(self.totals), "history": history})
+        self.history.prune(self.run_dir / "checkpoint")
         self._checkpointed = self.round

@@ -59,3 +59,4 @@ class ServerTrainJob:
     round: int
     state_ref: Any  # ray.ObjectRef of the server state after aggregation
     updates_ref: Any  # ray.ObjectRef of the round's list[ClientUpdate]
+    history_refs: dict = field(default_factory=dict)  # client id -> refs of its kept objects (``server_keep``)

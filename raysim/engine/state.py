@@ -9,6 +9,8 @@ Checkpoint layout (``RUN_DIR/checkpoint``)::
     server.pt                   round, server state, totals, and which file holds each client's latest state
     clients/c000042_r00007.pt   client 42's state as of round 7 (written only when the client changed)
 
+    history/c000042_r00007.pt   what the server kept of client 42's round-7 update (``Algorithm.server_keep``)
+
 ``server.pt`` is replaced last, so a crash mid-checkpoint leaves the previous checkpoint whole; superseded client
 files are deleted only after the new ``server.pt`` is in place.
 """
@@ -138,6 +140,69 @@ class ClientStateStore:
             for f in clients_dir.iterdir():
                 m = _CLIENT_FILE.match(f.name)
                 if f.name.startswith(".") or (m and self._file_round.get(int(m.group(1))) != int(m.group(2))):
+                    f.unlink(missing_ok=True)
+
+
+class ClientHistoryStore:
+    """What the server keeps per client (``Algorithm.server_keep``): each client's newest ``limit`` objects.
+
+    The driver holds only object references (oldest first); the objects live in the object store, which spills them
+    to disk past its memory budget, so the driver's heap never holds clients x limit models. An entry is immutable
+    once kept, so a checkpoint writes each entry once (``history/cCLIENT_rROUND.pt``), and files of entries that
+    dropped out of the window are deleted after the new ``server.pt`` names the remaining ones.
+    """
+
+    SUBDIR = "history"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)
+        self._entries: dict[int, list[tuple[int, ray.ObjectRef]]] = {}  # client -> [(round, ref)], oldest first
+        self._on_disk: set[tuple[int, int]] = set()  # (client, round) files written by earlier checkpoints
+
+    def push(self, client_id: int, round: int, ref: ray.ObjectRef) -> None:
+        if self.limit < 1:
+            return
+        entries = self._entries.setdefault(client_id, [])
+        entries.append((round, ref))
+        del entries[:-self.limit]
+
+    def refs(self, client_id: int) -> list[ray.ObjectRef]:
+        return [ref for _, ref in self._entries.get(client_id, [])]
+
+    def index(self) -> dict[int, list[int]]:
+        """client -> rounds of its kept entries, oldest first (what ``server.pt`` records)."""
+        return {cid: [r for r, _ in entries] for cid, entries in sorted(self._entries.items()) if entries}
+
+    def save(self, ckpt_dir: Path) -> dict[int, list[int]]:
+        """Write the entries no checkpoint holds yet; returns the index to record in ``server.pt``."""
+        new = [(cid, r, ref) for cid, entries in sorted(self._entries.items()) for r, ref in entries
+               if (cid, r) not in self._on_disk]
+        for start in range(0, len(new), _SAVE_CHUNK):
+            chunk = new[start:start + _SAVE_CHUNK]
+            objs = ray.get([ref for _, _, ref in chunk])
+            save_all_durably([(obj, ckpt_dir / self.SUBDIR / f"c{cid:06d}_r{r:05d}.pt")
+                              for (cid, r, _), obj in zip(chunk, objs)])
+            self._on_disk.update((cid, r) for cid, r, _ in chunk)
+        return self.index()
+
+    def prune(self, ckpt_dir: Path) -> None:
+        """Delete the files of entries that are no longer kept (after ``server.pt`` has been replaced)."""
+        live = {(cid, r) for cid, rounds in self.index().items() for r in rounds}
+        for cid, r in sorted(self._on_disk - live):
+            (ckpt_dir / self.SUBDIR / f"c{cid:06d}_r{r:05d}.pt").unlink(missing_ok=True)
+        self._on_disk &= live
+
+    def load(self, ckpt_dir: Path, index: dict[int, list[int]]) -> None:
+        """Put the checkpointed entries back into the object store; remove files the checkpoint does not name."""
+        folder = ckpt_dir / self.SUBDIR
+        self._entries = {int(cid): [(int(r), ray.put(safe_load(folder / f"c{int(cid):06d}_r{int(r):05d}.pt")))
+                                    for r in rounds][-self.limit:] if self.limit else []
+                         for cid, rounds in sorted(index.items())}
+        self._on_disk = {(cid, r) for cid, entries in self._entries.items() for r, _ in entries}
+        if folder.is_dir():
+            for f in folder.iterdir():
+                m = _CLIENT_FILE.match(f.name)
+                if f.name.startswith(".") or (m and (int(m.group(1)), int(m.group(2))) not in self._on_disk):
                     f.unlink(missing_ok=True)
 
 

@@ -1,4 +1,7 @@
-"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images."""
+"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images.
+
+Both are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of every Linear
+layer (MLP), and of the two convolutions and the feature layer (CNN), before their ReLU."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import math
 from torch import nn
 
 from raysim.errors import UserError
+from raysim.models import StagedSequential
 from raysim.registry import register_model
 
 
@@ -18,7 +22,10 @@ def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
     layers += [nn.Linear(widths[-1], cfg.feature_dim), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return StagedSequential(*layers, taps=tuple(i for i, m in enumerate(layers) if isinstance(m, nn.Linear)))
+
+
+mlp.stages = True  # type: ignore[attr-defined]
 
 
 @register_model("cnn")
@@ -27,8 +34,12 @@ def cnn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     if len(input_shape) != 3:
         raise UserError(f"config key 'model.name': cnn needs image inputs [C, H, W], got shape {input_shape}")
     channels, w = input_shape[0], cfg.width
-    return nn.Sequential(
+    return StagedSequential(
         nn.Conv2d(channels, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
         nn.Flatten(), nn.Linear(2 * w * 16, cfg.feature_dim), nn.ReLU(),
+        taps=(0, 3, 7),  # conv1, conv2, the feature layer
     )
+
+
+cnn.stages = True  # type: ignore[attr-defined]

@@ -5,6 +5,10 @@ Every backbone maps ``[C, H, W]`` (any channel count) to a ``model.feature_dim``
 where the network's natural width differs, so heads stay shape-compatible across architectures. Inputs up to 64 px
 get the CIFAR-style stem (3x3 stride-1 first convolution, no stem max-pool), which keeps enough spatial
 resolution for 28-32 px digits; larger inputs keep the ImageNet stem.
+
+ResNets and the HETE MLPs expose stage features (``ClassifierModel.stage_features``): ResNet's stem (conv1+bn1) and
+``layer1``..``layer4``, each before its final ReLU and averaged over space (FedRCL's five levels); every Linear layer
+of an MLP. MobileNet and VGG expose none.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from torch import nn
 from torchvision import models as tvm
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from raysim.errors import UserError
+from raysim.models import StagedSequential, pooled
 from raysim.registry import register_model
 
 SMALL_INPUT = 64  # largest side that still gets the small-input stem
@@ -31,8 +38,39 @@ def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int
 
 
 def _with_adapter(body: nn.Module, natural: int, feature_dim: int) -> nn.Module:
-    """``body`` ends in a flat ``natural``-wide vector; add a linear map to ``feature_dim`` when they differ."""
-    return body if natural == feature_dim else nn.Sequential(body, nn.Linear(natural, feature_dim))
+    """``body`` ends in a flat ``natural``-wide vector; add a linear map to ``feature_dim`` when they differ (a staged
+    body keeps its stages through the adapter)."""
+    if natural == feature_dim:
+        return body
+    wrap = StagedSequential if hasattr(body, "forward_stages") else nn.Sequential
+    return wrap(body, nn.Linear(natural, feature_dim))
+
+
+def _pre_relu(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A torchvision BasicBlock/Bottleneck's output before its final ReLU (its forward is ReLU of this)."""
+    identity = x if block.downsample is None else block.downsample(x)
+    out = block.relu(block.bn1(block.conv1(x)))
+    out = block.bn2(block.conv2(out))
+    if hasattr(block, "conv3"):
+        out = block.bn3(block.conv3(block.relu(out)))
+    return out + identity
+
+
+class StagedResNet(ResNet):
+    """torchvision's ResNet (same construction, parameters and forward) with ``forward_stages``: the stem and the four
+    layers, each before its final ReLU, averaged over space."""
+
+    def forward_stages(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out = self.bn1(self.conv1(x))
+        stages = [pooled(out)]
+        out = self.maxpool(F.relu(out))
+        for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+            for block in layer[:-1]:
+                out = block(out)
+            out = _pre_relu(layer[-1], out)
+            stages.append(pooled(out))
+            out = F.relu(out)
+        return self.fc(torch.flatten(self.avgpool(out), 1)), stages
 
 
 def _resnet(name: str, net: ResNet, input_shape: tuple[int, ...], feature_dim: int) -> nn.Module:
@@ -50,13 +88,17 @@ def _resnet(name: str, net: ResNet, input_shape: tuple[int, ...], feature_dim: i
 @register_model("resnet18")
 def resnet18(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     """torchvision's ResNet-18, stem adapted to small inputs."""
-    return _resnet("resnet18", tvm.resnet18(weights=None), input_shape, cfg.feature_dim)
+    # = tvm.resnet18(weights=None), which builds ResNet(BasicBlock, [2, 2, 2, 2]): same draws, same weights
+    return _resnet("resnet18", StagedResNet(BasicBlock, [2, 2, 2, 2]), input_shape, cfg.feature_dim)
 
 
 @register_model("resnet10")
 def resnet10(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     """ResNet-18's layout with one BasicBlock per stage (FAPD's configs)."""
-    return _resnet("resnet10", ResNet(BasicBlock, [1, 1, 1, 1]), input_shape, cfg.feature_dim)
+    return _resnet("resnet10", StagedResNet(BasicBlock, [1, 1, 1, 1]), input_shape, cfg.feature_dim)
+
+
+resnet18.stages = resnet10.stages = True  # type: ignore[attr-defined]
 
 
 @register_model("mobilenet_v3_small")
@@ -103,7 +145,8 @@ def mlp_hete(*, input_shape: tuple[int, ...], cfg, client_id: int, seed: int, **
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return StagedSequential(*layers, taps=tuple(i for i, m in enumerate(layers) if isinstance(m, nn.Linear)))
 
 
+mlp_hete.stages = True  # type: ignore[attr-defined]
 mlp_hete.per_client = True  # type: ignore[attr-defined]  # model_key separates clients: one architecture each
