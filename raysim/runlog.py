@@ -232,7 +232,7 @@ class LiveRound:
                 except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw
                     continue
                 if total and rnd <= self.rounds:
-                    what = "clients trained" if kind == "train" else "evaluation chunks done"
+                    what = {"train": "clients trained", "evaluate": "evaluation chunks done"}.get(kind, "server steps")
                     self.show(f"  round {rnd}/{self.rounds}: {done}/{total} {what}")
 
         self._thread = threading.Thread(target=poll, daemon=True, name="raysim-live-round")

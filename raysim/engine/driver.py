@@ -247,7 +247,8 @@ class Driver:
             work = ServerTrainJob(round=rnd, state_ref=ray.put(self.server_state), updates_ref=ray.put(updates),
                                   history_refs={u.client_id: self.history.refs(u.client_id) for u in updates
                                                 if self.history.refs(u.client_id)})
-            done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(work), clients=[], round=rnd)])
+            done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(work), clients=[], round=rnd,
+                                     kind="server")])
             self.server_state = done[0]
 
     def _round_metrics(self, rnd: int, sampled: list[int], results: list[TrainResult], skipped: list[int],
@@ -310,7 +311,8 @@ class Driver:
             work = EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
                            own_payload_refs=[own.get(c) for c in chunk] if own else None)
             states = [self.states.get(c) for c in chunk]
-            return Job(key=i, submit=lambda w: w.evaluate.remote(work, states), clients=chunk, round=rnd)
+            return Job(key=i, submit=lambda w: w.evaluate.remote(work, states), clients=chunk, round=rnd,
+                       kind="evaluate")
 
         done = self.pool.run([job(i, chunk) for i, chunk in enumerate(chunks)])
         rows = [row for i in sorted(done) for row in done[i]]

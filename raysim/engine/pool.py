@@ -35,6 +35,7 @@ class Job:
     submit: Callable[[Any], Submitted]
     clients: list[int]  # for error messages
     round: int
+    kind: str = "train"  # what the progress line calls this work: train | evaluate | server
     tries: int = field(default=0)
 
 
@@ -106,7 +107,7 @@ class WorkerPool:
         inflight: dict[ray.ObjectRef, tuple[Job, int, Any]] = {}
         load = [0] * len(self.workers)
         results: dict[int, Any] = {}
-        self.progress = (0, len(jobs), jobs[0].method if jobs else "")  # (done, total, kind), read by Driver.progress
+        self.progress = (0, len(jobs), jobs[0].kind if jobs else "")  # (done, total, kind), read by Driver.progress
         per_worker = self.cfg.engine.jobs_per_worker
         while queue or inflight:
             for w in range(len(self.workers)):
@@ -144,7 +145,7 @@ class WorkerPool:
                     queue.appendleft(j)
                 continue
             results[job.key] = (value, out[1]) if isinstance(out, list) else value
-            self.progress = (len(results), len(jobs), job.method)
+            self.progress = (len(results), len(jobs), job.kind)
         return results
 
     def shutdown(self) -> None:
