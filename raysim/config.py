@@ -73,6 +73,9 @@ class ModelConfig:
     feature_dim: int = 64  # backbone output size; heads are Linear(feature_dim, classes) everywhere
     hidden: list[int] = field(default_factory=lambda: [128])  # MLP hidden widths before the feature layer
     width: int = 32  # CNN base channel count
+    # pretrained backbone: a state dict file in torchvision's format (torch.save(backbone.state_dict())), loaded
+    # into every client's backbone when it is built; or a list with one path (or null) per client (HETE)
+    weights: Any = None
 
     def names(self) -> list[str]:
         return list(self.name) if isinstance(self.name, (list, tuple)) else [self.name]
@@ -81,6 +84,13 @@ class ModelConfig:
         names = self.names()
         return names[client_id] if len(names) > 1 else names[0]
 
+    def weights_for(self, client_id: int) -> Optional[str]:
+        """The backbone weights file of client ``client_id`` (None: randomly initialised)."""
+        w = self.weights
+        if isinstance(w, (list, tuple)):
+            return w[client_id] if len(w) > 1 else (w[0] if w else None)
+        return w
+
     def validate(self) -> None:
         names = self.names()
         _require(len(names) >= 1 and all(isinstance(n, str) and n for n in names), "model.name",
@@ -88,6 +98,17 @@ class ModelConfig:
         _require(self.feature_dim >= 1, "model.feature_dim", "must be >= 1")
         _require(all(h >= 1 for h in self.hidden), "model.hidden", "widths must be >= 1")
         _require(self.width >= 1, "model.width", "must be >= 1")
+        if self.weights is not None:
+            listed = isinstance(self.weights, (list, tuple))
+            paths = list(self.weights) if listed else [self.weights]
+            _require(all(p is None or (isinstance(p, str) and p) for p in paths), "model.weights",
+                     "must be a file path or a list with one path (or null) per client")
+            paths = [None if p is None else str(Path(p).expanduser().resolve()) for p in paths]
+            for p in paths:  # absolute now: the driver actor may run in another working directory
+                _require(p is None or Path(p).is_file(), "model.weights",
+                         f"file not found: {p} (expected a torchvision-format state dict of the backbone, "
+                         f"saved with torch.save(backbone.state_dict(), PATH))")
+            self.weights = paths if listed else paths[0]
 
 
 @dataclass
@@ -197,6 +218,9 @@ class ExperimentConfig:
         names = self.model.names()
         _require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
+        if isinstance(self.model.weights, list):
+            _require(len(self.model.weights) in (1, self.clients.num), "model.weights",
+                     f"a list must have one entry per client ({self.clients.num}), got {len(self.model.weights)}")
         return self
 
 

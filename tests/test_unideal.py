@@ -193,7 +193,7 @@ def test_tabular_style_hete_mlps_train_together(ray_cluster, tmp_path):
 EXPERIMENTS = ROOT / "experiments" / "unideal"
 KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2", "fedproto", "fedgen-p", "fedpcl"}
 # one architecture and input shape: no HETE files
-AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen"}
+AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen", "fedbabu", "fedrod", "fedkd"}
 
 
 def test_experiment_configs_load_and_cover_every_method():

@@ -1,0 +1,469 @@
+"""FedPCL (Tan et al., NeurIPS 2022): frozen pretrained backbones, a trainable projection, and class prototypes as the
+only thing that travels.
+
+Paper: Y. Tan, G. Long, J. Ma, L. Liu, T. Zhou, J. Jiang, "Federated Learning from Pre-Trained Models: A Contrastive
+Learning Approach", NeurIPS 2022 (arXiv:2209.10083). Authors' code: github.com/yuetan031/FedPCL (``lib/update.py``
+``LocalUpdate.update_weights_lg`` for the loss and the prototypes, ``LocalTest.test_inference_twoway`` for the
+prediction; ``lib/losses.py`` ``ConLoss``; ``lib/models/models.py`` ``ProjandDeci``; ``lib/utils.py`` ``agg_func``,
+``proto_aggregation``; ``exps/federated_main.py`` ``FedPCL`` for the round; ``lib/options.py`` for the defaults). This
+file follows the released code where it is more specific than the paper.
+
+Model. Each client's backbone f_i (its ``model.name``: any architecture, HETE included, since only prototypes travel)
+is FROZEN and pretrained: it runs in eval mode without gradients. On top, the authors' ``ProjandDeci`` projection:
+z = normalize(ReLU(W_1 f_i(x))), W_1: feature_dim -> 256 (``algorithm.proj_dim``), trained; its decision layer is
+never trained by the loss nor used to predict, so ``model.head`` (Linear(256, classes)) stays as initialised. Only W_1
+trains (``local_phases``), with the authors' optimiser: Adam, lr 1e-3, weight decay 1e-4 (set in the configs:
+``train.optimizer: adam``, ``train.lr: 0.001``, ``train.weight_decay: 0.0001``).
+
+Prototypes. After local training, client i's local prototype of class j is the mean z over its training samples of
+class j (eval mode; the authors average over the training loader's full batches). The server keeps every client's
+newest local prototypes {C_m} and their plain per-class mean, the global prototypes C̄ (``proto_aggregation``: each
+client that holds a class weighs 1). Each round every client downloads all clients' local prototypes and C̄; it
+uploads its own (``protos`` [k, 256] for the k classes it holds, ``counts`` [classes] int32).
+
+Local objective (``update_weights_lg``): with the batch's features of two views, z_b^(v) (b = 1..B, v = 1, 2), anchors
+a_{(v,b)} = P[y_b] (a prototype, not a sample) and τ = 0.07 (``ConLoss(temperature=0.07)``; base temperature 0.07):
+
+    L = Σ_{m=1}^{M} ℓ(P = C_m ∪ C̄)        (M: every client with prototypes at the server, this client included;
+                                              classes client m lacks are filled with C̄, as the authors' loop does)
+    ℓ(P) = −(τ/τ_b) · (1/2B) Σ_{(v,b)} (1/|Pos_{vb}|) Σ_{(w,c)∈Pos_{vb}} log [ exp(a_{vb}·z_c^(w)/τ)
+                                                            / Σ_{(w',c') ≠ (v,b)} exp(a_{vb}·z_{c'}^(w')/τ) ]
+
+Pos_{vb} = the other 2B − 1 features with label y_b (the authors' SupCon mask with its diagonal removed). The
+global prototypes enter through the fill; the released code has no separate global-prototype term (the paper's text,
+which could not be re-read here, describes contrast with both global and local prototypes; ``algorithm.global_weight``
+> 0 adds w · ℓ(C̄) for that reading; 0, the default, is the code). The CE of the decision layer is computed by the
+authors but not in the loss (``loss = loss2``). Round 1 (no prototypes yet): the loss is 0 · z, as the authors'
+``0 * loss1``, so only Adam's weight decay moves W_1. The authors wait until every client has uploaded once
+(``len(global_protos) == num_users``: round 2 with their full participation); here the loss starts as soon as the
+server holds any prototypes (the same under full participation, as in every UNIDEAL setting).
+
+Views. The authors' ``TwoCropTransform`` wraps deterministic transforms (resize, normalise) for Digit-5, Office-10
+and DomainNet, so their two views are the same image; here likewise the batch is counted twice, and since the frozen
+backbone and the projection are deterministic the second forward pass is skipped (identical features).
+
+Prediction (``test_inference_twoway``): the class of the client's OWN local prototype nearest to z in mean squared
+distance, among the classes it holds (``predict`` returns minus that distance).
+
+Pretrained weights. ``model.weights`` (a torchvision-format state dict of the backbone, or one per client) loads real
+pretrained backbones (the authors use three ResNet-18s pretrained on Quickdraw, Aircraft and CUB and concatenate
+their features; this module uses each client's one backbone, the authors' ``--num_bb 1`` variant). No weights can be
+downloaded here, so without ``model.weights`` an OFFLINE STAND-IN is used: raysim pre-trains each backbone centrally
+(SGD, momentum 0.9, CE with a linear classifier) on a split carved out of the clients' training data before the run
+(``algorithm.pretrain.fraction`` of each client's training samples, which no client then holds), one backbone per
+architecture and input shape (and per client where clients see different columns), and caches it under
+``algorithm.pretrain.cache_dir``, else ``data.cache_dir``, else ``$RAYSIM_CACHE``, else ``~/.cache/raysim`` (in
+``fedpcl-backbone/``). This stand-in is NOT a public foundation model: its features come from a little in-domain
+data, so FedPCL's numbers with it are not the paper's regime; say so wherever they are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, split_state
+from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
+from raysim.config import AlgorithmConfig, ConfigError
+from raysim.data.base import ClientSplit, FederatedData
+from raysim.errors import UserError
+from raysim.registry import register_algorithm
+
+BACKBONES_KEY = "fedpcl.backbones"  # data.meta: group name -> stand-in backbone state dict
+GROUP_KEY = "fedpcl.client_group"  # data.meta: client id -> group name (None: model.weights, or none needed)
+CACHE_VERSION = 1
+_CHUNK = 1024
+
+
+@dataclass
+class PretrainConfig:
+    """The offline stand-in for pretrained backbones (used where ``model.weights`` gives none)."""
+
+    fraction: float = 0.1  # share of each client's training samples moved to the pre-training split
+    epochs: int = 30  # central pre-training epochs (SGD with momentum 0.9, as FAPD's offline teacher)
+    lr: float = 0.05
+    batch_size: int = 32
+    cache_dir: Optional[str] = None  # null: data.cache_dir, else $RAYSIM_CACHE, else ~/.cache/raysim (+ fedpcl-backbone)
+
+    def validate(self) -> None:
+        key = "algorithm.pretrain."
+        if not 0.0 < self.fraction < 1.0:
+            raise ConfigError(f"config key '{key}fraction': must be in (0, 1), got {self.fraction}")
+        if self.epochs < 1:
+            raise ConfigError(f"config key '{key}epochs': must be >= 1, got {self.epochs}")
+        if not self.lr > 0 or self.lr == float("inf"):
+            raise ConfigError(f"config key '{key}lr': must be a finite number > 0, got {self.lr}")
+        if self.batch_size < 2:
+            raise ConfigError(f"config key '{key}batch_size': must be >= 2, got {self.batch_size}")
+        if self.cache_dir is not None:
+            self.cache_dir = os.path.abspath(os.path.expanduser(str(self.cache_dir)))
+
+
+@dataclass
+class FedPCLConfig(AlgorithmConfig):
+    name: str = "fedpcl"
+    tau: float = 0.07  # ConLoss(temperature=0.07)
+    base_tau: float = 0.07  # ConLoss's base_temperature (the loss is scaled by tau / base_tau)
+    proj_dim: int = 256  # ProjandDeci(in_d, 256, classes)
+    global_weight: float = 0.0  # > 0: add this times the contrast with the global prototypes alone (not in the code)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+
+    def validate(self) -> None:
+        for name in ("tau", "base_tau"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                raise ConfigError(f"config key 'algorithm.{name}': must be a finite number > 0, got {value}")
+        if self.proj_dim < 1:
+            raise ConfigError(f"config key 'algorithm.proj_dim': must be >= 1, got {self.proj_dim}")
+        if not self.global_weight >= 0 or self.global_weight == float("inf"):
+            raise ConfigError(f"config key 'algorithm.global_weight': must be a finite number >= 0, "
+                              f"got {self.global_weight}")
+        self.pretrain.validate()
+
+
+# ---------------------------------------------------------------------------------------------- the math
+def prototype_contrastive_loss(features: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor,
+                               present: torch.Tensor, tau: float = 0.07, base_tau: float = 0.07) -> torch.Tensor:
+    """The authors' ``ConLoss`` (contrast_mode 'all'): ``features`` [B, V, d] (V views), ``labels`` [B], ``protos``
+    [classes, d] dense with ``present`` [classes] bool. Anchor row (v, b) is the prototype of y_b; the contrast set is
+    all V·B features; positives are those with label y_b except the row's own index (the diagonal); the loss is
+    −(τ/τ_b) × the mean over anchors of the mean log-probability of their positives. Anchors whose class has no
+    prototype are left out (the authors fill every class before calling it)."""
+    bsz, views = features.shape[:2]
+    contrast = torch.cat(torch.unbind(features, dim=1), dim=0)  # [V·B, d]: view-major, as torch.cat(unbind)
+    rep_labels = labels.repeat(views)
+    anchors = protos.to(contrast.dtype)[rep_labels]
+    logits = anchors @ contrast.T / tau
+    logits = logits - logits.max(dim=1, keepdim=True).values.detach()
+    n = views * bsz
+    not_self = ~torch.eye(n, dtype=torch.bool, device=contrast.device)
+    positive = (rep_labels[:, None] == rep_labels[None, :]) & not_self
+    exp = torch.exp(logits) * not_self
+    log_prob = logits - torch.log(exp.sum(1, keepdim=True))
+    per_anchor = (positive * log_prob).sum(1) / positive.sum(1).clamp(min=1)
+    keep = present[rep_labels] & (positive.sum(1) > 0)
+    if not bool(keep.any()):
+        return (features * 0).sum()
+    return -(tau / base_tau) * per_anchor[keep].mean()
+
+
+def mean_prototypes(uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The authors' ``proto_aggregation``: per class, the PLAIN mean of the prototypes of the clients that hold it
+    (in the given order, float64). Returns (protos of the classes any client holds, ascending; how many clients hold
+    each class, int32)."""
+    num_classes, dim = len(uploads[0][1]), uploads[0][0].shape[1]
+    sums = torch.zeros(num_classes, dim, dtype=torch.float64)
+    holders = torch.zeros(num_classes, dtype=torch.int64)
+    for protos, counts in uploads:
+        present = counts > 0
+        sums[present] += protos.to(torch.float64)
+        holders[present] += 1
+    present = holders > 0
+    return (sums[present] / holders[present, None].to(torch.float64)).float(), holders.to(torch.int32)
+
+
+def filled(protos: torch.Tensor, counts: torch.Tensor, global_dense: torch.Tensor,
+           global_present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client m's prototypes as dense [classes, d] rows, classes it lacks filled with the global prototype."""
+    dense, present = dense_prototypes(protos, counts)
+    missing = ~present & global_present
+    dense[missing] = global_dense[missing].to(dense.dtype)
+    return dense, present | global_present
+
+
+# ---------------------------------------------------------------------------------------------- the model
+class FrozenProjection(nn.Module):
+    """z = normalize(ReLU(proj(f(x)))) with f frozen: always in eval mode, run without gradients."""
+
+    def __init__(self, frozen: nn.Module, in_dim: int, out_dim: int):
+        super().__init__()
+        self.frozen = frozen.requires_grad_(False)
+        self.proj = nn.Linear(in_dim, out_dim)
+
+    def train(self, mode: bool = True) -> "FrozenProjection":
+        super().train(mode)
+        self.frozen.eval()  # batch norm keeps its pretrained statistics
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            h = self.frozen(x)
+        return F.normalize(F.relu(self.proj(h)), dim=1)
+
+
+# ---------------------------------------------------------------------------------------------- the algorithm
+@register_algorithm("fedpcl")
+class FedPCL(Algorithm):
+    Config = FedPCLConfig
+    shared = "none"  # no weights travel: prototypes and counts do
+
+    # ------------------------------------------------------------------ model
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        model.backbone = FrozenProjection(model.backbone, model.head.in_features, self.config.proj_dim)
+        model.head = nn.Linear(self.config.proj_dim, model.head.out_features)  # the decision layer: never trained
+        return model
+
+    @staticmethod
+    def _trainable(key: str) -> bool:
+        return not key.startswith("backbone.frozen.")
+
+    # ------------------------------------------------------------------ driver side
+    def prepare_data(self, data: FederatedData) -> FederatedData:
+        """Pre-train the stand-in backbones for the clients without ``model.weights`` (cached on disk)."""
+        groups = stand_in_groups(self.cfg, data)
+        data.meta[GROUP_KEY] = groups
+        data.meta[BACKBONES_KEY] = {}
+        needed = sorted({g for g in groups.values() if g is not None})
+        if needed:
+            members = {g: [c for c, gc in groups.items() if gc == g] for g in needed}
+            pretrain = carve_pretrain_split(data, [c for g in needed for c in members[g]],
+                                            self.config.pretrain.fraction, self.cfg.seed)
+            for g in needed:
+                data.meta[BACKBONES_KEY][g] = stand_in_backbone(self.cfg, data, members[g], pretrain)
+        return data
+
+    def init_server_state(self, initial_state: dict) -> dict:
+        return {"local": {}, "protos": None, "counts": None}
+
+    def server_payload(self, server_state: dict, round: int) -> dict:
+        if not server_state["local"]:
+            return {}  # round 1: no prototypes yet
+        ids = sorted(server_state["local"])
+        return {"global_protos": server_state["protos"], "global_counts": server_state["counts"],
+                "local_protos": [server_state["local"][c][0] for c in ids],
+                "local_counts": [server_state["local"][c][1] for c in ids]}
+
+    def eval_payload(self, server_state: dict) -> dict:
+        return {}  # prediction uses the client's own prototypes, kept in its state
+
+    def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
+        for u in updates:
+            if u.upload:
+                server_state["local"][u.client_id] = (u.upload["protos"], u.upload["counts"])
+        if server_state["local"]:
+            ids = sorted(server_state["local"])
+            server_state["protos"], server_state["counts"] = mean_prototypes([server_state["local"][c] for c in ids])
+        return server_state
+
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
+        counts = server_state.get("counts")
+        return {"proto_classes": int((counts > 0).sum()) if counts is not None else 0}
+
+    # ------------------------------------------------------------------ client side
+    def _load_backbone(self, model: nn.Module, ctx: Optional[ClientContext]) -> None:
+        """The client's stand-in backbone (``model.weights`` ones are in the model since it was built)."""
+        if ctx is None:
+            return
+        group = ctx.meta.get(GROUP_KEY, {}).get(ctx.client_id)
+        if group is not None:
+            model.backbone.frozen.load_state_dict(ctx.meta[BACKBONES_KEY][group])
+
+    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
+                     ctx: Optional[ClientContext]) -> None:
+        self._load_backbone(model, ctx)
+        if state and state.get("model"):
+            model.load_state_dict(state["model"], strict=False)
+
+    def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
+        return [(list(model.backbone.proj.parameters()), self.cfg.train.local_epochs)]
+
+    def _prototype_sets(self, ctx: ClientContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """[(dense [classes, d], present)] per client at the server, filled with the global prototypes; then the
+        global ones (built once per job: the payload is this job's private copy)."""
+        if "_sets" not in ctx.payload:
+            g_dense, g_present = dense_prototypes(ctx.payload["global_protos"], ctx.payload["global_counts"])
+            sets = [filled(p, n, g_dense, g_present)
+                    for p, n in zip(ctx.payload["local_protos"], ctx.payload["local_counts"])]
+            ctx.payload["_sets"] = (sets, (g_dense, g_present))
+        return ctx.payload["_sets"]
+
+    def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z = model.features(x)
+        if "local_protos" not in ctx.payload:
+            loss = (z * 0).sum()  # the authors' 0 * loss1 before there are prototypes
+            return loss, {"con": loss.detach()}
+        views = torch.stack([z, z], dim=1)  # two identical views (deterministic transform), see the docstring
+        c = self.config
+        sets, (g_dense, g_present) = self._prototype_sets(ctx)
+        loss = z.new_zeros(())
+        for dense, present in sets:
+            loss = loss + prototype_contrastive_loss(views, y, dense, present, c.tau, c.base_tau)
+        if c.global_weight > 0:
+            loss = loss + c.global_weight * prototype_contrastive_loss(views, y, g_dense, g_present, c.tau, c.base_tau)
+        return loss, {"con": loss}
+
+    @torch.no_grad()
+    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+        """This client's local prototypes: mean projected feature per class over its whole training split."""
+        x, y, _ = ctx.train_data
+        was_training = model.training
+        model.eval()
+        try:
+            feats = torch.cat([model.features(x[b:b + _CHUNK]) for b in range(0, len(y), _CHUNK)])
+        finally:
+            model.train(was_training)
+        protos, counts = class_prototypes(feats, y, ctx.num_classes)
+        ctx.state["_protos"] = (protos, counts)
+        return {"protos": protos, "counts": counts}
+
+    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+        """The projection (and the untrained decision layer) and the client's own prototypes, to predict with."""
+        protos, counts = ctx.state["_protos"]
+        return {"model": split_state(model, self._trainable), "protos": protos, "counts": counts}
+
+    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
+                   ctx: Optional[ClientContext] = None) -> None:
+        self.client_setup(model, state, payload, ctx)
+
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+        z = model.features(x)
+        state = ctx.state if ctx is not None else {}
+        if "protos" not in state:  # a client that never trained holds no prototypes
+            return z.new_zeros(len(z), model.head.out_features)
+        return own_prototype_logits(z, state["protos"], state["counts"])
+
+
+def own_prototype_logits(z: torch.Tensor, protos: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Minus the mean squared distance to each of the client's own prototypes (the authors' ``loss_mse``); −inf for
+    classes it does not hold. Argmax = the nearest own prototype."""
+    dense, present = dense_prototypes(protos.to(z.device, z.dtype), counts.to(z.device))
+    dist = ((z[:, None, :] - dense[None]) ** 2).mean(-1)
+    return (-dist).masked_fill(~present[None], float("-inf"))
+
+
+# ---------------------------------------------------------------------------------------------- the stand-in
+def stand_in_groups(cfg: Any, data: FederatedData) -> dict[int, Optional[str]]:
+    """Client -> the name of the stand-in backbone it uses (None where ``model.weights`` gives one): one per
+    architecture and input shape, and per client for per-client architectures or clients with their own columns."""
+    from raysim.registry import get_model
+
+    groups: dict[int, Optional[str]] = {}
+    for cid in range(data.num_clients):
+        if cfg.model.weights_for(cid):
+            groups[cid] = None
+            continue
+        arch = cfg.model.for_client(cid)
+        name = f"{arch}:{'x'.join(map(str, data.input_shape(cid)))}"
+        if getattr(get_model(arch), "per_client", False) or data.clients[cid].features is not None:
+            name += f":client{cid}"
+        groups[cid] = name
+    return groups
+
+
+def carve_pretrain_split(data: FederatedData, clients: list[int], fraction: float, seed: int) -> dict[int, np.ndarray]:
+    """Move ``fraction`` of each listed client's training samples (at least one, keeping at least one) out of its
+    training split; returns them per client. Deterministic from the seed."""
+    rng = np.random.default_rng([seed, 0xFED9C1])
+    out = {}
+    for cid in sorted(clients):
+        split = data.clients[cid]
+        n = len(split.train)
+        m = min(max(int(round(fraction * n)), 1), n - 1)
+        mask = np.zeros(n, dtype=bool)
+        if m > 0:
+            mask[rng.choice(n, size=m, replace=False)] = True
+        out[cid] = np.sort(split.train[mask]).astype(np.int64)
+        split.train = split.train[~mask]
+    return out
+
+
+def _cache_root(cfg: Any) -> Path:
+    if cfg.algorithm.pretrain.cache_dir:
+        return Path(cfg.algorithm.pretrain.cache_dir)
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser() / "fedpcl-backbone"
+    if os.environ.get("RAYSIM_CACHE"):
+        return Path(os.environ["RAYSIM_CACHE"]).expanduser() / "fedpcl-backbone"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raysim" / "fedpcl-backbone"
+
+
+def stand_in_backbone(cfg: Any, data: FederatedData, members: list[int],
+                      pretrain: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Pre-train one backbone centrally on its clients' carved-out samples; returns its state dict (cached)."""
+    from raysim.models import ClassifierModel
+    from raysim.registry import get_model
+
+    p = cfg.algorithm.pretrain
+    first = members[0]
+    arch, shape = cfg.model.for_client(first), data.input_shape(first)
+    xs, ys = [], []
+    for cid in members:
+        split = data.clients[cid]
+        view = FederatedData(domains=data.domains, num_classes=data.num_classes,
+                             clients=[dataclasses.replace(split, train=pretrain[cid],
+                                                          test=np.zeros(0, dtype=np.int64))])
+        x, y, _ = view.tensors(0, "train")
+        xs.append(x)
+        ys.append(y)
+    x, y = torch.cat(xs), torch.cat(ys)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    h = hashlib.blake2b(digest_size=16)
+    recipe = {"v": CACHE_VERSION, "arch": arch, "shape": list(shape), "client": first,
+              "model": {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("name", "weights")},
+              "epochs": p.epochs, "lr": p.lr, "batch_size": p.batch_size, "seed": cfg.seed,
+              "classes": data.num_classes, "device": device.type, "torch": torch.__version__}
+    h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
+    h.update(x.numpy().tobytes())
+    h.update(y.numpy().tobytes())
+    path = _cache_root(cfg) / f"{arch}-{h.hexdigest()}.pt"
+    seed = int(np.random.SeedSequence([cfg.seed, first, 0xFED9C1]).generate_state(1)[0])
+    torch.manual_seed(seed)
+    backbone = get_model(arch)(input_shape=shape, cfg=cfg.model, client_id=first, seed=cfg.seed)
+    if path.is_file():
+        try:
+            cached = torch.load(path, map_location="cpu", weights_only=True)
+            backbone.load_state_dict(cached)  # raises on any key or shape mismatch: train again
+            return {k: v.detach().cpu() for k, v in backbone.state_dict().items()}
+        except Exception:  # noqa: BLE001 - a damaged or foreign file: train again and overwrite it
+            pass
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(math.floor(cfg.engine.cpus_per_worker))))
+    try:
+        model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(seed)
+        xd, yd = x.to(device), y.to(device)
+        model.train()
+        for _ in range(p.epochs):
+            order = torch.randperm(len(y), generator=gen).to(device)
+            for b in range(0, len(y), p.batch_size):
+                bi = order[b:b + p.batch_size]
+                if len(bi) < 2:
+                    continue  # a single-sample batch breaks batch norm
+                loss = F.cross_entropy(model(xd[bi]), yd[bi])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        out = {k: v.detach().cpu().clone() for k, v in model.backbone.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)
+    if not all(bool(torch.isfinite(v).all()) for v in out.values() if v.is_floating_point()):
+        raise UserError("config key 'algorithm.pretrain.lr': the offline stand-in backbone diverged (NaN weights); "
+                        "lower algorithm.pretrain.lr")
+    print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} carved-out samples of clients "
+          f"{members}, {p.epochs} epochs) pre-trained in {time.perf_counter() - start:.1f}s; it stands in for a "
+          f"public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(out, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        print(f"raysim: fedpcl: warning: could not cache the stand-in backbone in {path.parent} ({exc.strerror}); "
+              f"set algorithm.pretrain.cache_dir", file=sys.stderr, flush=True)
+    return out

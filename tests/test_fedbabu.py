@@ -1,0 +1,115 @@
+"""FedBABU: the head never trains (bit for bit), fine-tuning at evaluation changes it, tiny runs on Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import ray
+import torch
+from conftest import ROOT, read_rows, strip_timing, tiny_overrides
+
+from raysim.config import ConfigError, load_config
+from raysim.models import build_model
+from raysim.registry import get_algorithm
+
+HEAD_KEYS = ("head.weight", "head.bias")
+
+
+def test_config_defaults_and_bad_values():
+    a = load_config(None, ["algorithm.name=fedbabu"]).algorithm
+    assert (a.finetune_epochs, a.finetune_lr) == (5, 0.001)
+    for bad, key in [("algorithm.finetune_epochs=-1", "finetune_epochs"), ("algorithm.finetune_lr=0", "finetune_lr")]:
+        with pytest.raises(ConfigError, match=f"'algorithm.{key}'"):
+            load_config(None, ["algorithm.name=fedbabu", bad])
+
+
+def test_cli_bad_finetune_epochs_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", *tiny_overrides(tmp_path),
+                           "algorithm.name=fedbabu", "algorithm.finetune_epochs=-1"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("raysim: error: config key 'algorithm.finetune_epochs'"), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- on Ray
+def test_head_is_frozen_in_training_and_fine_tuned_at_evaluation(ray_cluster, tmp_path):
+    """Real worker jobs in this process: after a client job the live head equals h^0 bit for bit and the upload is
+    the body alone; evaluation with fine-tuning moves the head (and is reproducible), without it leaves it."""
+    from raysim.data import build_federated_data
+    from raysim.engine.jobs import EvalJob, TrainJob
+    from raysim.engine.worker import ClientWorker
+    from raysim.models import model_key
+
+    def worker_for(finetune_epochs: int):
+        cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="fedbabu", train__local_epochs=2,
+                                               algorithm__finetune_epochs=finetune_epochs))
+        worker = ClientWorker(cfg)
+        worker.attach(data)
+        return cfg, worker
+
+    cfg0 = load_config(None, tiny_overrides(tmp_path, algorithm__name="fedbabu"))
+    data = build_federated_data(cfg0)
+    threads = torch.get_num_threads()
+    try:
+        cfg, worker = worker_for(5)
+        algo = get_algorithm("fedbabu")(cfg)
+        initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
+        payload = algo.server_payload(algo.init_server_state(initial), 1)
+        result, state = worker.train(TrainJob(client_id=0, round=1, payload_ref=ray.put(payload)), None)
+        live = worker._models[model_key(cfg, data, 0)][0].state_dict()
+        trained_head = {k: live[k].clone() for k in HEAD_KEYS}
+        assert all(torch.equal(trained_head[k], initial[k]) for k in HEAD_KEYS)  # h^0, bit for bit
+        assert not torch.equal(live["backbone.1.weight"], initial["backbone.1.weight"])  # the body did train
+        assert set(result.upload) == {k for k in initial if k.startswith("backbone.")} and state is None
+
+        new_body = algo.server_aggregate([_update(result)], algo.init_server_state(initial), 1)
+        eval_ref = ray.put(algo.eval_payload(new_body))
+        accs = [worker.evaluate(EvalJob(client_ids=[0], round=1, payload_ref=eval_ref), [None])[0] for _ in range(2)]
+        tuned = worker._models[model_key(cfg, data, 0)][0].state_dict()
+        assert not torch.equal(tuned["head.weight"], initial["head.weight"])  # fine-tuning trains the head too
+        assert accs[0] == accs[1]  # seeded per (seed, client, round): the same fine-tuning each time
+
+        cfg_no, worker_no = worker_for(0)
+        worker_no.evaluate(EvalJob(client_ids=[0], round=1, payload_ref=eval_ref), [None])
+        untuned = worker_no._models[model_key(cfg_no, data, 0)][0].state_dict()
+        assert all(torch.equal(untuned[k], initial[k]) for k in HEAD_KEYS)
+        assert all(torch.equal(untuned[k], new_body["model"][k]) for k in new_body["model"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _update(result):
+    from raysim.algorithms.base import ClientUpdate
+
+    return ClientUpdate(client_id=result.client_id, upload=result.upload, num_samples=result.num_samples,
+                        loss=result.loss)
+
+
+@pytest.fixture(scope="module")
+def runs(ray_cluster, tmp_path_factory):
+    from raysim.engine.runner import run_experiment
+
+    tmp = tmp_path_factory.mktemp("fedbabu")
+    out = {}
+    for name, workers in (("w1", 1), ("w2", 2)):
+        cfg = load_config(None, tiny_overrides(tmp, log__dir=str(tmp / name), algorithm__name="fedbabu",
+                                               engine__num_workers=workers, train__local_epochs=2,
+                                               algorithm__finetune_epochs=2))
+        run_dir, _, _ = run_experiment(cfg)
+        out[name] = read_rows(run_dir)
+    return out
+
+
+def test_fedbabu_runs_the_same_on_one_and_two_workers(runs):
+    one, two = runs["w1"], runs["w2"]
+    assert strip_timing(one) == strip_timing(two)
+    assert [r["round"] for r in one] == [1, 2]
+    for r in one:
+        assert {"acc_mean", "loss", "bytes_up", "bytes_down"} <= set(r) and "acc_global" not in r
+        assert r["loss"] == r["loss"]
+        # only the body travels: MLP body 64*32 + 32 + 32*16 + 16 floats per client, both ways
+        assert r["bytes_up"] == r["bytes_down"] == 4 * (64 * 32 + 32 + 32 * 16 + 16) * 4
+    assert one[-1]["acc_mean"] > 0.3  # chance is 0.1 (a frozen random head learns slowly: 2 tiny rounds)
