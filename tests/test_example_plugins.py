@@ -18,18 +18,19 @@ if str(EXAMPLE_PLUGINS) not in sys.path:  # the driver imports them; Ray's worke
 
 def test_fedavgm_without_momentum_is_fedavg_and_with_momentum_accelerates():
     import fedavgm
-    from raysim.algorithms.base import weighted_average
+    from raysim.algorithms.base import ClientUpdate, weighted_average
 
     uploads = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}, {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}]
     weights = [1.0, 3.0]
+    updates = [ClientUpdate(client_id=c, upload=u, num_samples=int(w)) for c, (u, w) in enumerate(zip(uploads, weights))]
     for beta, expected_two_steps in ((0.0, [2.5, 5.0]), (0.5, [2.5 + 0.5 * 2.5, 5.0 + 0.5 * 5.0])):
         cfg = load_config(None, ["plugins=[fedavgm]", "algorithm.name=fedavgm", f"algorithm.server_momentum={beta}"])
         algo = fedavgm.FedAvgM(cfg)
         state = algo.init_server_state({"w": torch.zeros(2), "n": torch.tensor(0)})
-        state = algo.server_aggregate(uploads, weights, state, 1)
+        state = algo.server_aggregate(updates, state, 1)
         assert torch.allclose(state["model"]["w"], weighted_average(uploads, weights)["w"])  # v starts at 0
         state["model"]["w"] = torch.zeros(2)  # the same step again from 0: momentum adds beta * v
-        state = algo.server_aggregate(uploads, weights, state, 2)
+        state = algo.server_aggregate(updates, state, 2)
         assert torch.allclose(state["model"]["w"], torch.tensor(expected_two_steps))
         assert int(state["model"]["n"]) == 4  # integer buffers are averaged, not stepped
 

@@ -158,7 +158,7 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"curriculum/k", "curriculum/stable", "curriculum/explained_variance", "acc/global",
-            "metrics/loss_kd", "metrics/loss_cl"} <= tags
+            "loss/kd", "loss/cl"} <= tags
     assert [e.value for e in events.Scalars("curriculum/k")] == ks
 
     # the checkpoint holds the controller where the run left it: a resumed run continues the curriculum

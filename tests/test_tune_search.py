@@ -23,7 +23,7 @@ def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch
 
     def finish_then_interrupt(self, trial, failed):
         finished(self, trial, failed)
-        if self.done == 1:
+        if len(self.done) == 1:  # trial ids that ended
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: Tune stops, saving its state and the searcher's
 
     monkeypatch.setattr(_Progress, "finished", finish_then_interrupt)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim import Algorithm, register_algorithm
-from raysim.algorithms.base import weighted_average
+from raysim.algorithms.base import average_updates
 from raysim.config import AlgorithmConfig, ConfigError
 
 
@@ -47,8 +47,8 @@ class FedAvgM(Algorithm):
         state["velocity"] = {k: torch.zeros_like(v) for k, v in state["model"].items() if v.is_floating_point()}
         return state
 
-    def server_aggregate(self, uploads, weights, server_state, round):
-        average = weighted_average(uploads, weights)
+    def server_aggregate(self, updates, server_state, round):
+        average = average_updates(updates)  # FedAvg's average of this round's ClientUpdates, by sample counts
         lr, beta = self.config.server_lr, self.config.server_momentum
         new = {}
         for key, avg in average.items():

@@ -104,6 +104,18 @@ def split_state(model: nn.Module, keep: Callable[[str], bool]) -> TensorDict:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep(k)}
 
 
+@torch.no_grad()
+def eval_features(model: nn.Module, x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``model.features`` of every row of ``x``, in eval mode (batch norm on its running statistics), without
+    autograd and in chunks, the model's mode restored: prototypes and feature statistics over a client's split."""
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([model.features(x[b:b + chunk]) for b in range(0, len(x), chunk)])
+    finally:
+        model.train(was_training)
+
+
 class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     name: ClassVar[str] = "base"

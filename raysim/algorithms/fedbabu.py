@@ -98,6 +98,8 @@ def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, l
 
 @register_algorithm("fedbabu")
 class FedBABU(Algorithm):
+    """Frozen random head, body averaged; personalised by fine-tuning at evaluation."""
+
     Config = FedBABUConfig
     shared = "backbone"
     eval_needs_train_data = True  # personalised evaluation fine-tunes on the client's training split

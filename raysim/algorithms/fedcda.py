@@ -107,6 +107,8 @@ def select_models(dist: np.ndarray, candidates: Sequence[Sequence[int]], batch: 
 
 @register_algorithm("fedcda")
 class FedCDA(Algorithm):
+    """Averages, per client, the cached recent local model that minimises total divergence."""
+
     Config = FedCDAConfig
     shared = "all"
 

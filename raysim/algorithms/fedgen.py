@@ -200,6 +200,8 @@ def decayed(value: float, round: int, decay: float) -> float:
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedgen")
 class FedGen(Algorithm):
+    """Model averaged; a server-trained feature generator regularises clients with generated samples."""
+
     Config = FedGenConfig
     shared = "all"  # FedGen-P: "head"
 
@@ -309,8 +311,9 @@ class FedGenPConfig(FedGenConfig):
 
 @register_algorithm("fedgen-p")
 class FedGenP(FedGen):
-    """FedGen-P, UNIDEAL's variant of FedGen (its Table 1): only the head is shared. Heads are averaged and are the
-    generator's teachers; each client keeps its body, so clients may differ in architecture and input shape."""
+    """FedGen with only the head shared (UNIDEAL's variant); bodies stay local, so architectures may differ.
+
+    Heads are averaged and are the generator's teachers (UNIDEAL's Table 1 lists it as FedGen-P)."""
 
     Config = FedGenPConfig
     shared = "head"

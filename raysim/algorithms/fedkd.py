@@ -184,6 +184,8 @@ def stage_pairs(n_mentee: int, n_mentor: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedkd")
 class FedKD(Algorithm):
+    """Private mentor and shared mentee distil from each other; the mentee travels as SVD factors."""
+
     Config = FedKDConfig
     shared = "all"  # the mentee: one architecture and input shape everywhere (check); is_shared picks its keys
 

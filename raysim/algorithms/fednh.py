@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, average_updates, split_state
+from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, average_updates, split_state
 from raysim.config import AlgorithmConfig, ConfigError
 from raysim.registry import register_algorithm
 
@@ -147,6 +147,8 @@ class PrototypeHead(nn.Module):
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fednh")
 class FedNH(Algorithm):
+    """Fixed-norm class prototypes as the classifier, smoothed on the server from uploaded class means."""
+
     Config = FedNHConfig
     shared = "all"  # body, s and W travel down; body and s come back averaged, W is the server's
 
@@ -176,11 +178,6 @@ class FedNH(Algorithm):
     def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
         """The trained body and s, and this client's count-scaled prototypes from its whole training split."""
         x, y, _ = ctx.train_data
-        was_training = model.training
-        model.eval()
-        try:
-            feats = torch.cat([model.features(x[b:b + _CHUNK]) for b in range(0, len(y), _CHUNK)])
-        finally:
-            model.train(was_training)
+        feats = eval_features(model, x, _CHUNK)
         protos, counts = client_prototypes(feats, y, ctx.num_classes)
         return {"model": split_state(model, lambda k: k != PROTO_KEY), "protos": protos, "counts": counts}

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, TensorDict, average_updates,
+from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, TensorDict, average_updates,
                                     split_state, weighted_average)
 from raysim.config import AlgorithmConfig, ConfigError
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
@@ -167,18 +167,10 @@ def combine_heads(heads: list[TensorDict], alpha: np.ndarray) -> TensorDict:
 
 
 # ---------------------------------------------------------------------- the algorithm
-@torch.no_grad()
-def _features(model: nn.Module, x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    was_training = model.training
-    model.eval()
-    try:
-        return torch.cat([model.features(x[b:b + chunk]) for b in range(0, len(x), chunk)])
-    finally:
-        model.train(was_training)
-
-
 @register_algorithm("fedpac")
 class FedPAC(Algorithm):
+    """Extractor averaged and aligned to class centroids; each head a QP-weighted mix of the clients' heads."""
+
     Config = FedPACConfig
     shared = "backbone"
 
@@ -235,7 +227,7 @@ class FedPAC(Algorithm):
             model.load_state_dict(payload["head"], strict=False)
         if ctx is not None and ctx.round >= 1 and ctx.train_data is not None:
             x, y, _ = ctx.train_data  # statistics of the model as received, before training
-            pre = feature_statistics(_features(model, x), y, ctx.num_classes)
+            pre = feature_statistics(eval_features(model, x), y, ctx.num_classes)
             pre["own"] = pre["means"].to(ctx.device, torch.float32)  # alignment fallback, on the batches' device
             ctx.payload[PRE_KEY] = pre
 
@@ -262,7 +254,7 @@ class FedPAC(Algorithm):
 
     def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
         x, y, _ = ctx.train_data
-        post = feature_statistics(_features(model, x), y, ctx.num_classes)
+        post = feature_statistics(eval_features(model, x), y, ctx.num_classes)
         pre = ctx.payload[PRE_KEY]
         return {"model": split_state(model, lambda k: k.startswith(BACKBONE_PREFIX)),
                 "head": split_state(model, lambda k: k.startswith(HEAD_PREFIX)),

@@ -75,7 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, split_state
+from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import AlgorithmConfig, ConfigError
 from raysim.data.base import ClientSplit, FederatedData
@@ -207,6 +207,8 @@ class FrozenProjection(nn.Module):
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedpcl")
 class FedPCL(Algorithm):
+    """Frozen backbone and a trained projection; only prototypes travel (prototype-contrastive loss)."""
+
     Config = FedPCLConfig
     shared = "none"  # no weights travel: prototypes and counts do
 
@@ -310,12 +312,7 @@ class FedPCL(Algorithm):
     def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
         """This client's local prototypes: mean projected feature per class over its whole training split."""
         x, y, _ = ctx.train_data
-        was_training = model.training
-        model.eval()
-        try:
-            feats = torch.cat([model.features(x[b:b + _CHUNK]) for b in range(0, len(y), _CHUNK)])
-        finally:
-            model.train(was_training)
+        feats = eval_features(model, x, _CHUNK)
         protos, counts = class_prototypes(feats, y, ctx.num_classes)
         ctx.state["_protos"] = (protos, counts)
         return {"protos": protos, "counts": counts}

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate
+from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate
 from raysim.config import AlgorithmConfig, ConfigError
 from raysim.registry import register_algorithm
 
@@ -115,6 +115,8 @@ def proto_regulariser(features: torch.Tensor, labels: torch.Tensor, protos: torc
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedproto")
 class FedProto(Algorithm):
+    """Only class prototypes travel; local training is pulled towards the global prototypes."""
+
     Config = FedProtoConfig
     shared = "none"  # no weights travel: prototypes and counts do
 
@@ -165,12 +167,7 @@ class FedProto(Algorithm):
     def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
         """This client's class prototypes, from its trained model (eval mode) over its whole training split."""
         x, y, _ = ctx.train_data
-        was_training = model.training
-        model.eval()
-        try:
-            feats = torch.cat([model.features(x[b:b + _CHUNK]) for b in range(0, len(y), _CHUNK)])
-        finally:
-            model.train(was_training)
+        feats = eval_features(model, x, _CHUNK)
         protos, counts = class_prototypes(feats, y, ctx.num_classes)
         return {"protos": protos, "counts": counts}
 

@@ -63,6 +63,8 @@ def proximal_term(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], mu: float)
 
 @register_algorithm("fedprox")
 class FedProx(Algorithm):
+    """FedAvg plus a proximal term (mu/2)||w - w_t||^2 that keeps local training near the download."""
+
     Config = FedProxConfig
     shared = "all"
 

@@ -125,6 +125,8 @@ def relaxed_contrastive_loss(h: torch.Tensor, y: torch.Tensor, tau: float = 0.05
 
 @register_algorithm("fedrcl")
 class FedRCL(Algorithm):
+    """FedAvg plus a relaxed supervised contrastive loss over the backbone stages."""
+
     Config = FedRCLConfig
     shared = "all"
 

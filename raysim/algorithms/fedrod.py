@@ -83,6 +83,8 @@ def balanced_softmax_loss(logits: torch.Tensor, labels: torch.Tensor, prior: tor
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedrod")
 class FedRoD(Algorithm):
+    """A balanced-softmax generic head (averaged) plus a personal head; prediction uses both."""
+
     Config = FedRoDConfig
     shared = "all"  # everything but the personal head (is_shared)
 

@@ -118,6 +118,8 @@ def _cpu(state: dict) -> dict:
 
 @register_algorithm("moon")
 class MOON(Algorithm):
+    """Model-contrastive learning: projections pulled to the global model, pushed from the previous local one."""
+
     Config = MOONConfig
     shared = "all"
 
