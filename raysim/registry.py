@@ -7,6 +7,7 @@ Each module registers itself with a decorator; the built-in modules are imported
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable, Optional
 
 from raysim.errors import UserError
@@ -145,6 +146,9 @@ def describe(kind: str) -> list[tuple[str, str]]:
     table = {"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}[kind]
     out = []
     for name in names(kind):
-        lines = (table[name].__doc__ or "").strip().splitlines()
-        out.append((name, lines[0].strip() if lines else ""))
+        obj = table[name]
+        module = sys.modules.get(getattr(obj, "__module__", ""))
+        doc = obj.__doc__ or getattr(module, "__doc__", None) or ""  # a plugin without its own: its module's
+        lines = doc.strip().splitlines()
+        out.append((name, lines[0].strip() if lines else "(no docstring)"))
     return out
