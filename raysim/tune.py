@@ -366,11 +366,19 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
             return
         run_experiment(cfg, resume=resume, on_round=lambda m: tune.report(report(m)),
                        placement_group=ray.util.get_current_placement_group())
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _record_error(run_dir, exc)
+        raise  # code 0: Tune ending the trial's thread (a scheduler stopped or paused it), not a failure
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / ERROR_FILE).write_text(one_line_cause(exc) + "\n")
+        _record_error(run_dir, exc)
         raise
+
+
+def _record_error(run_dir: Path, exc: BaseException) -> None:
+    with contextlib.suppress(OSError):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / ERROR_FILE).write_text(one_line_cause(exc) + "\n")
 
 
 def _checkpointed_round(run_dir: Path) -> int:
@@ -740,8 +748,8 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
             status = f"error: {cause}" if cause else "error"
         elif rounds is not None and ran >= rounds:
             status = "done"
-        elif trial["status"] == "TERMINATED":
-            status = "stopped"  # by the scheduler (ASHA)
+        elif trial["status"] in ("TERMINATED", "PAUSED"):
+            status = "stopped"  # by the scheduler (ASHA, median stopping; HyperBand pauses the trials it drops)
         else:
             status = "unfinished"  # the sweep was interrupted; --resume continues it
         rows.append({"trial": run_dir.name if spec.naming == "seed" else trial["trial_id"],
