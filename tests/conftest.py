@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,3 +62,14 @@ def read_rows(run_dir: Path) -> list[dict]:
 def strip_timing(rows: list[dict]) -> list[dict]:
     """Metrics minus wall-clock times, for comparing runs."""
     return [{k: v for k, v in r.items() if not k.startswith("wall_s")} for r in rows]
+
+
+def refused_config(key: str, *args: str) -> subprocess.CompletedProcess:
+    """``raysim run ARGS`` in a fresh process, which must refuse the config the way a user sees it: exit 2, one
+    stderr line ``raysim: error: config key 'KEY'...``, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"raysim: error: config key '{key}'"), proc.stderr
+    return proc

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, read_rows, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.fedprox import proximal_term
@@ -93,12 +90,7 @@ def test_negative_mu_is_refused(value):
 
 
 def test_cli_bad_mu_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", *tiny_overrides(tmp_path),
-                           "algorithm.name=fedprox", "algorithm.mu=-1"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("raysim: error: config key 'algorithm.mu'"), proc.stderr
+    refused_config("algorithm.mu", *tiny_overrides(tmp_path), "algorithm.name=fedprox", "algorithm.mu=-1")
     assert not (tmp_path / "run").exists()
 
 
