@@ -266,3 +266,15 @@ def test_hete_metrics_do_not_depend_on_the_worker_count(ray_cluster, tmp_path):
     assert rows[0]["bytes_down"] == 0 and all(r["bytes_down"] == 4 * 5 * per_set for r in rows[1:])
     assert rows[0]["loss_con"] == 0 and all(r["loss_con"] > 0 for r in rows[1:])
     assert rows[-1]["proto_classes"] == 10 and rows[-1]["acc_mean"] > 0.3, rows
+
+
+def test_stand_in_cache_follows_the_data_cache(tmp_path, monkeypatch):
+    """No algorithm.pretrain.cache_dir: the stand-in lives beside the data cache ($RAYSIM_CACHE honoured)."""
+    from raysim.algorithms.fedpcl import _cache_root
+
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
+    assert _cache_root(load_config(None, ["algorithm.name=fedpcl"])) == tmp_path / "rc" / "fedpcl-backbone"
+    cfg = load_config(None, ["algorithm.name=fedpcl", f"data.cache_dir={tmp_path / 'dc'}"])
+    assert _cache_root(cfg) == tmp_path / "dc" / "fedpcl-backbone"
+    cfg = load_config(None, ["algorithm.name=fedpcl", f"algorithm.pretrain.cache_dir={tmp_path / 'own'}"])
+    assert _cache_root(cfg) == tmp_path / "own"

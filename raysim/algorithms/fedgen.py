@@ -42,7 +42,7 @@ uploads, the averaged ``model`` and the generator's teachers (uploaded heads) al
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch

@@ -78,7 +78,7 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import AlgorithmConfig, ConfigError
-from raysim.data.base import ClientSplit, FederatedData
+from raysim.data.base import FederatedData
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -379,13 +379,12 @@ def carve_pretrain_split(data: FederatedData, clients: list[int], fraction: floa
 
 
 def _cache_root(cfg: Any) -> Path:
+    """``algorithm.pretrain.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
     if cfg.algorithm.pretrain.cache_dir:
         return Path(cfg.algorithm.pretrain.cache_dir)
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir).expanduser() / "fedpcl-backbone"
-    if os.environ.get("RAYSIM_CACHE"):
-        return Path(os.environ["RAYSIM_CACHE"]).expanduser() / "fedpcl-backbone"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raysim" / "fedpcl-backbone"
+    from raysim.data.digits import cache_dir
+
+    return cache_dir(cfg) / "fedpcl-backbone"
 
 
 def stand_in_backbone(cfg: Any, data: FederatedData, members: list[int],
