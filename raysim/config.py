@@ -28,6 +28,24 @@ def _require(ok: bool, key: str, why: str) -> None:
         raise ConfigError(f"config key '{key}': {why}")
 
 
+def flatten_dict(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{a: {b: 1}}`` -> ``{"a.b": 1}``: nested mappings (sweep files, run configs read back by reports), or nested
+    dataclasses (an :class:`ExperimentConfig`), as dotted keys. Only nodes of the root's kind nest: a dict-valued
+    field of a config dataclass stays one value."""
+    if dataclasses.is_dataclass(tree):
+        nested: Any = dataclasses.is_dataclass
+        items = [(f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree)]
+    else:
+        nested, items = (lambda v: isinstance(v, dict)), list(tree.items())
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if nested(value):
+            out.update(flatten_dict(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _one_of(value: Any, key: str, choices: tuple) -> None:
     _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
 
@@ -311,14 +329,4 @@ def to_yaml(cfg: ExperimentConfig) -> str:
 
 def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     """Dotted-key view of the config (for comparing runs and for TensorBoard's HParams)."""
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if dataclasses.is_dataclass(node):
-            for f in dataclasses.fields(node):
-                walk(f"{prefix}{f.name}.", getattr(node, f.name))
-        else:
-            out[prefix[:-1]] = node
-
-    walk("", cfg)
-    return out
+    return flatten_dict(cfg)

@@ -32,8 +32,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import yaml
 
+from raysim.config import flatten_dict
 from raysim.errors import UserError
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
+from raysim.tables import csv_number as _num
+from raysim.tables import markdown_table
+from raysim.tables import mean_pm as _pm
 
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
 LAYOUTS = ("auto", "name", "keys")
@@ -122,17 +126,7 @@ def load_run(path: Path) -> Run:
         raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path}/config.yaml is not valid YAML ({str(exc).splitlines()[0]})") from None
-    return Run(path=path, config=_flatten(raw), rows=read_metrics(path / "metrics.jsonl", warn=warn_stderr))
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return Run(path=path, config=flatten_dict(raw), rows=read_metrics(path / "metrics.jsonl", warn=warn_stderr))
 
 
 def _ignored(key: str) -> bool:
@@ -342,10 +336,6 @@ def _write_summary_csv(report: Report, path: Path, alpha: float) -> Path:
     return path
 
 
-def _num(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:.6g}"
-
-
 def comm_stats(g: Group, metric: str, target: float) -> dict[str, Any]:
     """Per-round traffic and time, and what it took to reach ``target`` (over the seeds that reached it)."""
     rows = [r for run in g.runs for r in run.rows]
@@ -389,18 +379,12 @@ def _ordered(report: Report) -> list[Group]:
     return sorted(report.groups, key=lambda g: (order[g.setting], g.method))
 
 
-def _pm(pair: tuple[Optional[float], Optional[float]], fmt: str) -> str:
-    mean, std = pair
-    return "-" if mean is None else f"{mean:{fmt}} ± {std:{fmt}}"
-
-
 def _pm_bytes(pair: tuple[Optional[float], Optional[float]]) -> str:
     mean, std = pair
     return "-" if mean is None else f"{human_bytes(mean * MB)} ± {human_bytes(std * MB)}"
 
 
 def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
-    from raysim.tune import markdown_table
 
     seeds = sorted({len(g.values) for g in report.groups})
     lines = [f"# raysim report", "",
@@ -538,7 +522,6 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
 
 def format_console(report: Report, out: Path) -> str:
     """What ``raysim report`` prints: the main table and where everything went."""
-    from raysim.tune import markdown_table
 
     lines = [f"best {report.metric} (%), mean ± std over seeds; * = beaten by the column's best at p < {ALPHA:g}",
              markdown_table(["method"] + report.settings, main_table_rows(report, markdown=False)),

@@ -1,0 +1,184 @@
+"""A sweep's results: one row per trial from Tune's state and the trial's run directory; results.csv/.md,
+best.yaml and each trial's TensorBoard HParams."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import yaml
+
+from raysim.config import load_config, to_yaml
+from raysim.tables import markdown_table, metric_cell, short_value
+from raysim.tune.spec import SweepSpec
+from raysim.tune.trials import ERROR_FILE
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: Path
+    rows: list[dict]  # one per trial, best first
+    best: Optional[dict]
+    table_md: str
+
+
+def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
+    """One row per trial from Tune's experiment state and the trial's run directory, best first."""
+    from raysim.runlog import read_metrics
+
+    trials = _tune_trials(sweep_dir / "tune")
+    rows = []
+    for trial in trials:
+        values = {k: trial["config"].get(k) for k in spec.space}
+        run_dir = trial_run_dir(spec, sweep_dir, trial["trial_id"], trial["config"])
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        scored = [m for m in metrics if m.get(spec.metric) is not None]
+        best = (max if spec.mode == "max" else min)(scored, key=lambda m: m[spec.metric]) if scored else None
+        rounds = _total_rounds(run_dir)
+        ran = metrics[-1]["round"] if metrics else 0
+        cause = trial_error(run_dir)
+        if trial["status"] == "ERROR" or (cause and trial["status"] != "TERMINATED"):
+            status = f"error: {cause}" if cause else "error"
+        elif rounds is not None and ran >= rounds:
+            status = "done"
+        elif trial["status"] in ("TERMINATED", "PAUSED"):
+            status = "stopped"  # by the scheduler (ASHA, median stopping; HyperBand pauses the trials it drops)
+        else:
+            status = "unfinished"  # the sweep was interrupted; --resume continues it
+        rows.append({"trial": spec.names.row_name(run_dir, trial["trial_id"]),
+                     "trial_id": trial["trial_id"], **values,
+                     f"best_{spec.metric}": best[spec.metric] if best else None,
+                     "best_round": best["round"] if best else None,
+                     "rounds": f"{ran}/{rounds if rounds is not None else '?'}", "status": status,
+                     "run_dir": str(run_dir)})
+    spec.names.sort(rows, spec.metric, spec.mode)
+    return rows
+
+
+def trial_run_dir(spec: SweepSpec, sweep_dir: Path, trial_id: str, config: dict) -> Path:
+    return spec.trials_dir(sweep_dir) / spec.names.run_dir_name(trial_id, config)
+
+
+def trial_error(run_dir: Path) -> Optional[str]:
+    """A failed trial's one-line cause (``error.txt`` in its run directory), or None."""
+    try:
+        text = (run_dir / ERROR_FILE).read_text().strip()
+    except OSError:
+        return None
+    return text.splitlines()[0] if text else None
+
+
+def _tune_trials(tune_dir: Path) -> list[dict]:
+    """Trial id, status and sampled values of every trial Tune knows of (its experiment state is the record)."""
+    if not tune_dir.is_dir():
+        return []
+    from ray.tune import ExperimentAnalysis
+
+    with _quiet_tune_logs():
+        analysis = ExperimentAnalysis(str(tune_dir))
+    return [{"trial_id": t.trial_id, "status": t.status, "config": dict(t.config)} for t in analysis.trials]
+
+
+@contextlib.contextmanager
+def _quiet_tune_logs() -> Iterator[None]:
+    import logging
+
+    log = logging.getLogger("ray.tune")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _total_rounds(run_dir: Path) -> Optional[int]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    return int((yaml.safe_load(path.read_text()) or {}).get("rounds", 0)) or None
+
+
+def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
+    """Write results.csv, results.md, best.yaml and each trial's HParams."""
+    rows = collect_trials(spec, sweep_dir)
+    columns = ["trial", *spec.space, f"best_{spec.metric}", "best_round", "rounds", "status", "run_dir"]
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in columns})
+    write_atomically(sweep_dir / "results.csv", buf.getvalue())
+    md_columns = [c for c in columns if c != "run_dir"]
+    table = markdown_table(md_columns, [[short_value(row[c]) if c in spec.space else metric_cell(row[c])
+                                         for c in md_columns] for row in rows])
+    names = spec.names
+    best = names.best(rows, spec.metric)
+    header = [f"# {names.title} {sweep_dir.name}", "",
+              f"Base config: `{spec.base or 'built-in defaults'}`; metric: best `{spec.metric}` over rounds "
+              f"({spec.mode}); scheduler: {spec.scheduler['name']}; {len(rows)} {names.title.lower()}; run "
+              f"directories in `{names.run_dirs}/`.", ""]
+    header += names.summary(rows, spec.metric, best)
+    write_atomically(sweep_dir / "results.md", "\n".join(header + [table]) + "\n")
+    if best:
+        write_best_config(spec, best, sweep_dir / "best.yaml")
+    for row in rows:
+        write_hparams(Path(row["run_dir"]), {k: row[k] for k in spec.space},
+                      {f"hparams/best_{spec.metric}": row[f"best_{spec.metric}"]})
+    return SweepResult(sweep_dir=sweep_dir, rows=rows, best=best, table_md=table)
+
+
+def write_best_config(spec: SweepSpec, best: dict, path: Path) -> None:
+    """The best trial's resolved config with its run directory cleared, so ``raysim run best.yaml`` starts afresh."""
+    cfg = load_config(Path(best["run_dir"]) / "config.yaml")
+    cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=None))
+    values = ", ".join(f"{k}={short_value(best[k])}" for k in spec.space)
+    write_atomically(path, f"# best trial {best['trial']} of sweep {path.parent}: {spec.metric} "
+                    f"{best[f'best_{spec.metric}']:.4f} at round {best['best_round']}\n"
+                    f"# searched: {values}\n"
+                    f"# rerun over seeds: raysim run {path} --seeds 0-4\n" + to_yaml(cfg))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A kill while the table is written leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
+    """TensorBoard HParams for one trial, in its run directory: ``tensorboard --logdir SWEEP_DIR`` compares trials.
+
+    Besides the given summary metrics, the run's own ``acc/mean`` / ``acc/global`` curves are listed as metrics.
+    A rewrite (after --resume) replaces the earlier HParams file.
+    """
+    if not run_dir.is_dir() or not hparams:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+    for old in run_dir.glob("events.out.tfevents.*.hparams"):
+        old.unlink()
+    clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
+             if v is not None}
+    values = {k: float(v) for k, v in metrics.items() if v is not None}
+    names = {**values, "acc/mean": 0.0, "acc/global": 0.0}
+    exp, ssi, sei = hparams_summary(clean, names)
+    writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
+    try:
+        fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
+        for summary in (exp, ssi, sei):
+            fw.add_summary(summary)
+        for key, value in values.items():
+            writer.add_scalar(key, value, 0)
+    finally:
+        writer.close()

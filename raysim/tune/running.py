@@ -1,0 +1,212 @@
+"""Running a sweep: the sweep directory and its lock, Ray Tune's Tuner (new or restored), schedulers, searchers."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from raysim.config import ExperimentConfig
+from raysim.dirlock import DirLock
+from raysim.errors import UserError
+from raysim.tune.progress import _progress_callback, _Progress
+from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_run_dir, \
+    write_atomically
+from raysim.tune.spec import SweepError, SweepSpec, default_sweep_dir, spec_to_yaml
+from raysim.tune.trials import TrialSetup, _param_space, _trial_resources, run_trial
+from raysim.tune.validate import check_cluster, validate_sweep
+
+
+@contextlib.contextmanager
+def _tune_env() -> Iterator[None]:
+    """raysim writes each trial's TensorBoard events itself; Tune's own TensorBoard logger would duplicate them."""
+    saved = {k: os.environ.get(k) for k in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "RAY_AIR_NEW_OUTPUT")}
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool = False, quiet: bool = False,
+              out: Callable[[str], None] = print) -> "SweepResult":
+    """Run (or resume) a sweep to the end and write its table, best config and HParams; returns the table.
+
+    The sweep directory is locked while this runs (``raysim.dirlock``): a second sweep into it, or a ``--resume``
+    of it while it runs, is refused; a lock left by a killed sweep is gone with its process."""
+    first = validate_sweep(spec)
+    sweep_dir = Path(sweep_dir or spec.dir or default_sweep_dir(spec)).resolve()
+    key = spec.names.dir_key
+    if resume and not sweep_dir.is_dir():
+        raise SweepError(f"{sweep_dir} holds no sweep to resume (no such directory)")
+    created = not sweep_dir.exists()
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"cannot create sweep directory {sweep_dir} ({exc.strerror})") from None
+    # claimed before it is checked: of two sweeps started together into one directory, one runs, one is refused
+    with DirLock(sweep_dir, key=key):
+        try:
+            resume = _check_sweep_dir(spec, sweep_dir, resume)
+        except BaseException:
+            if created:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
+        try:
+            return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out)
+        except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
+            if created and not (sweep_dir / "tune").exists():
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
+
+
+def _check_sweep_dir(spec: SweepSpec, sweep_dir: Path, resume: bool) -> bool:
+    """Check (and prepare) the sweep directory; returns whether Tune's state is to be restored."""
+    tune_dir = sweep_dir / "tune"
+    if resume and not _tune_state_restorable(tune_dir):
+        if not (sweep_dir / "sweep.yaml").is_file():
+            raise SweepError(f"{sweep_dir} holds no sweep to resume (no Tune state in {tune_dir})")
+        # killed before Tune saved any state: no trial is on record, so the sweep starts again from sweep.yaml.
+        # Seeds keep their run directories (seed-<n> names the same run again: a done one is not rerun); sweep
+        # trials get new ids, so their directories from the lost attempt go.
+        shutil.rmtree(tune_dir, ignore_errors=True)
+        if not spec.names.keeps_run_dirs:
+            shutil.rmtree(spec.trials_dir(sweep_dir), ignore_errors=True)
+        resume = False
+    elif not resume and tune_dir.exists():
+        raise SweepError(f"{sweep_dir} already holds a sweep; continue it with --resume {sweep_dir} "
+                         f"or choose another directory")
+    try:
+        spec.trials_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
+        write_atomically(sweep_dir / "sweep.yaml", spec_to_yaml(dataclasses.replace(spec, dir=str(sweep_dir))))
+    except OSError as exc:
+        raise SweepError(f"cannot write sweep directory {sweep_dir} ({exc.strerror})") from None
+    return resume
+
+
+def _tune_state_restorable(tune_dir: Path) -> bool:
+    """Whether ``Tuner.restore`` can read ``tune_dir``. Tune writes its state files in place, so a kill can tear
+    one: a torn newest experiment state is removed (the one before it, and the trials' run directories, which hold
+    the truth about each trial, are enough to go on); a torn or missing ``tuner.pkl`` means nothing ever ran."""
+    import pickle
+
+    try:
+        pickle.loads((tune_dir / "tuner.pkl").read_bytes())
+    except Exception:  # noqa: BLE001 - missing, torn, or from another version: not restorable
+        return False
+    for state in sorted(tune_dir.glob("experiment_state-*.json"), reverse=True):
+        try:
+            json.loads(state.read_text())
+            return True
+        except (OSError, ValueError):
+            state.unlink(missing_ok=True)
+    return False
+
+
+def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path, resume: bool, quiet: bool,
+                      out: Callable[[str], None]) -> "SweepResult":
+    import ray
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from raysim.engine.resources import ray_session
+
+    tune_dir = sweep_dir / "tune"
+    spec = dataclasses.replace(spec, dir=str(sweep_dir))
+
+    setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
+                       cwd=os.getcwd(), naming=spec.naming)
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+                                    functools.partial(_trial_resources, setup=setup))
+    total = spec.total_trials()
+    done = tuple(r["trial_id"] for r in collect_trials(spec, sweep_dir)
+                 if r["status"] in ("done", "stopped")) if resume else ()  # errored trials run again
+    progress = _Progress(spec, total, first.rounds, quiet, done=done,
+                         run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
+    with ray_session(first.engine, first.plugins):
+        check_cluster(spec)
+        cpus = ray.cluster_resources().get("CPU", 0)
+        what = spec.names.what(total)
+        out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
+            f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
+        with _tune_env():
+            callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback()]
+            if resume:
+                with _quiet_tune_logs():  # trials that never reported have no result.json: Tune warns of that
+                    tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True,
+                                               resume_errored=True)
+            else:
+                tuner = tune.Tuner(
+                    trainable, param_space=_param_space(spec),
+                    tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
+                                                scheduler=_scheduler(spec, first.rounds),
+                                                search_alg=_searcher(spec),
+                                                max_concurrent_trials=spec.max_concurrent,
+                                                trial_dirname_creator=lambda trial: trial.trial_id),
+                    run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
+                                              callbacks=callbacks))
+            # Tuner.restore keeps the original run config; the progress callback has to be re-attached
+            if resume:
+                tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
+            with _one_line_trial_errors():
+                tuner.fit()
+    return finish_sweep(spec, sweep_dir)
+
+
+@contextlib.contextmanager
+def _one_line_trial_errors() -> Iterator[None]:
+    """Tune logs each failed trial's whole traceback; raysim prints its one-line cause (the traceback stays in the
+    trial's ``error.txt`` under the Tune directory)."""
+    import logging
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Trial task failed")
+
+    log = logging.getLogger("ray.tune.execution.tune_controller")
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
+
+
+def _scheduler(spec: SweepSpec, rounds: int) -> Any:
+    """Trial schedulers count rounds: ASHA and HyperBand stop weak trials at rungs, median stopping stops a trial
+    whose best so far is below the median of the others' running averages at the same round."""
+    name, opts = spec.scheduler["name"], spec.scheduler
+    if name == "fifo":
+        return None
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, MedianStoppingRule
+
+    if name == "hyperband":
+        return HyperBandScheduler(time_attr="round", max_t=rounds, reduction_factor=opts.get("reduction_factor", 2))
+    if name == "median":
+        return MedianStoppingRule(time_attr="round", grace_period=opts.get("grace_period", 1),
+                                  min_samples_required=opts.get("min_samples_required", 3))
+    return ASHAScheduler(time_attr="round", max_t=rounds, grace_period=opts.get("grace_period", 1),
+                         reduction_factor=opts.get("reduction_factor", 2))
+
+
+def _searcher(spec: SweepSpec) -> Any:
+    """None: Tune's own random/grid generator. Optuna: TPE through Tune's OptunaSearch adapter; Tune saves its
+    state with the experiment, so ``--resume`` continues the same study."""
+    search = spec.search if isinstance(spec.search, dict) else {"name": "random"}
+    if search.get("name", "random") == "random":
+        return None
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=search.get("seed"),
+                                         n_startup_trials=int(search.get("startup_trials", 5)))
+    return OptunaSearch(sampler=sampler)

@@ -1,0 +1,138 @@
+"""One trial: the Tune trainable that runs one whole raysim run in its placement group."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from raysim.config import ExperimentConfig, load_config
+from raysim.errors import UserError
+from raysim.tune.naming import naming
+from raysim.tune.spec import SweepSpec
+from raysim.tune.validate import _override, trial_bundles
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial needs besides its sampled values; shipped to the trial with the trainable."""
+
+    base: Optional[str]
+    fixed: tuple[str, ...]
+    trials_dir: str
+    cwd: str
+    naming: str  # the naming strategy's name (see naming.py)
+
+    def run_dir(self, values: dict, trial_id: str) -> Path:
+        return Path(self.trials_dir) / naming(self.naming).run_dir_name(trial_id, values)
+
+    def config(self, values: dict, run_dir: Optional[Path] = None) -> ExperimentConfig:
+        extra = [_override(k, v) for k, v in values.items()]
+        if run_dir is not None:
+            extra += [f"log.dir={run_dir}", "log.progress=false"]
+        return load_config(self.base, list(self.fixed) + extra)
+
+
+ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line cause, for the console and the table
+
+
+def run_trial(values: dict, setup: TrialSetup) -> None:
+    """The Tune trainable: one raysim run in the trial's placement group, reporting every round.
+
+    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) finds its run directory's checkpoint and
+    continues from it; one whose run had already ended (killed before Tune recorded it) reports its last round
+    again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is raised to Tune.
+    """
+    import ray
+    from ray import tune
+
+    from raysim.engine.runner import run_experiment
+    from raysim.runlog import read_metrics
+
+    with contextlib.suppress(OSError):
+        os.chdir(setup.cwd)  # Tune starts trials in its own trial dir; relative paths in configs mean the user's cwd
+    run_dir = setup.run_dir(values, tune.get_context().get_trial_id())
+    try:
+        cfg = setup.config(values, run_dir)
+        resume = (run_dir / "checkpoint" / "server.pt").is_file()
+        if not resume and run_dir.exists():
+            shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)
+        done = _checkpointed_round(run_dir) if resume else 0
+        rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["round"] <= done]
+        last: dict[str, float] = {}
+
+        def report(m: dict) -> dict:
+            row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)}
+            last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
+            return dict(last)
+
+        for m in rows:  # what the rounds already run measured, so the first report after a resume has the metric
+            report(m)
+        if rows and done >= cfg.rounds:  # the run ended before the sweep was killed: report it, run nothing
+            tune.report(report(rows[-1]))
+            return
+        run_experiment(cfg, resume=resume, on_round=lambda m: tune.report(report(m)),
+                       placement_group=ray.util.get_current_placement_group())
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _record_error(run_dir, exc)
+        raise  # code 0: Tune ending the trial's thread (a scheduler stopped or paused it), not a failure
+    except BaseException as exc:
+        _record_error(run_dir, exc)
+        raise
+
+
+def _record_error(run_dir: Path, exc: BaseException) -> None:
+    with contextlib.suppress(OSError):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / ERROR_FILE).write_text(one_line_cause(exc) + "\n")
+
+
+def _checkpointed_round(run_dir: Path) -> int:
+    from raysim.engine.state import read_checkpoint
+
+    try:
+        return int(read_checkpoint(run_dir)["round"])
+    except (UserError, OSError):
+        return 0  # run_experiment reports the damage
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """The innermost cause of an error raised through Ray, as one line: ``RuntimeError: what went wrong``."""
+    from raysim.errors import find_user_error
+
+    found = find_user_error(exc)
+    if found is not None:
+        return str(found).splitlines()[0] if str(found) else type(found).__name__
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)  # RayTaskError keeps the original exception here
+        if isinstance(cause, BaseException):
+            exc = cause
+        elif exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            break
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _trial_resources(values: dict, setup: TrialSetup) -> Any:
+    from ray.tune import PlacementGroupFactory
+
+    return PlacementGroupFactory(trial_bundles(setup.config(values).engine), strategy="PACK")
+
+
+def _param_space(spec: SweepSpec) -> dict[str, Any]:
+    from ray import tune
+
+    make = {"choice": tune.choice, "grid": tune.grid_search, "uniform": lambda a: tune.uniform(*a),
+            "loguniform": lambda a: tune.loguniform(*a), "randint": lambda a: tune.randint(*a)}
+    return {key: make[kind](args) for key, dist in spec.space.items() for kind, args in dist.items()}
