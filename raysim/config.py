@@ -23,7 +23,8 @@ class ConfigError(UserError):
     """A config key is unknown, mistyped or holds an impossible value."""
 
 
-def _require(ok: bool, key: str, why: str) -> None:
+def require(ok: bool, key: str, why: str) -> None:
+    """Refuse a config value: ``config key 'KEY': WHY`` unless ``ok`` (every config class's validate uses this)."""
     if not ok:
         raise ConfigError(f"config key '{key}': {why}")
 
@@ -47,7 +48,7 @@ def flatten_dict(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _one_of(value: Any, key: str, choices: tuple) -> None:
-    _require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+    require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 @dataclass
@@ -56,8 +57,8 @@ class ClientsConfig:
     fraction: float = 1.0  # share of clients sampled each round, in (0, 1]
 
     def validate(self) -> None:
-        _require(self.num >= 1, "clients.num", f"must be >= 1, got {self.num}")
-        _require(0.0 < self.fraction <= 1.0, "clients.fraction", f"must be in (0, 1], got {self.fraction}")
+        require(self.num >= 1, "clients.num", f"must be >= 1, got {self.num}")
+        require(0.0 < self.fraction <= 1.0, "clients.fraction", f"must be in (0, 1], got {self.fraction}")
 
 
 @dataclass
@@ -76,13 +77,13 @@ class DataConfig:
 
     def validate(self) -> None:
         _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
-        _require(self.alpha > 0, "data.alpha", f"must be > 0, got {self.alpha}")
-        _require(self.min_samples >= 2, "data.min_samples", f"must be >= 2, got {self.min_samples}")
-        _require(0.0 < self.test_fraction < 1.0, "data.test_fraction", f"must be in (0, 1), got {self.test_fraction}")
-        _require(self.clients_per_domain >= 1, "data.clients_per_domain", "must be >= 1")
-        _require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
+        require(self.alpha > 0, "data.alpha", f"must be > 0, got {self.alpha}")
+        require(self.min_samples >= 2, "data.min_samples", f"must be >= 2, got {self.min_samples}")
+        require(0.0 < self.test_fraction < 1.0, "data.test_fraction", f"must be in (0, 1), got {self.test_fraction}")
+        require(self.clients_per_domain >= 1, "data.clients_per_domain", "must be >= 1")
+        require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
         if self.samples_per_domain is not None:
-            _require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
+            require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
 
 
 @dataclass
@@ -111,19 +112,19 @@ class ModelConfig:
 
     def validate(self) -> None:
         names = self.names()
-        _require(len(names) >= 1 and all(isinstance(n, str) and n for n in names), "model.name",
+        require(len(names) >= 1 and all(isinstance(n, str) and n for n in names), "model.name",
                  "must be a model name or a list of names")
-        _require(self.feature_dim >= 1, "model.feature_dim", "must be >= 1")
-        _require(all(h >= 1 for h in self.hidden), "model.hidden", "widths must be >= 1")
-        _require(self.width >= 1, "model.width", "must be >= 1")
+        require(self.feature_dim >= 1, "model.feature_dim", "must be >= 1")
+        require(all(h >= 1 for h in self.hidden), "model.hidden", "widths must be >= 1")
+        require(self.width >= 1, "model.width", "must be >= 1")
         if self.weights is not None:
             listed = isinstance(self.weights, (list, tuple))
             paths = list(self.weights) if listed else [self.weights]
-            _require(all(p is None or (isinstance(p, str) and p) for p in paths), "model.weights",
+            require(all(p is None or (isinstance(p, str) and p) for p in paths), "model.weights",
                      "must be a file path or a list with one path (or null) per client")
             paths = [None if p is None else str(Path(p).expanduser().resolve()) for p in paths]
             for p in paths:  # absolute now: the driver actor may run in another working directory
-                _require(p is None or Path(p).is_file(), "model.weights",
+                require(p is None or Path(p).is_file(), "model.weights",
                          f"file not found: {p} (expected a torchvision-format state dict of the backbone, "
                          f"saved with torch.save(backbone.state_dict(), PATH))")
             self.weights = paths if listed else paths[0]
@@ -139,12 +140,12 @@ class TrainConfig:
     weight_decay: float = 0.0  # L2 penalty of the local optimiser
 
     def validate(self) -> None:
-        _require(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
-        _require(self.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {self.local_epochs}")
-        _require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        require(self.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {self.local_epochs}")
+        require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
         _one_of(self.optimizer, "train.optimizer", ("sgd", "adam"))
-        _require(0.0 <= self.momentum < 1.0, "train.momentum", "must be in [0, 1)")
-        _require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(0.0 <= self.momentum < 1.0, "train.momentum", "must be in [0, 1)")
+        require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
 
 
 @dataclass
@@ -171,17 +172,17 @@ class EngineConfig:
     dashboard: bool = False  # start Ray's dashboard with a local Ray
 
     def validate(self) -> None:
-        _require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
-        _require(self.cpus_per_worker > 0, "engine.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
-        _require(self.gpus_per_worker >= 0, "engine.gpus_per_worker", "must be >= 0")
-        _require(self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer(), "engine.gpus_per_worker",
+        require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
+        require(self.cpus_per_worker > 0, "engine.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
+        require(self.gpus_per_worker >= 0, "engine.gpus_per_worker", "must be >= 0")
+        require(self.gpus_per_worker <= 1 or float(self.gpus_per_worker).is_integer(), "engine.gpus_per_worker",
                  "fractions are allowed only below 1")
-        _require(self.driver_cpus >= 0, "engine.driver_cpus", "must be >= 0")
-        _require(self.jobs_per_worker >= 1, "engine.jobs_per_worker", "must be >= 1")
-        _require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
+        require(self.driver_cpus >= 0, "engine.driver_cpus", "must be >= 0")
+        require(self.jobs_per_worker >= 1, "engine.jobs_per_worker", "must be >= 1")
+        require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:
-            _require(self.state_memory_gb > 0, "engine.state_memory_gb", "must be > 0")
+            require(self.state_memory_gb > 0, "engine.state_memory_gb", "must be > 0")
 
 
 @dataclass
@@ -190,7 +191,7 @@ class EvalConfig:
     clients: str = "all"  # all | sampled: whose test split is evaluated
 
     def validate(self) -> None:
-        _require(self.every >= 1, "eval.every", "must be >= 1")
+        require(self.every >= 1, "eval.every", "must be >= 1")
         _one_of(self.clients, "eval.clients", ("all", "sampled"))
 
 
@@ -203,7 +204,7 @@ class LogConfig:
     progress: bool = True  # one console line per round
 
     def validate(self) -> None:
-        _require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
+        require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
 
 
 @dataclass
@@ -222,8 +223,8 @@ class ExperimentConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> "ExperimentConfig":
-        _require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
-        _require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
+        require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
+        require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
@@ -234,10 +235,10 @@ class ExperimentConfig:
                 if dataclasses.is_dataclass(sub) and hasattr(sub, "validate"):
                     sub.validate()
         names = self.model.names()
-        _require(len(names) in (1, self.clients.num), "model.name",
+        require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
         if isinstance(self.model.weights, list):
-            _require(len(self.model.weights) in (1, self.clients.num), "model.weights",
+            require(len(self.model.weights) in (1, self.clients.num), "model.weights",
                      f"a list must have one entry per client ({self.clients.num}), got {len(self.model.weights)}")
         return self
 
@@ -253,7 +254,7 @@ def _read_yaml(path: Path, depth: int = 0) -> DictConfig:
         raise ConfigError(f"{path}: a config file must be a mapping of keys")
     parent = raw.pop("extends", None)
     if parent is not None:
-        _require(depth < 8, "extends", "chain is too deep (a cycle?)")
+        require(depth < 8, "extends", "chain is too deep (a cycle?)")
         raw = OmegaConf.merge(_read_yaml((path.parent / str(parent)).resolve(), depth + 1), raw)
     return raw
 
@@ -315,7 +316,7 @@ def _with_sections(base: type, key: str, kind: str, names: tuple[str, ...]) -> t
 def _section_class(base: type, key: str, sections: tuple[tuple[str, type], ...]) -> type:
     taken = {f.name for f in dataclasses.fields(base)}
     for name, _ in sections:
-        _require(name not in taken and name.isidentifier(), f"{key}.name",
+        require(name not in taken and name.isidentifier(), f"{key}.name",
                  f"{name!r} cannot have a config section (it clashes with the key {key}.{name})")
     cls = dataclasses.make_dataclass(f"{base.__name__}_{'_'.join(n for n, _ in sections)}",
                                      [(n, c, field(default_factory=c)) for n, c in sections], bases=(base,))

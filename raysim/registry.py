@@ -84,22 +84,20 @@ def register_model(name: str, config: Optional[type] = None) -> Callable[[Callab
     """Register a backbone factory ``fn(*, input_shape, cfg, client_id, seed) -> nn.Module`` (``cfg`` is the
     ``model`` section). ``config``: a dataclass of the model's own keys, which appear as ``model.<name>.*`` and
     reach the factory as ``cfg.<name>`` (a ``Config`` attribute on the factory does the same)."""
-    def wrap(fn: Callable) -> Callable:
-        if config is not None:
-            fn.Config = config
-        _MODELS[name] = fn
-        return fn
-
-    return wrap
+    return _register_factory(_MODELS, name, config)
 
 
 def register_dataset(name: str, config: Optional[type] = None) -> Callable[[Callable], Callable]:
     """Register a dataset builder ``fn(cfg) -> FederatedData`` (``cfg`` is the whole experiment config).
     ``config``: a dataclass of the dataset's own keys, ``data.<name>.*`` (read as ``cfg.data.<name>``)."""
+    return _register_factory(_DATASETS, name, config)
+
+
+def _register_factory(table: dict[str, Callable], name: str, config: Optional[type]) -> Callable[[Callable], Callable]:
     def wrap(fn: Callable) -> Callable:
         if config is not None:
-            fn.Config = config
-        _DATASETS[name] = fn
+            fn.Config = config  # type: ignore[attr-defined]
+        table[name] = fn
         return fn
 
     return wrap

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from raysim.fsutil import atomic_write_text
+
 # metrics.jsonl name -> TensorBoard tag; keys not listed here and containing "/" are written as they are
 TB_TAGS = {
     "acc_mean": "acc/mean",
@@ -73,12 +75,8 @@ class RunLog:
         self.per_client_max = per_client_max
         if resume_round:
             kept = [m for m in read_metrics(self.metrics_path) if m["round"] <= resume_round]
-            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w") as fh:  # whole lines up to the checkpoint; a torn last line is dropped here
-                fh.write("".join(json.dumps(m) + "\n" for m in kept))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.metrics_path)
+            # whole lines up to the checkpoint (a torn last line is dropped here); fsync, as for every metrics line
+            atomic_write_text(self.metrics_path, "".join(json.dumps(m) + "\n" for m in kept), fsync=True)
         self._fh = open(self.metrics_path, "a")
         self.tb = None
         if tensorboard:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.curriculum.consensus import ConsensusController
 from raysim.curriculum.pca import explained_variance, fit_pca
 from raysim.curriculum.pkd import pkd_loss, semantic_contrastive_loss
@@ -45,11 +45,6 @@ CALIBRATION_KEY = "fapd.calibration"  # data.meta: int64 indices of the server-h
 CACHE_VERSION = 1
 
 
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {why}")
-
-
 @dataclass
 class TeacherConfig:
     features: Optional[str] = None  # .npy [N, D]: teacher features in the dataset's sample order (null: offline)
@@ -59,7 +54,7 @@ class TeacherConfig:
     epochs: int = 30  # offline teacher: central training epochs on the calibration split
     lr: float = 0.05  # offline teacher: SGD (momentum 0.9) learning rate
     batch_size: int = 32  # offline teacher: batch size
-    cache_dir: Optional[str] = None  # offline teacher features cache (null: data.cache_dir, else ~/.cache/raysim)
+    cache_dir: Optional[str] = None  # teacher features cache (null: data.cache_dir, $RAYSIM_CACHE, ~/.cache/raysim)
 
     def validate(self) -> None:
         key = "algorithm.teacher."
@@ -67,13 +62,13 @@ class TeacherConfig:
             value = getattr(self, name)
             if value is not None:  # absolute now: the driver actor may run in another working directory
                 setattr(self, name, os.path.abspath(os.path.expanduser(str(value))))
-        _require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",
+        require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",
                  f"must be in [0, 1), got {self.calibration_fraction}")
-        _require(self.calibration_fraction > 0 or self.features is not None, key + "calibration_fraction",
+        require(self.calibration_fraction > 0 or self.features is not None, key + "calibration_fraction",
                  "must be > 0 without algorithm.teacher.features (the offline teacher trains on that split)")
-        _require(self.epochs >= 1, key + "epochs", f"must be >= 1, got {self.epochs}")
-        _require(self.lr > 0, key + "lr", f"must be > 0, got {self.lr}")
-        _require(self.batch_size >= 1, key + "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.epochs >= 1, key + "epochs", f"must be >= 1, got {self.epochs}")
+        require(self.lr > 0, key + "lr", f"must be > 0, got {self.lr}")
+        require(self.batch_size >= 1, key + "batch_size", f"must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -91,16 +86,16 @@ class FAPDConfig(AlgorithmConfig):
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
     def validate(self) -> None:
-        _require(self.k0 >= 1, "algorithm.k0", f"must be >= 1, got {self.k0}")
-        _require(self.delta_k >= 0, "algorithm.delta_k", f"must be >= 0, got {self.delta_k}")
-        _require(self.epsilon >= 0, "algorithm.epsilon", f"must be >= 0, got {self.epsilon}")
-        _require(self.window >= 1, "algorithm.window", f"must be >= 1, got {self.window}")
-        _require(self.curriculum in CURRICULA, "algorithm.curriculum",
+        require(self.k0 >= 1, "algorithm.k0", f"must be >= 1, got {self.k0}")
+        require(self.delta_k >= 0, "algorithm.delta_k", f"must be >= 0, got {self.delta_k}")
+        require(self.epsilon >= 0, "algorithm.epsilon", f"must be >= 0, got {self.epsilon}")
+        require(self.window >= 1, "algorithm.window", f"must be >= 1, got {self.window}")
+        require(self.curriculum in CURRICULA, "algorithm.curriculum",
                  f"must be one of {', '.join(CURRICULA)}, got {self.curriculum!r}")
-        _require(self.k_fixed is None or self.k_fixed >= 1, "algorithm.k_fixed", f"must be >= 1, got {self.k_fixed}")
-        _require(self.lambda_kd >= 0, "algorithm.lambda_kd", f"must be >= 0, got {self.lambda_kd}")
-        _require(self.lambda_cl >= 0, "algorithm.lambda_cl", f"must be >= 0, got {self.lambda_cl}")
-        _require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
+        require(self.k_fixed is None or self.k_fixed >= 1, "algorithm.k_fixed", f"must be >= 1, got {self.k_fixed}")
+        require(self.lambda_kd >= 0, "algorithm.lambda_kd", f"must be >= 0, got {self.lambda_kd}")
+        require(self.lambda_cl >= 0, "algorithm.lambda_cl", f"must be >= 0, got {self.lambda_cl}")
+        require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
         self.teacher.validate()
 
 
@@ -264,12 +259,12 @@ def class_means(feats: np.ndarray, labels: np.ndarray, num_classes: int) -> np.n
 
 
 def _cache_root(cfg: Any) -> Path:
-    t = cfg.algorithm.teacher
-    if t.cache_dir:
-        return Path(t.cache_dir)
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir).expanduser() / "fapd-teacher"
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "raysim" / "fapd-teacher"
+    """``algorithm.teacher.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
+    if cfg.algorithm.teacher.cache_dir:
+        return Path(cfg.algorithm.teacher.cache_dir)
+    from raysim.data.cache import cache_dir
+
+    return cache_dir(cfg) / "fapd-teacher"
 
 
 def _cache_key(cfg: Any, data: FederatedData, calibration: np.ndarray, arch: str, device: str) -> str:

@@ -51,16 +51,11 @@ from torch import nn
 
 from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, TensorDict,
                                     average_updates, split_state)
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.registry import register_algorithm
 
 MIN_WEIGHT = 1e-4  # userpFedGen.exp_lr_scheduler: max(1e-4, init * decay ** glob_iter)
 GENERATOR_STREAM = 0xFED6E7  # seeds the generator's initial weights from the run seed
-
-
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {why}")
 
 
 @dataclass
@@ -87,21 +82,21 @@ class FedGenConfig(AlgorithmConfig):
     def validate(self) -> None:
         for key in ("generator_hidden_dim", "noise_dim", "ensemble_epochs", "n_teacher_iters", "gen_batch_size"):
             value = getattr(self, key)
-            _require(isinstance(value, int) and value >= 1, f"algorithm.{key}", f"must be an integer >= 1, got {value}")
-        _require(self.ensemble_epochs >= self.n_teacher_iters, "algorithm.ensemble_epochs",
+            require(isinstance(value, int) and value >= 1, f"algorithm.{key}", f"must be an integer >= 1, got {value}")
+        require(self.ensemble_epochs >= self.n_teacher_iters, "algorithm.ensemble_epochs",
                  f"must be >= algorithm.n_teacher_iters ({self.n_teacher_iters}), got {self.ensemble_epochs}")
-        _require(self.generator_batch_size is None or (isinstance(self.generator_batch_size, int)
+        require(self.generator_batch_size is None or (isinstance(self.generator_batch_size, int)
                                                        and self.generator_batch_size >= 2),
                  "algorithm.generator_batch_size",
                  f"must be null or an integer >= 2 (batch norm and the diversity loss need pairs), "
                  f"got {self.generator_batch_size}")
-        _require(self.ensemble_lr > 0, "algorithm.ensemble_lr", f"must be > 0, got {self.ensemble_lr}")
+        require(self.ensemble_lr > 0, "algorithm.ensemble_lr", f"must be > 0, got {self.ensemble_lr}")
         for key in ("generator_lr_decay", "generative_decay"):
             value = getattr(self, key)
-            _require(0 < value <= 1, f"algorithm.{key}", f"must be in (0, 1], got {value}")
+            require(0 < value <= 1, f"algorithm.{key}", f"must be in (0, 1], got {value}")
         for key in ("generator_weight_decay", "ensemble_alpha", "ensemble_eta", "generative_alpha", "generative_beta"):
             value = getattr(self, key)
-            _require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
+            require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
 
     @property
     def generator_steps(self) -> int:

@@ -50,17 +50,12 @@ from torch import nn
 
 from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, TensorDict, average_updates,
                                     split_state, weighted_average)
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 from raysim.registry import register_algorithm
 
 PRE_KEY = "_fedpac_pre"  # this job's pre-training statistics, kept in the job's private payload copy
 EIG_FLOOR = 0.01  # tools.get_head_agg_weight: eigenvalues kept when P has negative ones
-
-
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {why}")
 
 
 @dataclass
@@ -73,10 +68,10 @@ class FedPACConfig(AlgorithmConfig):
     weight_eps: float = 1e-3  # combination weights below this are zeroed (get_head_agg_weight's eps)
 
     def validate(self) -> None:
-        _require(self.lam >= 0, "algorithm.lam", f"must be >= 0, got {self.lam}")
-        _require(self.head_epochs >= 0, "algorithm.head_epochs", f"must be >= 0, got {self.head_epochs}")
-        _require(self.head_lr is None or self.head_lr > 0, "algorithm.head_lr", f"must be > 0, got {self.head_lr}")
-        _require(0 <= self.weight_eps < 1, "algorithm.weight_eps", f"must be in [0, 1), got {self.weight_eps}")
+        require(self.lam >= 0, "algorithm.lam", f"must be >= 0, got {self.lam}")
+        require(self.head_epochs >= 0, "algorithm.head_epochs", f"must be >= 0, got {self.head_epochs}")
+        require(self.head_lr is None or self.head_lr > 0, "algorithm.head_lr", f"must be > 0, got {self.head_lr}")
+        require(0 <= self.weight_eps < 1, "algorithm.weight_eps", f"must be in [0, 1), got {self.weight_eps}")
 
 
 # ---------------------------------------------------------------------- the defining computations (pure)

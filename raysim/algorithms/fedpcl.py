@@ -382,7 +382,7 @@ def _cache_root(cfg: Any) -> Path:
     """``algorithm.pretrain.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
     if cfg.algorithm.pretrain.cache_dir:
         return Path(cfg.algorithm.pretrain.cache_dir)
-    from raysim.data.digits import cache_dir
+    from raysim.data.cache import cache_dir
 
     return cache_dir(cfg) / "fedpcl-backbone"
 

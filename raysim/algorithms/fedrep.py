@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.registry import register_algorithm
 
 
@@ -21,8 +21,7 @@ class FedRepConfig(AlgorithmConfig):
     head_epochs: int = 1  # local epochs on the head before the body's train.local_epochs (FedRep's paper: 10)
 
     def validate(self) -> None:
-        if self.head_epochs < 0:
-            raise ConfigError(f"config key 'algorithm.head_epochs': must be >= 0, got {self.head_epochs}")
+        require(self.head_epochs >= 0, "algorithm.head_epochs", f"must be >= 0, got {self.head_epochs}")
 
 
 @register_algorithm("fedrep")

@@ -18,15 +18,10 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.curriculum.clkd import METRICS, OVERS, SHAPES, clkd_loss, p_schedule
 from raysim.models import HEAD_PREFIX
 from raysim.registry import register_algorithm
-
-
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"config key '{key}': {why}")
 
 
 @dataclass
@@ -40,11 +35,11 @@ class ScheduleConfig:
 
     def validate(self) -> None:
         if self.start is not None:
-            _require(0.0 < self.start <= 1.0, "algorithm.schedule.start", f"must be in (0, 1], got {self.start}")
-        _require(0.0 < self.end <= 1.0, "algorithm.schedule.end", f"must be in (0, 1], got {self.end}")
-        _require(self.over in OVERS, "algorithm.schedule.over",
+            require(0.0 < self.start <= 1.0, "algorithm.schedule.start", f"must be in (0, 1], got {self.start}")
+        require(0.0 < self.end <= 1.0, "algorithm.schedule.end", f"must be in (0, 1], got {self.end}")
+        require(self.over in OVERS, "algorithm.schedule.over",
                  f"must be one of {', '.join(OVERS)}, got {self.over!r}")
-        _require(self.shape in SHAPES, "algorithm.schedule.shape",
+        require(self.shape in SHAPES, "algorithm.schedule.shape",
                  f"must be one of {', '.join(SHAPES)}, got {self.shape!r}")
 
 
@@ -54,7 +49,7 @@ class PartialKDConfig(AlgorithmConfig):
     alpha: float = 1.0  # strength of the distillation term
 
     def validate(self) -> None:
-        _require(self.alpha >= 0, "algorithm.alpha", f"must be >= 0, got {self.alpha}")
+        require(self.alpha >= 0, "algorithm.alpha", f"must be >= 0, got {self.alpha}")
 
 
 @dataclass
@@ -65,7 +60,7 @@ class UnidealConfig(PartialKDConfig):
 
     def validate(self) -> None:
         super().validate()
-        _require(self.metric in METRICS, "algorithm.metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        require(self.metric in METRICS, "algorithm.metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         self.schedule.validate()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -94,3 +94,38 @@ class FederatedData:
 def _vector(a: np.ndarray) -> torch.Tensor:
     """A float32 copy (arrays from the object store are read-only, which torch.from_numpy warns about)."""
     return torch.tensor(np.asarray(a), dtype=torch.float32)
+
+
+def channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean/std of uint8 images [N, C, H, W] on the 0..1 scale the worker divides by.
+
+    Accumulated in chunks, so a Tiny-ImageNet-sized array never gets a float copy.
+    """
+    channels = x.shape[1]
+    total = np.zeros(channels)
+    squares = np.zeros(channels)
+    for start in range(0, len(x), chunk):
+        block = x[start:start + chunk].astype(np.float64) / 255.0
+        total += block.sum(axis=(0, 2, 3))
+        squares += np.square(block).sum(axis=(0, 2, 3))
+    count = max(len(x), 1) * x.shape[2] * x.shape[3]
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12))
+    return mean.astype(np.float32), std.astype(np.float32)
+
+
+def subset_indices(n: int, cap: Optional[int], rng: np.random.Generator) -> np.ndarray:
+    """A seeded random subset of at most ``cap`` of ``n`` indices (``data.samples_per_domain``), in source order."""
+    if cap is None or cap >= n:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=cap, replace=False))
+
+
+def local_root(cfg: Any, dataset: str, layout: str) -> Path:
+    """``data.root`` for a dataset read from local files; a one-line error naming the key when it is not set."""
+    if not cfg.data.root:
+        from raysim.errors import UserError
+
+        raise UserError(f"config key 'data.root': {dataset} is read from local files; set data.root to a "
+                        f"directory holding {layout}")
+    return Path(cfg.data.root).expanduser()

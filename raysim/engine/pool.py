@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Union
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
 
+from raysim.engine.placement import in_bundle, worker_bundle
 from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
 
@@ -39,10 +40,13 @@ class Job:
     tries: int = field(default=0)
 
 
-def first_worker_bundle(cfg: Any, placement_group: Any) -> int:
-    """Index of the first workers' bundle: Tune drops an empty head bundle (driver_cpus=0), so the group then holds
-    only the workers' bundles and the driver (0 CPU) shares bundle 0; workers take the last num_workers bundles."""
-    return placement_group.bundle_count - cfg.engine.num_workers
+def kill_quietly(actors: list[Any]) -> None:
+    """``ray.kill`` each actor; one already gone is no error."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def spawn_worker(cfg: Any, index: int, placement_group: Optional[Any] = None) -> Any:
@@ -50,11 +54,7 @@ def spawn_worker(cfg: Any, index: int, placement_group: Optional[Any] = None) ->
     e = cfg.engine
     options: dict[str, Any] = {"num_cpus": e.cpus_per_worker, "num_gpus": e.gpus_per_worker, "max_restarts": 0}
     if placement_group is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group=placement_group,
-            placement_group_bundle_index=first_worker_bundle(cfg, placement_group) + index)
+        options.update(in_bundle(placement_group, worker_bundle(e, placement_group, index)))
     return ray.remote(ClientWorker).options(**options).remote(cfg)
 
 
@@ -92,10 +92,7 @@ class WorkerPool:
         return ray.get([w.info.remote() for w in self.workers])
 
     def _replace(self, index: int) -> None:
-        try:
-            ray.kill(self.workers[index], no_restart=True)
-        except Exception:  # already gone
-            pass
+        kill_quietly([self.workers[index]])
         self.workers[index] = self._attach(index, spawn_worker(self.cfg, index, self._pg))
         self.replacements += 1
 
@@ -150,11 +147,7 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         self._closed = True
-        for w in self.workers:
-            try:
-                ray.kill(w, no_restart=True)
-            except Exception:
-                pass
+        kill_quietly(self.workers)
         self.workers = []
 
 

@@ -134,11 +134,9 @@ def check_resources(engine: Any, total: dict | None = None, nodes: list[dict] | 
         raise UserError(f"config key 'engine.num_workers': {engine.num_workers} workers x {engine.cpus_per_worker:g} "
                         f"CPU (+{engine.driver_cpus:g} for the driver) = {need['CPU']:g} CPU, "
                         f"but the cluster has {have_cpu:g}")
-    biggest_cpu = max((n.get("CPU", 0.0) for n in nodes), default=have_cpu)
-    if engine.cpus_per_worker > biggest_cpu + 1e-9:
-        raise UserError(f"config key 'engine.cpus_per_worker': {engine.cpus_per_worker:g} CPU per worker, but the "
-                        f"largest node has {biggest_cpu:g}")
-    biggest_gpu = max((n.get("GPU", 0.0) for n in nodes), default=have_gpu)
-    if engine.gpus_per_worker > biggest_gpu + 1e-9:
-        raise UserError(f"config key 'engine.gpus_per_worker': {engine.gpus_per_worker:g} GPU per worker, but the "
-                        f"largest node has {biggest_gpu:g}")
+    for resource, key in (("CPU", "cpus_per_worker"), ("GPU", "gpus_per_worker")):  # one worker fits on one node
+        per_worker = getattr(engine, key)
+        biggest = max((n.get(resource, 0.0) for n in nodes), default=total.get(resource, 0.0))
+        if per_worker > biggest + 1e-9:
+            raise UserError(f"config key 'engine.{key}': {per_worker:g} {resource} per worker, but the largest node "
+                            f"has {biggest:g}")

@@ -19,7 +19,8 @@ import yaml
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
 from raysim.engine.driver import Driver
-from raysim.engine.pool import spawn_workers
+from raysim.engine.placement import DRIVER_BUNDLE, in_bundle
+from raysim.engine.pool import kill_quietly, spawn_workers
 from raysim.engine.resources import check_resources, ray_session
 from raysim.engine.state import read_checkpoint
 from raysim.errors import RunStopped, UserError, find_user_error
@@ -152,21 +153,14 @@ def _kill_quietly(driver: Any, workers: list[Any]) -> None:
         ray.get(driver.shutdown.remote(), timeout=30)
     except Exception:
         pass
-    for actor in [driver, *workers]:
-        try:
-            ray.kill(actor, no_restart=True)
-        except Exception:
-            pass
+    kill_quietly([driver, *workers])
 
 
 def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:
     """The driver writes the run directory, so it runs on this node (or in the trial's first bundle)."""
     options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus, "max_concurrency": 2, "max_restarts": 0}
     if placement_group is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group=placement_group, placement_group_bundle_index=0)
+        options.update(in_bundle(placement_group, DRIVER_BUNDLE))
     else:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -27,6 +27,7 @@ import ray
 import torch
 
 from raysim.errors import UserError
+from raysim.fsutil import atomic_writer
 
 FORMAT_VERSION = 1
 _CLIENT_FILE = re.compile(r"c(\d+)_r(\d+)\.pt$")
@@ -34,18 +35,13 @@ _SAVE_CHUNK = 256  # client states fetched and written per batch (bounds the dri
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same directory, fsync, then rename over ``path``."""
+    """torch.save to a temporary file in the same directory, fsync, then rename over ``path``.
+
+    fsync: a checkpoint is what a resumed run restarts from, so it must be on disk before the round counts as saved.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path, fsync=True) as fh:
+        torch.save(obj, fh)
 
 
 def save_all_durably(items: list[tuple[Any, Path]]) -> None:

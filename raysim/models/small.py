@@ -14,15 +14,18 @@ from raysim.models import StagedSequential
 from raysim.registry import register_model
 
 
-@register_model("mlp")
-def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
-    """Fully connected: flattened input, model.hidden widths, then model.feature_dim."""
-    widths = [math.prod(input_shape), *cfg.hidden]
+def staged_mlp(widths: list[int]) -> nn.Module:
+    """Flatten, then Linear + ReLU from each width to the next; every Linear is a stage (for FedKD's hidden states)."""
     layers: list[nn.Module] = [nn.Flatten()]
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
-    layers += [nn.Linear(widths[-1], cfg.feature_dim), nn.ReLU()]
     return StagedSequential(*layers, taps=tuple(i for i, m in enumerate(layers) if isinstance(m, nn.Linear)))
+
+
+@register_model("mlp")
+def mlp(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """Fully connected: flattened input, model.hidden widths, then model.feature_dim."""
+    return staged_mlp([math.prod(input_shape), *cfg.hidden, cfg.feature_dim])
 
 
 mlp.stages = True  # type: ignore[attr-defined]

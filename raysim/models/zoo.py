@@ -24,6 +24,7 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from raysim.errors import UserError
 from raysim.models import StagedSequential, pooled
+from raysim.models.small import staged_mlp
 from raysim.registry import register_model
 
 SMALL_INPUT = 64  # largest side that still gets the small-input stem
@@ -141,11 +142,7 @@ def hete_widths(seed: int, client_id: int) -> list[int]:
 @register_model("mlp_hete")
 def mlp_hete(*, input_shape: tuple[int, ...], cfg, client_id: int, seed: int, **_: object) -> nn.Module:
     """UNIDEAL-HETE on tables: each client's MLP has its own depth and widths, drawn from the seed."""
-    widths = [math.prod(input_shape), *hete_widths(seed, client_id), cfg.feature_dim]
-    layers: list[nn.Module] = [nn.Flatten()]
-    for a, b in zip(widths[:-1], widths[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return StagedSequential(*layers, taps=tuple(i for i, m in enumerate(layers) if isinstance(m, nn.Linear)))
+    return staged_mlp([math.prod(input_shape), *hete_widths(seed, client_id), cfg.feature_dim])
 
 
 mlp_hete.stages = True  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ Modules, by concern: ``spec`` (reading and saving sweep files), ``validate`` (ch
 This package re-exports what callers import from ``raysim.tune``.
 """
 
+from raysim.engine.placement import run_bundles as trial_bundles
 from raysim.tables import markdown_table
 from raysim.tune.naming import SeedNaming, TrialNaming, naming
 from raysim.tune.progress import _Progress, _progress_callback
@@ -31,7 +32,7 @@ from raysim.tune.spec import (DISTRIBUTIONS, RUN_METRICS, SCHEDULER_KEYS, SCHEDU
                               SweepError, SweepSpec, check_spec, default_sweep_dir, flatten_space, load_sweep,
                               spec_from_yaml, spec_to_yaml)
 from raysim.tune.trials import ERROR_FILE, TrialSetup, one_line_cause, run_trial
-from raysim.tune.validate import candidate_overrides, check_cluster, trial_bundles, validate_sweep
+from raysim.tune.validate import candidate_overrides, check_cluster, validate_sweep
 
 __all__ = [
     "DISTRIBUTIONS", "ERROR_FILE", "RUN_METRICS", "SCHEDULERS", "SCHEDULER_KEYS", "SEARCHERS", "SWEEP_KEYS",

@@ -7,7 +7,6 @@ import contextlib
 import csv
 import dataclasses
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -15,6 +14,7 @@ from typing import Iterator, Optional
 import yaml
 
 from raysim.config import load_config, to_yaml
+from raysim.fsutil import atomic_write_text
 from raysim.tables import markdown_table, metric_cell, short_value
 from raysim.tune.spec import SweepSpec
 from raysim.tune.trials import ERROR_FILE
@@ -146,13 +146,9 @@ def write_best_config(spec: SweepSpec, best: dict, path: Path) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """A kill while the table is written leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """A kill while a table is written leaves the old file or the new one, never half of one; fsync, since the
+    sweep's files (sweep.yaml above all, which --resume reads back) are its record once Tune is done."""
+    atomic_write_text(path, text, fsync=True)
 
 
 def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:

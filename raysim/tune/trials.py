@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raysim.config import ExperimentConfig, load_config
+from raysim.engine.placement import run_bundles
 from raysim.errors import UserError
 from raysim.tune.naming import naming
 from raysim.tune.spec import SweepSpec
-from raysim.tune.validate import _override, trial_bundles
+from raysim.tune.validate import _override
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ def one_line_cause(exc: BaseException) -> str:
 def _trial_resources(values: dict, setup: TrialSetup) -> Any:
     from ray.tune import PlacementGroupFactory
 
-    return PlacementGroupFactory(trial_bundles(setup.config(values).engine), strategy="PACK")
+    return PlacementGroupFactory(run_bundles(setup.config(values).engine), strategy="PACK")
 
 
 def _param_space(spec: SweepSpec) -> dict[str, Any]:

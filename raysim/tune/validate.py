@@ -60,16 +60,3 @@ def check_cluster(spec: SweepSpec) -> None:
 
     for trial in candidate_overrides(spec):
         check_resources(load_config(spec.base, spec.fixed + trial).engine)
-
-
-def trial_bundles(engine: Any) -> list[dict[str, float]]:
-    """Bundle 0: the driver (and the Tune trial process itself); then one bundle per worker.
-
-    With ``driver_cpus = 0`` the head bundle is empty and Tune leaves it out of the group; the driver then sits,
-    using nothing, in the first worker's bundle (the runner/driver place workers in the group's last bundles).
-    """
-    head = {"CPU": float(engine.driver_cpus)} if engine.driver_cpus else {}
-    worker = {"CPU": float(engine.cpus_per_worker)}
-    if engine.gpus_per_worker:
-        worker["GPU"] = float(engine.gpus_per_worker)
-    return [head] + [dict(worker) for _ in range(engine.num_workers)]

@@ -1,0 +1,46 @@
+"""Writing a file so that a reader (or a kill) sees the old file or the new one, never half of one.
+
+Each caller says whether the new file must also survive a power cut (``fsync=True``: run state and results a
+resumed run or sweep depends on) or only a killed process (``fsync=False``: caches, which are rebuilt when lost).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+from typing import IO, Iterator
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path, *, fsync: bool, text: bool = False) -> Iterator[IO]:
+    """Yield a temporary file next to ``path``; when the block ends without error, flush it (fsync if asked) and
+    rename it over ``path``. The temporary name is unique, so concurrent writers (Tune trials filling one cache)
+    never write into one another's file; on an error it is removed and ``path`` is untouched."""
+    path = Path(path)
+    # not mkstemp: its files are private (0600); this one gets the umask's permissions, like any file opened to write
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w" if text else "wb", **({"newline": ""} if text else {})) as fh:
+            yield fh
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool) -> None:
+    """``data`` into ``path`` through :func:`atomic_writer`."""
+    with atomic_writer(path, fsync=fsync) as fh:
+        fh.write(data)
+
+
+def atomic_write_text(path: Path, text: str, *, fsync: bool) -> None:
+    """``text`` into ``path`` (newlines as given) through :func:`atomic_writer`."""
+    with atomic_writer(path, fsync=fsync, text=True) as fh:
+        fh.write(text)
