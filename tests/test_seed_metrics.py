@@ -11,18 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import raysim
-from conftest import read_rows, tiny_overrides
+from conftest import read_rows
 from raysim.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def unideal_run(ray_cluster, tmp_path_factory) -> Path:
-    """A head-sharing method (no acc_global): two rounds, evaluation in the second only."""
-    d = tmp_path_factory.mktemp("unideal")
-    return raysim.run(None, *tiny_overrides(d, algorithm__name="unideal", eval__every=2)).run_dir
 
 
 def client_rows(run_dir: Path) -> list[dict]:
@@ -31,7 +23,7 @@ def client_rows(run_dir: Path) -> list[dict]:
 
 def test_acc_weighted_and_client_metrics_of_every_evaluated_round(unideal_run):
     rows, clients = read_rows(unideal_run), client_rows(unideal_run)
-    assert [r["acc_weighted"] for r in rows][0] is None and rows[0]["acc_mean"] is None  # round 1: no evaluation
+    assert rows[0]["acc_weighted"] is None and rows[0]["acc_mean"] is None  # round 1: no evaluation
     assert [c["round"] for c in clients] == [2]  # only evaluated rounds have a line
     last, c = rows[1], clients[0]
     assert "acc_global" not in last  # UNIDEAL holds no global model; acc_weighted is there all the same
@@ -56,7 +48,8 @@ def test_tsne_of_a_runs_test_features(unideal_run, tmp_path, capsys):
     # the rebuilt evaluation models predict exactly what the run's evaluation counted
     hits = exported["predicted"] == exported["labels"]
     assert [int(hits[exported["clients"] == cid].sum()) for cid in c["client"]] == c["correct"]
-    rows = list(csv.DictReader(open(out / "tsne.csv")))
+    with open(out / "tsne.csv") as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) <= 60 and len(rows) >= 50 and set(rows[0]) == {"x", "y", "label", "client"}
     assert len({r["label"] for r in rows}) == 10  # the subset keeps every class
     assert (out / "tsne.png").read_bytes()[:8] == PNG_SIGNATURE
