@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from raysim.errors import UserError
-from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs
+from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs, write_target_plot
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
@@ -307,6 +307,7 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     report.files.update(write_extra_csvs(report, out))
     if plots:
         report.files.update(write_plots(report, out))
+        report.files.update(write_target_plot(report, out))
     report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
     return report
 
@@ -442,7 +443,8 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
         lines += ["## Plot labels", "", markdown_table(["label", "method"], [[labels[m], m] for m in report.methods]),
                   ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
-                        ("k_vs_round.png", "FAPD curriculum dimension k")):
+                        ("k_vs_round.png", "FAPD curriculum dimension k"),
+                        ("to_target.png", f"Traffic and time to {report.metric} ≥ {report.target:g}")):
         if name in report.files:
             lines += [f"## {title}", "", f"![{title}]({name})", ""]
     path.write_text("\n".join(lines))

@@ -191,3 +191,46 @@ def write_extra_csvs(report: Any, out: Path) -> dict[str, Path]:
             w.writerows(sorted(rows, key=lambda r: (r[1], r[0])))
         files[path.name] = path
     return files
+
+
+def write_target_plot(report: Any, out: Path) -> dict[str, Path]:
+    """UNIDEAL's Fig. 1: for every method, the traffic (up + down) and the wall-clock time it took to reach the
+    report's target accuracy (mean ± std over the seeds that reached it), one panel per setting, one point per method;
+    methods that never reached it are listed under the panel. Nothing is drawn when no method reached the target."""
+    from raysim.report import comm_stats, plot_labels
+
+    stats = {s: [(g, comm_stats(g, report.metric, report.target)) for g in report.groups if g.setting == s]
+             for s in report.settings}
+    settings = [s for s in report.settings if any(c["reached"] for _, c in stats[s])]
+    if not settings:
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = plot_labels(report)
+    cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
+    colours = {m: cmap(i % cmap.N) for i, m in enumerate(report.methods)}
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.4), squeeze=False, layout="constrained")
+    for ax, setting in zip(axes[0], settings):
+        missed = []
+        for g, c in sorted(stats[setting], key=lambda gc: gc[0].method):
+            if not c["reached"]:
+                missed.append(labels[g.method])
+                continue
+            (mb, mb_sd), (sec, sec_sd) = c["mb_to_target"], c["wall_s_to_target"]
+            ax.errorbar(max(mb, 1e-6), sec, xerr=mb_sd, yerr=sec_sd, fmt="o", color=colours[g.method], capsize=3)
+            ax.annotate(f"{labels[g.method]} ({c['reached']}/{c['runs']})", (max(mb, 1e-6), sec), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"MB (up + down) to {report.metric} ≥ {report.target:g}")
+        ax.set_ylabel("seconds to target")
+        ax.set_title(setting, fontsize=10)
+        ax.grid(alpha=0.3)
+        if missed:
+            ax.text(0.0, -0.22, "never reached: " + ", ".join(missed), transform=ax.transAxes, fontsize=7, va="top")
+    path = out / "to_target.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return {path.name: path}

@@ -145,7 +145,7 @@ def test_plots_are_valid_pngs(runs, tmp_path):
     import matplotlib.image
 
     report = make_report([runs], tmp_path / "out")
-    for name in ("acc_vs_round.png", "acc_vs_mb.png", "k_vs_round.png"):
+    for name in ("acc_vs_round.png", "acc_vs_mb.png", "k_vs_round.png", "to_target.png"):
         path = tmp_path / "out" / name
         assert report.files[name] == path
         assert path.read_bytes()[:8] == PNG_SIGNATURE
