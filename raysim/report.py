@@ -4,7 +4,8 @@ Runs are found below the given paths (a run directory holds ``config.yaml`` and 
 parents are searched) and grouped by their config minus the seed and the keys that only say how or where a run ran
 (``name``, ``log.*``, ``engine.*``). The main table is shaped like the papers': rows are methods, columns are
 settings, cells are mean ± std over seeds of each run's best accuracy; the column's best is bold, and a ``*`` marks
-each method that the best beats at p < 0.01 in Welch's t-test.
+each method that the best beats at p < 0.01 (a paired t-test on shared seeds, else Welch's, Holm-corrected over the
+column: ``raysim.report_stats``, which also gives the final-round table and the client spread).
 
 Which runs are a method and which a setting (``layout``):
 
