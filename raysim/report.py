@@ -284,7 +284,8 @@ def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
 def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_mean", target: float = 0.5,
                 columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True,
                 layout: str = "auto") -> Report:
-    """Find, group and score the runs; write report.md, table.csv, summary.csv, comm.csv and the PNG plots.
+    """Find, group and score the runs; write report.md, table.csv, summary.csv, final_table.csv, comm.csv, clients.csv
+    (when runs have client_metrics.jsonl) and the PNG plots.
     ``layout`` says how methods (rows) and settings (columns) are found: see the module docstring."""
     if metric not in ("acc_mean", "acc_global", "acc_weighted"):
         raise UserError(f"--metric must be acc_mean, acc_global or acc_weighted, got {metric!r}")
