@@ -165,7 +165,8 @@ def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[st
 
 def report(*runs: Union[str, Path], out: Union[str, Path, None] = None, metric: str = "acc_mean",
            target: float = 0.5, columns: Optional[Sequence[str]] = None, plots: bool = True) -> Any:
-    """Tables, Welch's t-tests and plots over run directories (or folders holding them), like ``raysim report``.
+    """Tables, t-tests (paired or Welch's, Holm-corrected) and plots over run directories (or folders holding them),
+    like ``raysim report``.
 
     Returns the report object; its ``files`` maps each written file (``report.md``, ``table.csv`` ...) to its path.
     """

@@ -54,10 +54,10 @@ def _parser() -> argparse.ArgumentParser:
                             epilog=_EXAMPLES["report"], formatter_class=argparse.RawDescriptionHelpFormatter,
                             description="Summarise runs: raysim report RUN_DIR... [--out DIR]. Run directories may "
                                         "be nested in sweep or seed directories.")
-    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories or folders that hold them")
+    report.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run directories or folders that hold them")
     report.add_argument("--out", metavar="DIR", help="where to write (default: RUN_DIR/report for one RUN_DIR, "
                                                      "else ./report)")
-    report.add_argument("--metric", default="acc_mean", choices=("acc_mean", "acc_global"),
+    report.add_argument("--metric", default="acc_mean", choices=("acc_mean", "acc_global", "acc_weighted"),
                         help="accuracy to compare (default acc_mean)")
     report.add_argument("--target", type=float, default=0.5,
                         help="accuracy for the rounds / MB / seconds-to-target columns (default 0.5)")
@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="name: methods as rows and settings as columns, read from config names "
                              "'<setting>-<method>' (the seeds' tables); keys: columns from the keys that vary; "
                              "auto: name when every run is named that way")
+    report.add_argument("--tsne", metavar="RUN_DIR", help="export RUN_DIR's test-set features (last checkpoint) and "
+                                                         "draw their t-SNE (features.npz, tsne.csv, tsne.png)")
+    report.add_argument("--tsne-max", type=int, default=2000, metavar="N",
+                        help="t-SNE at most N test samples, a class-stratified subset (default 2000)")
 
     config = sub.add_parser("config", help="show a resolved config, or every config key with its help",
                             epilog=_EXAMPLES["config"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,6 +286,16 @@ def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from raysim.report import format_console, make_report
 
+    if args.tsne:
+        from raysim.features import tsne
+
+        out = Path(args.out) if args.out else Path(args.tsne) / "report"
+        files = tsne(Path(args.tsne), out, max_points=args.tsne_max)
+        print(f"t-SNE of {args.tsne}'s test features: {', '.join(str(f) for f in files.values())}")
+        if not args.runs:
+            return 0
+    if not args.runs:
+        raise UserError("report needs RUN_DIR... (run directories or folders that hold them), or --tsne RUN_DIR")
     out = Path(args.out) if args.out else (Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("report"))
     columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
     report = make_report(args.runs, out, metric=args.metric, target=args.target, columns=columns,

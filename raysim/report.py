@@ -4,7 +4,8 @@ Runs are found below the given paths (a run directory holds ``config.yaml`` and 
 parents are searched) and grouped by their config minus the seed and the keys that only say how or where a run ran
 (``name``, ``log.*``, ``engine.*``). The main table is shaped like the papers': rows are methods, columns are
 settings, cells are mean ± std over seeds of each run's best accuracy; the column's best is bold, and a ``*`` marks
-each method that the best beats at p < 0.01 in Welch's t-test.
+each method that the best beats at p < 0.01 (a paired t-test on shared seeds, else Welch's, Holm-corrected over the
+column: ``raysim.report_stats``, which also gives the final-round table and the client spread).
 
 Which runs are a method and which a setting (``layout``):
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -34,6 +34,7 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
+from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs, write_target_plot
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
@@ -79,9 +80,15 @@ class Group:
     values: list[float] = field(default_factory=list)  # best metric per run
     mean: Optional[float] = None
     std: Optional[float] = None  # sample std (ddof=1); 0 for one run
-    p_vs_best: Optional[float] = None  # Welch's t-test against the column's best (two-sided)
-    beaten: bool = False  # the column's best is better at p < alpha
+    p_vs_best: Optional[float] = None  # t-test against the column's best (two-sided; ``test`` says which)
+    beaten: bool = False  # the column's best is better at Holm-adjusted p < alpha
     is_best: bool = False
+    by_seed: dict = field(default_factory=dict)  # seed -> best metric ({} when seeds repeat): pairs runs
+    test: str = ""  # "paired" (same seeds) | "welch" | "" (not tested)
+    p_adjusted: Optional[float] = None  # p_vs_best after Holm's correction over the column's comparisons
+    final_values: list[float] = field(default_factory=list)  # the metric at each run's last evaluated round
+    final_mean: Optional[float] = None
+    final_std: Optional[float] = None
 
 
 @dataclass
@@ -242,26 +249,27 @@ def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
 
 
 def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
-    """Mean ± std of each group's best metric; Welch's t-test of each column's best against the others."""
-    from scipy import stats
+    """Mean ± std of each group's best and final metric; each column's best tested against the others (paired on
+    shared seeds, else Welch; Holm-corrected: see ``raysim.report_stats``)."""
+    from raysim.report_stats import column_tests, final_value, mean_std
 
     for g in groups:
-        g.values = [v for v in (run.best(metric) for run in g.runs) if v is not None]
+        bests = [(run.seed, run.best(metric)) for run in g.runs]
+        g.values = [v for _, v in bests if v is not None]
+        seeds = [s for s, v in bests if v is not None]
+        g.by_seed = dict(zip(seeds, g.values)) if len(set(map(_hashable, seeds))) == len(seeds) else {}
         if g.values:
             g.mean = float(np.mean(g.values))
             g.std = float(np.std(g.values, ddof=1)) if len(g.values) > 1 else 0.0
+        g.final_values = [v for v in (final_value(run.rows, metric) for run in g.runs) if v is not None]
+        g.final_mean, g.final_std = mean_std(g.final_values)
     for setting in dict.fromkeys(g.setting for g in groups):
         column = [g for g in groups if g.setting == setting and g.mean is not None]
         if not column:
             continue
         best = max(column, key=lambda g: g.mean)
         best.is_best = True
-        for g in column:
-            if g is best or len(g.values) < 2 or len(best.values) < 2:
-                continue
-            p = float(stats.ttest_ind(best.values, g.values, equal_var=False).pvalue)
-            g.p_vs_best = None if math.isnan(p) else p
-            g.beaten = g.p_vs_best is not None and g.p_vs_best < alpha and best.mean > g.mean
+        column_tests(best, [g for g in column if g is not best], alpha)
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -270,10 +278,11 @@ def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
 def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_mean", target: float = 0.5,
                 columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True,
                 layout: str = "auto") -> Report:
-    """Find, group and score the runs; write report.md, table.csv, summary.csv, comm.csv and the PNG plots.
+    """Find, group and score the runs; write report.md, table.csv, summary.csv, final_table.csv, comm.csv, clients.csv
+    (when runs have client_metrics.jsonl) and the PNG plots.
     ``layout`` says how methods (rows) and settings (columns) are found: see the module docstring."""
-    if metric not in ("acc_mean", "acc_global"):
-        raise UserError(f"--metric must be acc_mean or acc_global, got {metric!r}")
+    if metric not in ("acc_mean", "acc_global", "acc_weighted"):
+        raise UserError(f"--metric must be acc_mean, acc_global or acc_weighted, got {metric!r}")
     runs = [load_run(p) for p in find_runs(paths)]
     runs = [r for r in runs if r.rows]
     if not runs:
@@ -291,8 +300,10 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
     report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
     report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
+    report.files.update(write_extra_csvs(report, out))
     if plots:
         report.files.update(write_plots(report, out))
+        report.files.update(write_target_plot(report, out))
     report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
     return report
 
@@ -328,10 +339,11 @@ def _write_summary_csv(report: Report, path: Path, alpha: float) -> Path:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["method", "setting", "metric", "n", "mean", "std", "best_in_setting", "p_vs_best",
-                    f"beaten_at_p<{alpha:g}", "values", "run_dirs"])
+                    f"beaten_at_p<{alpha:g}", "test", "p_holm", "final_mean", "final_std", "values", "run_dirs"])
         for g in sorted(report.groups, key=lambda g: (g.setting, g.method)):
             w.writerow([g.method, g.setting, report.metric, len(g.values), _num(g.mean), _num(g.std), g.is_best,
-                        _num(g.p_vs_best), g.beaten, " ".join(f"{v:.6g}" for v in g.values),
+                        _num(g.p_vs_best), g.beaten, g.test, _num(g.p_adjusted), _num(g.final_mean),
+                        _num(g.final_std), " ".join(f"{v:.6g}" for v in g.values),
                         " ".join(str(r.path) for r in g.runs)])
     return path
 
@@ -393,10 +405,12 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              f"## Best `{report.metric}` (%), mean ± std over seeds", "",
              markdown_table(["method"] + report.settings, main_table_rows(report)), "",
              f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
-             f"(Welch's t-test over seeds; needs at least two seeds on each side). "
-             f"p-values are in `summary.csv`. "
+             f"(paired t-test over seeds when both ran the same seeds, else Welch's t-test; Holm-corrected over the "
+             f"column's comparisons; needs at least two seeds on each side). "
+             f"p-values (raw and Holm-adjusted) are in `summary.csv`. "
              + ("Rows and columns come from the configs' names (`<setting>-<method>`)." if report.layout == "name"
                 else "Rows and columns come from the config keys that vary between groups."), "",
+             *extra_sections(report),
              f"## Communication and speed (target: {report.metric} ≥ {report.target:g})", ""]
     rows = []
     for g in _ordered(report):
@@ -415,7 +429,8 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
         lines += ["## Plot labels", "", markdown_table(["label", "method"], [[labels[m], m] for m in report.methods]),
                   ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
-                        ("k_vs_round.png", "FAPD curriculum dimension k")):
+                        ("k_vs_round.png", "FAPD curriculum dimension k"),
+                        ("to_target.png", f"Traffic and time to {report.metric} ≥ {report.target:g}")):
         if name in report.files:
             lines += [f"## {title}", "", f"![{title}]({name})", ""]
     path.write_text("\n".join(lines))
@@ -523,8 +538,11 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
 def format_console(report: Report, out: Path) -> str:
     """What ``raysim report`` prints: the main table and where everything went."""
 
-    lines = [f"best {report.metric} (%), mean ± std over seeds; * = beaten by the column's best at p < {ALPHA:g}",
+    lines = [f"best {report.metric} (%), mean ± std over seeds; * = beaten by the column's best at Holm-adjusted "
+             f"p < {ALPHA:g}",
              markdown_table(["method"] + report.settings, main_table_rows(report, markdown=False)),
+             f"final-round {report.metric} (%), mean ± std over seeds",
+             markdown_table(["method"] + report.settings, final_table_rows(report)),
              f"report: {out / 'report.md'} (tables: table.csv, summary.csv, comm.csv; plots: "
              f"{', '.join(n for n in report.files if n.endswith('.png')) or 'none'})"]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""What a run leaves behind: ``metrics.jsonl`` (one JSON object per round), TensorBoard scalars, console lines.
+"""What a run leaves behind: ``metrics.jsonl`` (one JSON object per round), ``client_metrics.jsonl`` (one per evaluated
+round: every evaluated client's correct / total), TensorBoard scalars, console lines.
 
 Metric names in ``metrics.jsonl`` are flat (``acc_mean``, ``bytes_up`` ...); TensorBoard gets them under
 grouped tags (``acc/mean``, ``comm/bytes_up`` ...) so related curves share a panel.
@@ -19,6 +20,7 @@ from raysim.fsutil import atomic_write_text
 TB_TAGS = {
     "acc_mean": "acc/mean",
     "acc_global": "acc/global",
+    "acc_weighted": "acc/weighted",
     "loss": "loss/train",
     "bytes_up": "comm/bytes_up",
     "bytes_down": "comm/bytes_down",
@@ -62,6 +64,23 @@ def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) ->
     return rows
 
 
+CLIENT_METRICS = "client_metrics.jsonl"
+
+
+def _truncate(path: Path, resume_round: int) -> None:
+    """Keep the whole lines of rounds up to the checkpoint (a torn last line is dropped), atomically."""
+    kept = [m for m in read_metrics(path) if m["round"] <= resume_round]
+    # fsync, as for every metrics line
+    atomic_write_text(path, "".join(json.dumps(m) + "\n" for m in kept), fsync=True)
+
+
+def client_row(round: int, counts: dict[int, tuple[int, int]]) -> dict:
+    """One ``client_metrics.jsonl`` line: parallel lists in client-id order (compact for thousands of clients)."""
+    ids = sorted(counts)
+    return {"round": round, "client": ids, "correct": [int(counts[c][0]) for c in ids],
+            "total": [int(counts[c][1]) for c in ids], "acc": [counts[c][0] / counts[c][1] for c in ids]}
+
+
 def warn_stderr(message: str) -> None:
     print(f"raysim: warning: {message}", file=sys.stderr, flush=True)
 
@@ -72,12 +91,13 @@ class RunLog:
     def __init__(self, run_dir: Path, *, tensorboard: bool, per_client_max: int, resume_round: int = 0):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.clients_path = run_dir / CLIENT_METRICS
         self.per_client_max = per_client_max
         if resume_round:
-            kept = [m for m in read_metrics(self.metrics_path) if m["round"] <= resume_round]
-            # whole lines up to the checkpoint (a torn last line is dropped here); fsync, as for every metrics line
-            atomic_write_text(self.metrics_path, "".join(json.dumps(m) + "\n" for m in kept), fsync=True)
+            _truncate(self.metrics_path, resume_round)
+            _truncate(self.clients_path, resume_round)
         self._fh = open(self.metrics_path, "a")
+        self._clients_fh = open(self.clients_path, "a")
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -85,7 +105,13 @@ class RunLog:
             # purge_step hides events a crashed run wrote after its last checkpoint
             self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
 
-    def write(self, metrics: dict, client_acc: Optional[dict[int, float]] = None) -> None:
+    def write(self, metrics: dict, client_counts: Optional[dict[int, tuple[int, int]]] = None) -> None:
+        """``client_counts`` (client -> (correct, total)) goes to ``client_metrics.jsonl`` first, so every round in
+        ``metrics.jsonl`` has its clients' line; resuming trims both files to the checkpoint."""
+        if client_counts:
+            self._clients_fh.write(json.dumps(client_row(metrics["round"], client_counts)) + "\n")
+            self._clients_fh.flush()
+            os.fsync(self._clients_fh.fileno())
         self._fh.write(json.dumps(metrics) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -100,9 +126,10 @@ class RunLog:
             tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
                                        else f"metrics/{key}")
             self.tb.add_scalar(tag, value, step)
-        if client_acc:
+        if client_counts:
             import numpy as np
 
+            client_acc = {cid: correct / total for cid, (correct, total) in client_counts.items()}
             self.tb.add_histogram("acc/clients", np.array(list(client_acc.values())), step)
             if len(client_acc) <= self.per_client_max:
                 for cid, acc in client_acc.items():
@@ -112,7 +139,7 @@ class RunLog:
     def close(self) -> None:
         """Close both writers; an error from either (a full disk) is raised after both are closed."""
         errors = []
-        for close in (self._fh.close, self.tb.close if self.tb is not None else None):
+        for close in (self._fh.close, self._clients_fh.close, self.tb.close if self.tb is not None else None):
             try:
                 if close is not None:
                     close()

@@ -73,3 +73,13 @@ def refused_config(key: str, *args: str) -> subprocess.CompletedProcess:
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"raysim: error: config key '{key}'"), proc.stderr
     return proc
+
+
+@pytest.fixture(scope="session")
+def unideal_run(ray_cluster, tmp_path_factory) -> Path:
+    """One tiny UNIDEAL run for the tests that only read what a run leaves behind (TensorBoard layout, p,
+    client_metrics.jsonl, t-SNE): two rounds, evaluation in the second only, TensorBoard on."""
+    import raysim
+
+    d = tmp_path_factory.mktemp("unideal")
+    return raysim.run(None, *tiny_overrides(d, algorithm__name="unideal", eval__every=2)).run_dir

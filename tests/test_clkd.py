@@ -119,3 +119,31 @@ def test_p_schedule():
     assert got == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
     with pytest.raises(ValueError):
         p_schedule(0.1, 1.0, "cosine", "rounds", epoch=0, num_epochs=1, round=1, total_rounds=1)
+
+
+def test_kd_norm_batch_and_kept_by_hand():
+    """Two classes, B = 4. Rows 0 and 1: teacher uniform, student (1/4, 3/4) (logits differ by ln 3), so each KL is
+    0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.5 ln(4/3); their cosines are 0.94 and 0.98. Rows 2 and 3: teacher and
+    student point opposite ways (cosine -1). p = 0.5 keeps n = 2: rows 0 and 1."""
+    ln3 = math.log(3.0)
+    t = torch.tensor([[1.0, 1.0], [2.0, 2.0], [1.0, -1.0], [1.0, -1.0]], dtype=torch.float64)
+    s = torch.tensor([[1.0, 1.0 + ln3], [2.0, 2.0 + ln3], [-1.0, 1.0], [-1.0, 1.0]], dtype=torch.float64)
+    kl = 0.5 * math.log(4.0 / 3.0)
+    assert curriculum_mask(mutual_scores(t, s), 0.5).tolist() == [True, True, False, False]
+    assert clkd_loss(t, s, 0.5, norm="batch").item() == pytest.approx(2 * kl / 4)  # divided by B = 4
+    assert clkd_loss(t, s, 0.5, norm="kept").item() == pytest.approx(2 * kl / 2)  # divided by the 2 kept
+    assert clkd_loss(t, s, 0.5).item() == clkd_loss(t, s, 0.5, norm="batch").item()  # the default
+    assert clkd_loss(t, s, 0.25, norm="kept").item() == pytest.approx(kl)  # n = 1: row 1 (cosine 0.98) alone
+    # every sample kept: the two agree
+    assert clkd_loss(t, s, 1.0, norm="kept").item() == pytest.approx(clkd_loss(t, s, 1.0, norm="batch").item())
+    with pytest.raises(ValueError, match="normalisation"):
+        clkd_loss(t, s, 0.5, norm="mean")
+
+
+def test_kd_norm_is_a_checked_config_key():
+    from raysim.config import ConfigError, load_config
+
+    assert load_config(None, ["algorithm.name=unideal"]).algorithm.kd_norm == "batch"
+    assert load_config(None, ["algorithm.name=unideal", "algorithm.kd_norm=kept"]).algorithm.kd_norm == "kept"
+    with pytest.raises(ConfigError, match="algorithm.kd_norm"):
+        load_config(None, ["algorithm.name=unideal", "algorithm.kd_norm=mean"])

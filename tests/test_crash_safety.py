@@ -129,9 +129,14 @@ def test_a_failing_trial_shows_its_cause(ray_cluster, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def undisturbed(ray_cluster, tmp_path_factory) -> list[dict]:
+def undisturbed_dir(ray_cluster, tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("undisturbed")
-    return strip_timing(run_experiment(load_config(None, tiny_overrides(d, rounds=3, plugins="[full_disk]")))[1])
+    return run_experiment(load_config(None, tiny_overrides(d, rounds=3, plugins="[full_disk]")))[0]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(undisturbed_dir) -> list[dict]:
+    return strip_timing(read_rows(undisturbed_dir))
 
 
 def test_torn_last_line_is_trimmed_on_resume_and_skipped_by_report(undisturbed, tmp_path, capsys):
@@ -148,7 +153,7 @@ def test_torn_last_line_is_trimmed_on_resume_and_skipped_by_report(undisturbed, 
 
 
 @pytest.mark.parametrize("where", ["metrics", "checkpoint"])
-def test_full_disk_stops_in_one_line_and_resumes_identically(undisturbed, tmp_path, capsys, where):
+def test_full_disk_stops_in_one_line_and_resumes_identically(undisturbed, undisturbed_dir, tmp_path, capsys, where):
     run_dir = tmp_path / "run"
     (tmp_path / "FULL_DISK").write_text(f"{where} 2")  # read by tests/plugins/full_disk.py in the driver
     assert main(["run", *tiny_overrides(tmp_path, rounds=3, plugins="[full_disk]"), "--quiet"]) == 3
@@ -158,6 +163,8 @@ def test_full_disk_stops_in_one_line_and_resumes_identically(undisturbed, tmp_pa
     (tmp_path / "FULL_DISK").unlink()  # space freed
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 0
     assert strip_timing(read_rows(run_dir)) == undisturbed
+    # the per-client file too: its torn (or whole but uncheckpointed) line trimmed on resume, then rewritten
+    assert (run_dir / "client_metrics.jsonl").read_text() == (undisturbed_dir / "client_metrics.jsonl").read_text()
 
 
 # ------------------------------------------------------------------------------------------- one process per directory

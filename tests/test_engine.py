@@ -61,6 +61,8 @@ def test_metrics_identical_with_one_or_two_workers(ray_cluster, tmp_path):
     _, two = _run(tmp_path, "w2", engine__num_workers=2, **extra)
     assert strip_timing(one) == strip_timing(two)
     assert len(one) == 3 and all(r["acc_mean"] is not None for r in one)
+    clients = [(tmp_path / w / "client_metrics.jsonl").read_text() for w in ("w1", "w2")]
+    assert clients[0] == clients[1] and clients[0].count("\n") == 3
 
 
 def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
@@ -82,6 +84,9 @@ def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
     _, resumed = run_experiment(cfg, resume=True)[:2]
     assert resumed and resumed[-1]["round"] == 4
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(full)
+    # the per-client lines of a round after the checkpoint were trimmed on resume, then written again once
+    assert (tmp_path / "part" / "client_metrics.jsonl").read_text() == \
+        (tmp_path / "full" / "client_metrics.jsonl").read_text()
 
 
 def test_fedavg_with_one_client_equals_local_training(ray_cluster, tmp_path):
@@ -113,11 +118,13 @@ def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ["acc/mean", "acc/global", "loss/train", "comm/bytes_up", "comm/bytes_down", "comm/bytes_up_total",
+    for tag in ["acc/mean", "acc/global", "acc/weighted", "loss/train", "comm/bytes_up", "comm/bytes_down", "comm/bytes_up_total",
                 "comm/bytes_down_total", "time/round_s", "acc_client/0000", "acc_client/0003"]:
         assert tag in tags, tag
     values = [e.value for e in acc.Scalars("acc/mean")]
     assert values == pytest.approx([r["acc_mean"] for r in rows])
+    # FedAvg: the pooled accuracy over the clients' test samples is the global model's
+    assert all(r["acc_weighted"] == r["acc_global"] is not None for r in rows)
     assert "acc/clients" in acc.Tags()["histograms"]
     assert (run_dir / "config.yaml").is_file()
 

@@ -191,9 +191,31 @@ def test_experiment_configs_load(path):
     cfg = load_config(path)
     assert cfg.clients.num == 10 and cfg.clients.fraction == 0.5 and cfg.train.momentum == 0.9
     if cfg.algorithm.name == "fapd":
+        # Table I of the seed: row 2 ce-cl (no KD, no curriculum), row 3 hkd-kd (no CL, no curriculum), row 4 nadpt,
+        # row 5 ncont, row 6 fapd
         nadpt, ncont = path.stem.endswith("nadpt"), path.stem.endswith("ncont")
-        assert cfg.algorithm.curriculum == ("fixed" if nadpt else "consensus")
-        assert cfg.algorithm.lambda_cl == (0.0 if ncont else 0.5)
+        ce_cl, hkd_kd = path.stem.endswith("fapd-ce-cl"), path.stem.endswith("fapd-hkd-kd")
+        assert cfg.algorithm.curriculum == ("fixed" if nadpt or ce_cl or hkd_kd else "consensus")
+        assert cfg.algorithm.k_fixed is None  # fixed means the whole teacher space, k = D
+        assert cfg.algorithm.lambda_cl == (0.0 if ncont or hkd_kd else 0.5)
+        assert cfg.algorithm.lambda_kd == (0.0 if ce_cl else 0.5)
         epsilon = 0.02 if path.stem.startswith("digits") else 0.005  # see digits-fapd.yaml
         a = cfg.algorithm
-        assert (a.k0, a.delta_k, a.epsilon, a.window, a.lambda_kd, a.tau) == (8, 5, epsilon, 3, 0.5, 0.04)
+        assert (a.k0, a.delta_k, a.epsilon, a.window, a.tau) == (8, 5, epsilon, 3, 0.04)
+
+
+def test_contrastive_term_at_k_equal_d_is_the_unprojected_one():
+    """Ablation row 2 (CE + CL without HKD) runs as curriculum=fixed, k = D: the projection is then the whole
+    orthogonal rotation R, which leaves the cosines, and so the contrastive loss, as they are without any projection."""
+    from raysim.curriculum.pkd import semantic_contrastive_loss
+
+    gen = torch.Generator().manual_seed(0)
+    rotation, _ = torch.linalg.qr(torch.randn(6, 6, generator=gen, dtype=torch.float64))
+    feats, classes = torch.randn(5, 6, generator=gen, dtype=torch.float64), torch.randn(3, 6, generator=gen,
+                                                                                        dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 1, 0])
+    full = semantic_contrastive_loss(feats, classes, labels, rotation, 0.04)
+    plain = semantic_contrastive_loss(feats, classes, labels, torch.eye(6, dtype=torch.float64), 0.04)
+    assert full.item() == pytest.approx(plain.item(), rel=1e-9)
+    # a proper subspace (HKD's first k directions) does change it
+    assert semantic_contrastive_loss(feats, classes, labels, rotation[:2], 0.04).item() != pytest.approx(plain.item())

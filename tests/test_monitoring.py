@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import raysim
-from conftest import tiny_overrides
 from raysim.runlog import ProgressLine
 
 
@@ -21,12 +20,12 @@ def test_progress_line_has_elapsed_and_eta(monkeypatch):
     assert text.endswith("[00:30 elapsed, eta 00:50]")  # 10 s a round, 5 rounds left
 
 
-def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(ray_cluster, tmp_path):
+def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(unideal_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.custom_scalar import metadata as cs_metadata
     from tensorboard.plugins.custom_scalar import layout_pb2
 
-    result = raysim.run(None, *tiny_overrides(tmp_path, algorithm__name="unideal", rounds=1))
+    result = raysim.load_run(unideal_run)
     assert result.metrics["p"].iloc[-1] > 0
     acc = EventAccumulator(str(result.run_dir))
     acc.Reload()

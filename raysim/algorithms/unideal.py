@@ -19,7 +19,7 @@ from torch.func import functional_call
 
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
 from raysim.config import AlgorithmConfig, require
-from raysim.curriculum.clkd import METRICS, OVERS, SHAPES, clkd_loss, p_schedule
+from raysim.curriculum.clkd import METRICS, NORMS, OVERS, SHAPES, clkd_loss, p_schedule
 from raysim.models import HEAD_PREFIX
 from raysim.registry import register_algorithm
 
@@ -57,10 +57,12 @@ class UnidealConfig(PartialKDConfig):
     name: str = "unideal"
     metric: str = "cosine"  # teacher-student score that orders samples from easy to hard: cosine | l1 | l2
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    kd_norm: str = "batch"  # CLKD's divisor: batch (the batch size B) | kept (the kept samples); see clkd_loss
 
     def validate(self) -> None:
         super().validate()
         require(self.metric in METRICS, "algorithm.metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        require(self.kd_norm in NORMS, "algorithm.kd_norm", f"must be one of {', '.join(NORMS)}, got {self.kd_norm!r}")
         self.schedule.validate()
 
 
@@ -83,6 +85,10 @@ class Unideal(Algorithm):
     def metric(self) -> str:
         return self.config.metric
 
+    @property
+    def kd_norm(self) -> str:
+        return self.config.kd_norm
+
     # ------------------------------------------------------------------ client side
     def client_setup(self, model: nn.Module, state: Optional[TensorDict], payload: dict,
                      ctx: Optional[ClientContext]) -> None:
@@ -96,7 +102,7 @@ class Unideal(Algorithm):
         student = model.head(features)
         teacher = teacher_logits(model, features, ctx.payload)
         ce = F.cross_entropy(student, y)
-        kd = clkd_loss(teacher, student, self.fraction(ctx), self.metric)
+        kd = clkd_loss(teacher, student, self.fraction(ctx), self.metric, self.kd_norm)
         return ce + self.config.alpha * kd, {"ce": ce, "clkd": kd}
 
     def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> TensorDict:
@@ -130,3 +136,7 @@ class PartialKD(Unideal):
     @property
     def metric(self) -> str:
         return "cosine"  # irrelevant: a fraction of 1.0 keeps every sample whatever the scores
+
+    @property
+    def kd_norm(self) -> str:
+        return "batch"  # irrelevant too: every sample kept, so both divisors are B

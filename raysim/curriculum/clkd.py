@@ -16,6 +16,7 @@ import torch.nn.functional as F
 METRICS = ("cosine", "l1", "l2")
 SHAPES = ("linear", "constant", "step")
 OVERS = ("local_epochs", "rounds")
+NORMS = ("batch", "kept")
 _EPS = 1e-8
 
 
@@ -52,14 +53,29 @@ def curriculum_mask(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 def clkd_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor, fraction: float,
-              metric: str = "cosine") -> torch.Tensor:
-    """``(1/B) * sum_i mask_i * KL(softmax(teacher_i) || softmax(student_i))``; the teacher gets no gradient."""
+              metric: str = "cosine", norm: str = "batch") -> torch.Tensor:
+    """``(1/N) * sum_i mask_i * KL(softmax(teacher_i) || softmax(student_i))``; the teacher gets no gradient.
+
+    ``norm`` chooses N. ``batch`` (the default): N = B, the batch size. The seed's Eq. (5) is a sum over the batch
+    of the indicator times the KL, averaged over the client's E batches; the surrounding text names no count of
+    kept samples, so raysim reads the per-batch divisor as B (and it has always run so). Then the term's weight
+    grows with p: early in the curriculum the few easy samples pull gently, and the full distillation strength
+    alpha arrives only when every sample is kept. ``kept``: N = the number of kept samples, a per-sample mean over
+    the kept ones, so alpha is the strength at every stage and one easy sample pulls as hard as a whole batch.
+    The two agree when every sample is kept (p = 1, PartialKD).
+    """
     teacher = teacher_logits.detach()
     mask = curriculum_mask(mutual_scores(teacher, student_logits.detach(), metric), fraction)
     log_t = F.log_softmax(teacher, dim=1)
     log_s = F.log_softmax(student_logits, dim=1)
     kl = (log_t.exp() * (log_t - log_s)).sum(dim=1)
-    return (kl * mask.to(kl.dtype)).sum() / student_logits.shape[0]
+    if norm == "batch":
+        denominator = student_logits.shape[0]
+    elif norm == "kept":
+        denominator = mask.sum()
+    else:
+        raise ValueError(f"unknown CLKD normalisation {norm!r}; known: {', '.join(NORMS)}")
+    return (kl * mask.to(kl.dtype)).sum() / denominator
 
 
 def p_schedule(start: float, end: float, shape: str, over: str, *, epoch: int, num_epochs: int, round: int,

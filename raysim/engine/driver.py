@@ -180,9 +180,9 @@ class Driver:
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
-        client_acc = self._evaluate_round(rnd, sampled, metrics)
+        client_counts = self._evaluate_round(rnd, sampled, metrics)
         metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
-        self._finish_round(rnd, metrics, client_acc, start)
+        self._finish_round(rnd, metrics, client_counts, start)
         return metrics
 
     # ------------------------------------------------------------------ the round's steps
@@ -259,6 +259,7 @@ class Driver:
             "round": rnd,
             "acc_mean": None,
             "acc_global": None,
+            "acc_weighted": None,
             "loss": float(sum(r.loss * w for r, w in zip(results, weights)) / total_w) if results else float("nan"),
             "bytes_up": int(sum(nbytes(r.upload) for r in results)),
             "bytes_down": bytes_down,
@@ -272,19 +273,22 @@ class Driver:
             metrics.pop("acc_global")
         return metrics
 
-    def _evaluate_round(self, rnd: int, sampled: list[int], metrics: dict[str, Any]) -> dict[int, float]:
-        """Evaluate when it is due; fills ``acc_mean`` (and ``acc_global``) and returns per-client accuracies."""
+    def _evaluate_round(self, rnd: int, sampled: list[int], metrics: dict[str, Any]) -> dict[int, tuple[int, int]]:
+        """Evaluate when it is due; fills ``acc_mean``, ``acc_weighted`` (and ``acc_global``) and returns each
+        evaluated client's (correct, total)."""
         cfg = self.cfg
         if not (rnd % cfg.eval.every == 0 or rnd == cfg.rounds):
             return {}
-        client_acc, pooled = self._evaluate(sampled if cfg.eval.clients == "sampled" else range(cfg.clients.num),
-                                            rnd)
+        counts, pooled = self._evaluate(sampled if cfg.eval.clients == "sampled" else range(cfg.clients.num), rnd)
+        client_acc = {c: n / t for c, (n, t) in counts.items()}
         metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
+        metrics["acc_weighted"] = pooled  # total correct / total test samples over the evaluated clients
         if self.algorithm.has_global_model:
             metrics["acc_global"] = pooled
-        return client_acc
+        return counts
 
-    def _finish_round(self, rnd: int, metrics: dict[str, Any], client_acc: dict[int, float], start: float) -> None:
+    def _finish_round(self, rnd: int, metrics: dict[str, Any], client_counts: dict[int, tuple[int, int]],
+                      start: float) -> None:
         """Totals, log, checkpoint."""
         if self.pool.replacements:
             metrics["workers_replaced"] = self.pool.replacements  # cumulative, this invocation
@@ -295,13 +299,13 @@ class Driver:
         self.totals["wall_s_total"] += metrics["wall_s"]
         metrics.update(self.totals)
         with self._writing("metrics.jsonl and TensorBoard's events"):
-            self.log.write(metrics, client_acc)
+            self.log.write(metrics, client_counts)
         if rnd % self.cfg.log.checkpoint_every == 0 or rnd == self.cfg.rounds:
             with self._writing("the checkpoint"):
                 self.checkpoint()
 
-    def _evaluate(self, clients: Any, rnd: int) -> tuple[dict[int, float], Optional[float]]:
-        """Personalised test accuracy per client, and the pooled accuracy over all their test samples."""
+    def _evaluate(self, clients: Any, rnd: int) -> tuple[dict[int, tuple[int, int]], Optional[float]]:
+        """Personalised (correct, total) test counts per client, and the pooled accuracy over all their samples."""
         clients = [c for c in clients if len(self.data.clients[c].test) > 0]
         shared_ref, own, _ = self._downloads(clients, -1)
         n_chunks = max(1, min(len(clients), self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker))
@@ -316,10 +320,10 @@ class Driver:
 
         done = self.pool.run([job(i, chunk) for i, chunk in enumerate(chunks)])
         rows = [row for i in sorted(done) for row in done[i]]
-        acc = {r.client_id: r.correct / r.total for r in rows}
+        counts = {r.client_id: (r.correct, r.total) for r in rows}
         total = sum(r.total for r in rows)
         pooled = sum(r.correct for r in rows) / total if total else None
-        return acc, pooled
+        return counts, pooled
 
     def checkpoint(self) -> None:
         history = self.history.save(self.run_dir / "checkpoint")  # new entries' files, before server.pt names them

@@ -22,8 +22,8 @@ SCHEDULERS = ("fifo", "asha", "hyperband", "median")
 SCHEDULER_KEYS = ("grace_period", "reduction_factor", "min_samples_required")
 SEARCHERS = ("random", "optuna")
 # what every run's metrics.jsonl holds (numeric), besides algorithm extras such as FAPD's k, UNIDEAL's p and loss_<part>
-RUN_METRICS = ("acc_mean", "acc_global", "loss", "bytes_up", "bytes_down", "bytes_up_total", "bytes_down_total",
-               "wall_s", "wall_s_total", "k", "p")
+RUN_METRICS = ("acc_mean", "acc_global", "acc_weighted", "loss", "bytes_up", "bytes_down", "bytes_up_total",
+               "bytes_down_total", "wall_s", "wall_s_total", "k", "p")
 # top-level keys of a sweep file; an override whose first segment is one of these sets the sweep, not the experiment
 SWEEP_KEYS = ("base", "metric", "mode", "num_samples", "scheduler", "search", "max_concurrent", "dir", "fixed",
               "space")

@@ -1,7 +1,8 @@
 """Test-only: a run directory whose disk "fills up" in a given round (listed in a config's ``plugins``).
 
 A file ``FULL_DISK`` beside the run directory holds ``metrics ROUND`` or ``checkpoint ROUND``; in that round the
-metrics writer leaves a torn line and raises ENOSPC, or torch.save of the checkpoint fails as it does on a full disk.
+metrics writer leaves a torn line in metrics.jsonl and client_metrics.jsonl and raises ENOSPC, or torch.save of the
+checkpoint fails as it does on a full disk.
 Without the file the plugin changes nothing, so the same config resumes normally once the file is gone.
 """
 
@@ -25,12 +26,15 @@ _write = runlog.RunLog.write
 _atomic_save = state.atomic_save
 
 
-def write(self, metrics, client_acc=None):
+def write(self, metrics, client_counts=None):
     if _armed(self.run_dir, "metrics", metrics["round"]):
-        self._fh.write('{"round": %d, "acc_mean": 0.5' % metrics["round"])  # part of a line reached the disk
+        # part of a line reached the disk, in both files
+        self._clients_fh.write('{"round": %d, "client": [0, 1' % metrics["round"])
+        self._clients_fh.flush()
+        self._fh.write('{"round": %d, "acc_mean": 0.5' % metrics["round"])
         self._fh.flush()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return _write(self, metrics, client_acc)
+    return _write(self, metrics, client_counts)
 
 
 def atomic_save(obj, path):
