@@ -64,7 +64,8 @@ def write_bundle(workload: str, rounds: int) -> tuple[Path, Any]:
     tests = [data.tensors(c, "test")[:2] for c in range(data.num_clients)]
     t = cfg.train
     b = {"arch": cfg.model.for_client(0), "input_shape": list(data.input_shape(0)), "num_classes": data.num_classes,
-         "model_cfg": {"width": cfg.model.width, "hidden": list(cfg.model.hidden), "feature_dim": cfg.model.feature_dim},
+         "model_cfg": {"width": cfg.model.width, "hidden": list(cfg.model.hidden),
+                       "feature_dim": cfg.model.feature_dim},
          "initial_state": {k: v.clone() for k, v in initial.state_dict().items()},
          "clients": [data.tensors(c, "train")[:2] for c in range(data.num_clients)],
          "test": (torch.cat([x for x, _ in tests]), torch.cat([y for _, y in tests])),
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     path = save_json("flower", result)
     print(f"\n[flower] results in {path}")
     for wl, e in result["workloads"].items():
-        print(f"{wl}: end to end s  raysim {fmt(e['total_s']['raysim'], 1, 1)}  flower {fmt(e['total_s']['flower'], 1, 1)}"
+        print(f"{wl}: end to end s  raysim {fmt(e['total_s']['raysim'], 1, 1)}  "
+              f"flower {fmt(e['total_s']['flower'], 1, 1)}"
               f"  flower/raysim {fmt(e['ratio_flower_over_raysim'], 1, 2)} (target >= 3 tiny, >= 1 compute-bound)")
         print(f"{wl}: rounds only s  raysim {fmt(e['rounds_s']['raysim'], 1, 2)}  flower "
               f"{fmt(e['rounds_s']['flower'], 1, 2)}")

@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = one_run(n, args)
                 r["load_before"] = load
                 runs[n].append(r)
-                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round (driver's own {r['driver_round_s']:.3f}s), "
+                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round "
+                      f"(driver's own {r['driver_round_s']:.3f}s), "
                       f"driver {r['driver_hwm_mib']:.0f} "
                       f"MiB, workers {[round(w) for w in r['worker_hwm_mib']]} MiB, tree PSS "
                       f"{r['tree_pss_peak_mib']:.0f} MiB, store {r['store']}, load {r['load_after']:.2f}",

@@ -9,6 +9,8 @@ The Python API mirrors the commands::
 Ray starts on the first call and stays up for the next ones (a notebook pays its start once).
 """
 
+from typing import Any
+
 from raysim.api import RunResult, TuneResult, load_run, report, run, tune
 from raysim.config import ExperimentConfig, load_config
 from raysim.errors import RunStopped, UserError
@@ -20,7 +22,7 @@ __all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResu
            "tune"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Algorithm's module imports torch (~1 s); loaded on first use so that `import raysim` stays light
     if name == "Algorithm":
         from raysim.algorithms.base import Algorithm

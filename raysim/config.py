@@ -88,7 +88,8 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: Any = field(default="mlp", metadata={"type": "str | list[str]"})  # one architecture for every client, or a list with one entry per client (HETE)
+    # one architecture for every client, or a list with one entry per client (HETE)
+    name: Any = field(default="mlp", metadata={"type": "str | list[str]"})
     feature_dim: int = 64  # backbone output size; heads are Linear(feature_dim, classes) everywhere
     hidden: list[int] = field(default_factory=lambda: [128])  # MLP hidden widths before the feature layer
     width: int = 32  # CNN base channel count
@@ -248,7 +249,7 @@ def _read_yaml(path: Path, depth: int = 0) -> DictConfig:
         raise ConfigError(f"config file not found: {path}")
     try:
         raw = OmegaConf.load(path)
-    except Exception as exc:  # yaml.YAMLError and friends
+    except Exception as exc:  # noqa: BLE001 - yaml.YAMLError and friends: one line naming the file
         raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{path}: a config file must be a mapping of keys")

@@ -15,6 +15,7 @@ from raysim.errors import UserError
 _ALGORITHMS: dict[str, type] = {}
 _MODELS: dict[str, Callable[..., Any]] = {}
 _DATASETS: dict[str, Callable[..., Any]] = {}
+_TABLES: dict[str, dict[str, Any]] = {"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}
 
 # built-in name -> the module that registers it, so a lookup imports only that module: loading every model module
 # would import torchvision (~2 s) in the driver and in each worker even for an MLP run
@@ -24,7 +25,8 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "partialkd": "raysim.algorithms.unideal", "fedrep": "raysim.algorithms.fedrep",
                   "fapd": "raysim.algorithms.fapd", "fedprox": "raysim.algorithms.fedprox",
                   "moon": "raysim.algorithms.moon", "fedproto": "raysim.algorithms.fedproto",
-                  "fedpac": "raysim.algorithms.fedpac", "fedgen": "raysim.algorithms.fedgen", "fedgen-p": "raysim.algorithms.fedgen",
+                  "fedpac": "raysim.algorithms.fedpac", "fedgen": "raysim.algorithms.fedgen",
+                  "fedgen-p": "raysim.algorithms.fedgen",
                   "fednh": "raysim.algorithms.fednh", "fedbabu": "raysim.algorithms.fedbabu",
                   "fedrod": "raysim.algorithms.fedrod", "fedrcl": "raysim.algorithms.fedrcl",
                   "fedcda": "raysim.algorithms.fedcda", "fedkd": "raysim.algorithms.fedkd",
@@ -73,7 +75,7 @@ def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
 
 def register_algorithm(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
-        cls.name = name
+        cls.name = name  # type: ignore[attr-defined]  # Algorithm.name
         _ALGORITHMS[name] = cls
         return cls
 
@@ -136,12 +138,12 @@ def get_dataset(name: str) -> Callable[..., Any]:
 
 def names(kind: str) -> list[str]:
     _load_builtins(kind)
-    return sorted({"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}[kind])
+    return sorted(_TABLES[kind])
 
 
 def describe(kind: str) -> list[tuple[str, str]]:
     """(name, first line of its docstring) for every registered algorithm / model / dataset, plugins included."""
-    table = {"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}[kind]
+    table = _TABLES[kind]
     out = []
     for name in names(kind):
         obj = table[name]

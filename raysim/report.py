@@ -399,7 +399,7 @@ def _pm_bytes(pair: tuple[Optional[float], Optional[float]]) -> str:
 def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
 
     seeds = sorted({len(g.values) for g in report.groups})
-    lines = [f"# raysim report", "",
+    lines = ["# raysim report", "",
              f"{sum(len(g.runs) for g in report.groups)} runs in {len(report.groups)} groups "
              f"(seeds per group: {', '.join(map(str, seeds))}).", "",
              f"## Best `{report.metric}` (%), mean ± std over seeds", "",

@@ -189,7 +189,8 @@ def summary_table(rows: list[dict], run_dir: Path) -> str:
     if globs:
         best = max(globs, key=lambda r: r["acc_global"])
         lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
-    lines.append(("bytes up / down", f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
+    lines.append(("bytes up / down",
+                  f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
     lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({last['wall_s_total'] / last['round']:.2f}s per round)"))
     lines.append(("run directory", str(run_dir)))
     lines.append(("tensorboard", f"tensorboard --logdir {run_dir}"))

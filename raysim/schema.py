@@ -95,7 +95,8 @@ def describe(node: Any, prefix: str = "") -> list[KeyInfo]:
         if dataclasses.is_dataclass(value):
             out.extend(describe(value, key + "."))
             continue
-        out.append(KeyInfo(key=key, type=f.metadata.get("type") or type_name(hints.get(f.name, Any)), default=value, help=field_help(cls, f)))
+        out.append(KeyInfo(key=key, type=f.metadata.get("type") or type_name(hints.get(f.name, Any)), default=value,
+                           help=field_help(cls, f)))
     return out
 
 

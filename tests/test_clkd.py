@@ -115,7 +115,8 @@ def test_p_schedule():
         [0.1, 0.1, 0.9, 0.9]
     assert p_schedule(0.1, 0.7, "constant", "local_epochs", epoch=0, num_epochs=4, **kw) == 0.7
     # over rounds: epochs don't matter
-    got = [p_schedule(0.0, 1.0, "linear", "rounds", epoch=3, num_epochs=5, round=r, total_rounds=5) for r in range(1, 6)]
+    got = [p_schedule(0.0, 1.0, "linear", "rounds", epoch=3, num_epochs=5, round=r, total_rounds=5)
+           for r in range(1, 6)]
     assert got == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
     with pytest.raises(ValueError):
         p_schedule(0.1, 1.0, "cosine", "rounds", epoch=0, num_epochs=1, round=1, total_rounds=1)

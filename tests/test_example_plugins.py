@@ -20,9 +20,11 @@ def test_fedavgm_without_momentum_is_fedavg_and_with_momentum_accelerates():
     import fedavgm
     from raysim.algorithms.base import ClientUpdate, weighted_average
 
-    uploads = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}, {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}]
+    uploads = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)},
+               {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}]
     weights = [1.0, 3.0]
-    updates = [ClientUpdate(client_id=c, upload=u, num_samples=int(w)) for c, (u, w) in enumerate(zip(uploads, weights))]
+    updates = [ClientUpdate(client_id=c, upload=u, num_samples=int(w))
+               for c, (u, w) in enumerate(zip(uploads, weights))]
     for beta, expected_two_steps in ((0.0, [2.5, 5.0]), (0.5, [2.5 + 0.5 * 2.5, 5.0 + 0.5 * 5.0])):
         cfg = load_config(None, ["plugins=[fedavgm]", "algorithm.name=fedavgm", f"algorithm.server_momentum={beta}"])
         algo = fedavgm.FedAvgM(cfg)

@@ -115,7 +115,8 @@ def test_bad_values_are_refused(key, value):
 
 
 def test_cli_bad_memory_size_exits_2_with_one_line(tmp_path):
-    refused_config("algorithm.memory_size", *tiny_overrides(tmp_path), "algorithm.name=fedcda", "algorithm.memory_size=0")
+    refused_config("algorithm.memory_size", *tiny_overrides(tmp_path), "algorithm.name=fedcda",
+                   "algorithm.memory_size=0")
 
 
 # ---------------------------------------------------------------------------------------------- on Ray

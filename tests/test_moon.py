@@ -128,11 +128,13 @@ def test_pool_drops_the_initial_model_and_is_fifo():
     kept3 = algo.client_keep(model, _ctx(payload, kept2))
     assert len(kept3["prev"]) == 2 and torch.equal(kept3["prev"][0]["head.bias"], m2["head.bias"])  # oldest out
     _, algo0, model0 = _tiny("algorithm.mu=0")
-    assert algo0.init_client_state(model0, _ctx(payload, {})) == {} and algo0.client_keep(model0, _ctx(payload, {})) == {}
+    assert algo0.init_client_state(model0, _ctx(payload, {})) == {}
+    assert algo0.client_keep(model0, _ctx(payload, {})) == {}
 
 
 @pytest.mark.parametrize("override, key", [
-    ("algorithm.mu=-1", "algorithm.mu"), ("algorithm.tau=0", "algorithm.tau"), ("algorithm.out_dim=0", "algorithm.out_dim"),
+    ("algorithm.mu=-1", "algorithm.mu"), ("algorithm.tau=0", "algorithm.tau"),
+    ("algorithm.out_dim=0", "algorithm.out_dim"),
     ("algorithm.model_buffer_size=0", "algorithm.model_buffer_size"),
 ])
 def test_bad_values_name_the_key(override, key):

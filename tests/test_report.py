@@ -222,7 +222,7 @@ def test_report_puts_every_method_of_a_table_in_one_table_by_name(tmp_path):
         ("cifar10", "moon"): ("cifar10-moon", ["algorithm.name=moon", "algorithm.mu=5", *cifar], 0.45),
     }
     root = tmp_path / "runs"
-    for i, ((setting, method), (name, overrides, best)) in enumerate(runs.items()):
+    for i, (name, overrides, best) in enumerate(runs.values()):
         for seed in range(2):
             write_named_run(root / f"{i}" / f"seed-{seed}", name, overrides, seed, best + 0.01 * seed)
     report = make_report([root], tmp_path / "out", plots=False)

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.config import AlgorithmConfig
+from raysim.config import AlgorithmConfig, ExperimentConfig
+from raysim.data.base import FederatedData
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 
 TensorDict = dict[str, torch.Tensor]
@@ -117,6 +118,13 @@ def eval_features(model: nn.Module, x: torch.Tensor, chunk: int = 1024) -> torch
 
 
 class Algorithm:
+    """A federated algorithm as a set of hooks (see the module docstring); the defaults are FedAvg.
+
+    One instance lives on the driver and one on each worker; both are built from the whole config (``self.cfg``,
+    with the algorithm's own keys in ``self.config``). Hooks must be pure functions of their inputs and the seeded
+    RNG, so that a job re-run after a worker dies, or run on another worker, gives the same numbers.
+    """
+
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     name: ClassVar[str] = "base"
     shared: ClassVar[str] = "all"  # all | head | backbone | none
@@ -124,9 +132,9 @@ class Algorithm:
     clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
     server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
-        self.config = cfg.algorithm
+        self.config: Any = cfg.algorithm  # the algorithm's own Config dataclass (FAPDConfig, ...)
 
     # ----------------------------------------------------------------- which tensors cross the network
     @property
@@ -143,12 +151,13 @@ class Algorithm:
             return key.startswith(BACKBONE_PREFIX)
         return False
 
-    def check(self, cfg: Any, data: Any) -> None:
+    def check(self, cfg: ExperimentConfig, data: FederatedData) -> None:
         """Refuse configs the algorithm cannot run (raise UserError)."""
         from raysim.errors import UserError
 
         if self.shared in ("all", "backbone") and len(set(cfg.model.names())) > 1:
-            raise UserError(f"config key 'model.name': {self.name} averages the {'model' if self.shared == 'all' else 'backbone'}, "
+            what = "model" if self.shared == "all" else "backbone"
+            raise UserError(f"config key 'model.name': {self.name} averages the {what}, "
                             f"so every client needs the same architecture")
         if self.shared in ("all", "backbone") and len({data.input_shape(c) for c in range(data.num_clients)}) > 1:
             raise UserError(f"config key 'algorithm.name': {self.name} averages the "

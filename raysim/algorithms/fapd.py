@@ -9,18 +9,14 @@ to that width) and z_T the teacher's features of the same samples, looked up by 
 
 Teacher features come from ``algorithm.teacher.features`` (a .npy [N, D] in the dataset's sample order), or, offline,
 from a teacher that the server trains on its calibration split (carved out of the clients' training data, so no
-client holds it) and caches on disk. They reach each worker once, in ``data.meta``; a job carries sample indices.
+client holds it) and caches on disk (``raysim.curriculum.teacher``). They reach each worker once, in ``data.meta``;
+a job carries sample indices.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
-import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,7 +30,8 @@ from raysim.config import AlgorithmConfig, require
 from raysim.curriculum.consensus import ConsensusController
 from raysim.curriculum.pca import explained_variance, fit_pca
 from raysim.curriculum.pkd import pkd_loss, semantic_contrastive_loss
-from raysim.data.base import ClientSplit, FederatedData
+from raysim.curriculum.teacher import class_means, offline_teacher_features
+from raysim.data.base import FederatedData
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -42,7 +39,6 @@ CURRICULA = ("consensus", "fixed", "linear")
 TEACHER_KEY = "fapd.teacher_features"  # data.meta: float32 [N, D], row i = teacher features of domain sample i
 CLASSES_KEY = "fapd.class_embeddings"  # data.meta: float32 [C, D]
 CALIBRATION_KEY = "fapd.calibration"  # data.meta: int64 indices of the server-held calibration split
-CACHE_VERSION = 1
 
 
 @dataclass
@@ -234,7 +230,7 @@ def load_matrix(path: str, key: str, what: str, *, min_rows: int, max_rows: int,
         raise UserError(f"config key '{key}': file not found: {p}")
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever numpy cannot read, the user sees one line naming the key
         raise UserError(f"config key '{key}': {p} is not a .npy array ({type(exc).__name__})") from None
     if not isinstance(arr, np.ndarray) or arr.ndim != 2 or not min_rows <= arr.shape[0] <= max_rows \
             or (cols is not None and arr.shape[1] != cols) or arr.shape[1] < 1:
@@ -245,119 +241,4 @@ def load_matrix(path: str, key: str, what: str, *, min_rows: int, max_rows: int,
     out = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.isfinite(out).all():
         raise UserError(f"config key '{key}': {p} holds NaN or Inf values")
-    return out
-
-
-def class_means(feats: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Per-class mean features, the offline stand-in for text class embeddings (zeros for an absent class)."""
-    out = np.zeros((num_classes, feats.shape[1]), dtype=np.float32)
-    for c in range(num_classes):
-        members = feats[labels == c]
-        if len(members):
-            out[c] = members.mean(axis=0)
-    return out
-
-
-def _cache_root(cfg: Any) -> Path:
-    """``algorithm.teacher.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
-    if cfg.algorithm.teacher.cache_dir:
-        return Path(cfg.algorithm.teacher.cache_dir)
-    from raysim.data.cache import cache_dir
-
-    return cache_dir(cfg) / "fapd-teacher"
-
-
-def _cache_key(cfg: Any, data: FederatedData, calibration: np.ndarray, arch: str, device: str) -> str:
-    """Everything the teacher's features depend on: the samples, the split, the recipe, and the software."""
-    t = cfg.algorithm.teacher
-    h = hashlib.blake2b(digest_size=16)
-    recipe = {"v": CACHE_VERSION, "arch": arch, "model": asdict(cfg.model), "epochs": t.epochs, "lr": t.lr,
-              "batch_size": t.batch_size, "seed": cfg.seed, "classes": data.num_classes, "device": device,
-              "torch": torch.__version__}
-    h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
-    domain = data.domains[0]
-    for arr in (domain.x, domain.y, domain.mean, domain.std, calibration):
-        if arr is not None:
-            a = np.ascontiguousarray(arr)
-            h.update(str((a.dtype, a.shape)).encode())
-            h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
-
-
-def offline_teacher_features(cfg: Any, data: FederatedData, calibration: np.ndarray) -> np.ndarray:
-    """Train a teacher centrally on the calibration split and return its features of every domain sample.
-
-    Small and deterministic from the seed (one model, a few epochs, on the driver); the result is cached on disk
-    under a hash of the data, the split and the recipe, so sweeps and resumed runs reuse it.
-    """
-    from raysim.models import ClassifierModel
-    from raysim.registry import get_model
-
-    t = cfg.algorithm.teacher
-    arch = t.model or cfg.model.for_client(0)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    path = _cache_root(cfg) / f"{_cache_key(cfg, data, calibration, arch, device.type)}.npy"
-    n = len(data.domains[0].y)
-    if path.is_file():
-        try:
-            cached = np.load(path, allow_pickle=False)
-            if cached.shape == (n, cfg.model.feature_dim) and np.isfinite(cached).all():
-                return cached.astype(np.float32, copy=False)
-        except (OSError, ValueError):
-            pass  # damaged: train again and overwrite
-    start = time.perf_counter()
-    view = FederatedData(domains=data.domains, num_classes=data.num_classes,
-                         clients=[ClientSplit(domain=0, train=calibration, test=np.arange(n, dtype=np.int64))])
-    x, y, _ = view.tensors(0, "train")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(math.floor(cfg.engine.cpus_per_worker))))
-    try:
-        seed = int(np.random.SeedSequence([cfg.seed, 0x7EAC4E5]).generate_state(1)[0])
-        torch.manual_seed(seed)
-        backbone = get_model(arch)(input_shape=tuple(x.shape[1:]), cfg=cfg.model, client_id=0, seed=cfg.seed)
-        model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=0.9)
-        gen = torch.Generator().manual_seed(seed)
-        x, y = x.to(device), y.to(device)
-        model.train()
-        for _ in range(t.epochs):
-            order = torch.randperm(len(y), generator=gen).to(device)
-            for b in range(0, len(y), t.batch_size):
-                bi = order[b:b + t.batch_size]
-                if len(bi) < 2 and len(y) > 1:
-                    continue  # a single-sample batch breaks batch norm
-                loss = F.cross_entropy(model(x[bi]), y[bi])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-        model.eval()
-        all_x, all_y, _ = view.tensors(0, "test")
-        feats, hits = [], []
-        with torch.no_grad():
-            for b in range(0, n, 1024):
-                f = model.features(all_x[b:b + 1024].to(device))
-                hits.append((model.head(f).argmax(1).cpu() == all_y[b:b + 1024]).numpy())
-                feats.append(f.float().cpu())
-        out = torch.cat(feats).numpy().astype(np.float32)
-        held_out = np.ones(n, dtype=bool)
-        held_out[calibration] = False
-        accuracy = float(np.concatenate(hits)[held_out].mean()) if held_out.any() else float("nan")
-    finally:
-        torch.set_num_threads(threads)
-    if not np.isfinite(out).all():
-        raise UserError("config key 'algorithm.teacher.lr': the offline teacher diverged (NaN features); "
-                        "lower algorithm.teacher.lr")
-    print(f"raysim: fapd: offline teacher ({arch}, {len(calibration)} calibration samples, {t.epochs} epochs) "
-          f"trained in {time.perf_counter() - start:.1f}s; accuracy on the other {int(held_out.sum())} samples "
-          f"{accuracy:.4f}",
-          file=sys.stderr, flush=True)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, out)
-        os.replace(tmp, path)
-    except OSError as exc:
-        print(f"raysim: fapd: warning: could not cache teacher features in {path.parent} ({exc.strerror}); "
-              f"set algorithm.teacher.cache_dir", file=sys.stderr, flush=True)
     return out

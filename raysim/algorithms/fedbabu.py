@@ -75,7 +75,7 @@ def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, l
     """Train every parameter of ``model`` on (x, y) for ``epochs`` epochs of plain CE with SGD, in place; batches
     are shuffled with torch's default generator (the caller seeds it). Gradients are enabled here, so this runs
     inside the worker's no-grad evaluation."""
-    from raysim.engine.worker import batch_bounds
+    from raysim.engine.epochs import epoch_batches
 
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
@@ -85,9 +85,7 @@ def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, l
         for p in params:
             p.requires_grad_(True)
         for _ in range(epochs):
-            order = torch.randperm(n).to(x.device)
-            for b, e in batch_bounds(n, batch_size):
-                bi = order[b:e]
+            for bi in epoch_batches(n, batch_size, None, x.device):
                 loss = F.cross_entropy(model(x[bi]), y[bi])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

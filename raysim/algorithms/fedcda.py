@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Algorithm, ClientUpdate, ServerContext, weighted_average
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
 from raysim.registry import register_algorithm
 
 
@@ -112,7 +112,7 @@ class FedCDA(Algorithm):
     Config = FedCDAConfig
     shared = "all"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
         self.server_history = self.config.memory_size  # the engine keeps each client's K newest uploads
 

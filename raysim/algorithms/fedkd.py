@@ -11,7 +11,8 @@ Models. The engine's model (``model.name``: the setting's model, ``backbone.*`` 
 ``adapt_model`` attaches the private MENTOR (``model.mentor``, a ``ClassifierModel`` of ``algorithm.mentor``: by
 default the mentee's architecture at twice the width, ``model.width`` x2 for the CNN and every ``model.hidden`` width
 x2 for MLPs; widths do not apply to ResNets and the zoo has none larger than ResNet-18, so a ResNet-18 mentee gets a
-second ResNet-18 unless ``algorithm.mentor.name`` says otherwise) and the hidden-state maps (``model.mentor_maps``). Mentor and maps are
+second ResNet-18 unless ``algorithm.mentor.name`` says otherwise) and the hidden-state maps (``model.mentor_maps``).
+Mentor and maps are
 submodules that are not shared (``is_shared``: ``backbone.*``/``head.*`` only), so the worker's one optimiser trains
 mentor, maps and mentee together, as the authors' one Adam over ``ModelBert.parameters()``, and they stay in the
 client's state. The mentor predicts (``algorithm.predict: mentor``, the authors' test encodes with
@@ -67,7 +68,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, split_state
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.data.base import FederatedData
 from raysim.errors import UserError
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX, ClassifierModel, init_seed
 from raysim.registry import register_algorithm
@@ -196,7 +198,7 @@ class FedKD(Algorithm):
     def is_shared(self, key: str) -> bool:
         return key.startswith((BACKBONE_PREFIX, HEAD_PREFIX))
 
-    def check(self, cfg: Any, data: Any) -> None:
+    def check(self, cfg: ExperimentConfig, data: FederatedData) -> None:
         super().check(cfg, data)
         from raysim.models import has_stages
 

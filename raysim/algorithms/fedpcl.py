@@ -62,13 +62,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -77,14 +76,14 @@ from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
 from raysim.data.base import FederatedData
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 BACKBONES_KEY = "fedpcl.backbones"  # data.meta: group name -> stand-in backbone state dict
 GROUP_KEY = "fedpcl.client_group"  # data.meta: client id -> group name (None: model.weights, or none needed)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a trailing one-sample batch is trained (merged, as the workers do); v1 skipped it
 _CHUNK = 1024
 
 
@@ -96,7 +95,7 @@ class PretrainConfig:
     epochs: int = 30  # central pre-training epochs (SGD with momentum 0.9, as FAPD's offline teacher)
     lr: float = 0.05
     batch_size: int = 32
-    cache_dir: Optional[str] = None  # null: data.cache_dir, else $RAYSIM_CACHE, else ~/.cache/raysim (+ fedpcl-backbone)
+    cache_dir: Optional[str] = None  # null: data.cache_dir, $RAYSIM_CACHE or ~/.cache/raysim (+ fedpcl-backbone)
 
     def validate(self) -> None:
         key = "algorithm.pretrain."
@@ -343,7 +342,7 @@ def own_prototype_logits(z: torch.Tensor, protos: torch.Tensor, counts: torch.Te
 
 
 # ---------------------------------------------------------------------------------------------- the stand-in
-def stand_in_groups(cfg: Any, data: FederatedData) -> dict[int, Optional[str]]:
+def stand_in_groups(cfg: ExperimentConfig, data: FederatedData) -> dict[int, Optional[str]]:
     """Client -> the name of the stand-in backbone it uses (None where ``model.weights`` gives one): one per
     architecture and input shape, and per client for per-client architectures or clients with their own columns."""
     from raysim.registry import get_model
@@ -378,7 +377,7 @@ def carve_pretrain_split(data: FederatedData, clients: list[int], fraction: floa
     return out
 
 
-def _cache_root(cfg: Any) -> Path:
+def _cache_root(cfg: ExperimentConfig) -> Path:
     """``algorithm.pretrain.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
     if cfg.algorithm.pretrain.cache_dir:
         return Path(cfg.algorithm.pretrain.cache_dir)
@@ -387,9 +386,11 @@ def _cache_root(cfg: Any) -> Path:
     return cache_dir(cfg) / "fedpcl-backbone"
 
 
-def stand_in_backbone(cfg: Any, data: FederatedData, members: list[int],
+def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[int],
                       pretrain: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
     """Pre-train one backbone centrally on its clients' carved-out samples; returns its state dict (cached)."""
+    from raysim.engine.epochs import fit_classifier, torch_threads
+    from raysim.fsutil import atomic_writer
     from raysim.models import ClassifierModel
     from raysim.registry import get_model
 
@@ -427,27 +428,11 @@ def stand_in_backbone(cfg: Any, data: FederatedData, members: list[int],
         except Exception:  # noqa: BLE001 - a damaged or foreign file: train again and overwrite it
             pass
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(math.floor(cfg.engine.cpus_per_worker))))
-    try:
+    with torch_threads(cfg.engine.cpus_per_worker):
         model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=0.9)
-        gen = torch.Generator().manual_seed(seed)
-        xd, yd = x.to(device), y.to(device)
-        model.train()
-        for _ in range(p.epochs):
-            order = torch.randperm(len(y), generator=gen).to(device)
-            for b in range(0, len(y), p.batch_size):
-                bi = order[b:b + p.batch_size]
-                if len(bi) < 2:
-                    continue  # a single-sample batch breaks batch norm
-                loss = F.cross_entropy(model(xd[bi]), yd[bi])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+        fit_classifier(model, x.to(device), y.to(device), epochs=p.epochs, lr=p.lr, batch_size=p.batch_size,
+                       generator=torch.Generator().manual_seed(seed))
         out = {k: v.detach().cpu().clone() for k, v in model.backbone.state_dict().items()}
-    finally:
-        torch.set_num_threads(threads)
     if not all(bool(torch.isfinite(v).all()) for v in out.values() if v.is_floating_point()):
         raise UserError("config key 'algorithm.pretrain.lr': the offline stand-in backbone diverged (NaN weights); "
                         "lower algorithm.pretrain.lr")
@@ -456,9 +441,8 @@ def stand_in_backbone(cfg: Any, data: FederatedData, members: list[int],
           f"public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(out, tmp)
-        os.replace(tmp, path)
+        with atomic_writer(path, fsync=False) as fh:  # no fsync: a cache entry lost to a power cut is trained again
+            torch.save(out, fh)
     except OSError as exc:
         print(f"raysim: fedpcl: warning: could not cache the stand-in backbone in {path.parent} ({exc.strerror}); "
               f"set algorithm.pretrain.cache_dir", file=sys.stderr, flush=True)

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.data.base import FederatedData
 from raysim.registry import register_algorithm
 
 
@@ -130,11 +131,11 @@ class FedRCL(Algorithm):
     Config = FedRCLConfig
     shared = "all"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
         self.clip_grad_norm = self.config.clip_grad_norm
 
-    def check(self, cfg: Any, data: Any) -> None:
+    def check(self, cfg: ExperimentConfig, data: FederatedData) -> None:
         super().check(cfg, data)
         from raysim.errors import UserError
         from raysim.models import build_model, has_stages

@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, split_state
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
 from raysim.registry import register_algorithm
 
 
@@ -123,7 +123,7 @@ class MOON(Algorithm):
     Config = MOONConfig
     shared = "all"
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
         self._twins: dict[int, list[nn.Module]] = {}  # per model object: frozen copies, reused job after job
         self._glob: Optional[nn.Module] = None  # this job's frozen global model

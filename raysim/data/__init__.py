@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from raysim.data.base import ClientSplit, Domain, FederatedData
 from raysim.data.partition import dirichlet_partition, iid_partition, split_train_test
 from raysim.errors import UserError
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 __all__ = ["ClientSplit", "Domain", "FederatedData", "build_federated_data", "federate"]
 
@@ -49,7 +54,7 @@ def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
     return FederatedData(domains=domains, clients=clients, num_classes=num_classes)
 
 
-def build_federated_data(cfg) -> FederatedData:
+def build_federated_data(cfg: ExperimentConfig) -> FederatedData:
     from raysim.registry import get_dataset
 
     data = get_dataset(cfg.data.name)(cfg)

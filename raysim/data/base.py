@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 
 def installed_package_dir(name: str) -> Optional[Path]:
@@ -121,7 +124,7 @@ def subset_indices(n: int, cap: Optional[int], rng: np.random.Generator) -> np.n
     return np.sort(rng.choice(n, size=cap, replace=False))
 
 
-def local_root(cfg: Any, dataset: str, layout: str) -> Path:
+def local_root(cfg: ExperimentConfig, dataset: str, layout: str) -> Path:
     """``data.root`` for a dataset read from local files; a one-line error naming the key when it is not set."""
     if not cfg.data.root:
         from raysim.errors import UserError

@@ -7,17 +7,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from raysim.errors import UserError
 from raysim.fsutil import atomic_writer
 
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
+
 CACHE_VERSION = 1  # bump when a recipe changes, so stale caches are never read
 
 
-def cache_dir(cfg: Any) -> Path:
+def cache_dir(cfg: ExperimentConfig) -> Path:
     """``data.cache_dir``, else ``$RAYSIM_CACHE``, else ``$XDG_CACHE_HOME/raysim`` (``~/.cache/raysim``)."""
     if cfg.data.cache_dir:
         return Path(cfg.data.cache_dir).expanduser()
@@ -27,7 +30,8 @@ def cache_dir(cfg: Any) -> Path:
     return Path(base) / "raysim"
 
 
-def cached_arrays(cfg: Any, name: str, key: dict, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached_arrays(cfg: ExperimentConfig, name: str, key: dict,
+                  build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Load ``name`` from the cache when an entry for exactly ``key`` exists, else build and store it atomically.
 
     An unreadable default cache dir only costs a rebuild; an unwritable ``data.cache_dir`` is the user's to fix.

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import ray
@@ -29,6 +29,9 @@ from raysim.errors import RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 
 class WriteFailed(RunStopped):
@@ -54,7 +57,7 @@ def _update(result: TrainResult) -> ClientUpdate:
 class Driver:
     """The actor body; ``ray.remote`` is applied by the runner (it pins the driver to the caller's node)."""
 
-    def __init__(self, cfg: Any, run_dir: str, resume: bool, placement_group: Any = None):
+    def __init__(self, cfg: ExperimentConfig, run_dir: str, resume: bool, placement_group: Any = None):
         # Ray reports an exception raised in an actor's __init__ as a bare ActorDiedError (the cause is lost), so
         # setup errors (missing data, damaged checkpoint) are kept and raised from the first method call instead.
         self._setup_error: Optional[BaseException] = None
@@ -66,7 +69,7 @@ class Driver:
         except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start()
             self._setup_error = exc
 
-    def _setup(self, cfg: Any, run_dir: str, resume: bool) -> None:
+    def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool) -> None:
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg

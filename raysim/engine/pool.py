@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import ray
 from ray.exceptions import RayActorError, WorkerCrashedError
@@ -17,6 +17,9 @@ from ray.exceptions import RayActorError, WorkerCrashedError
 from raysim.engine.placement import in_bundle, worker_bundle
 from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 _WORKER_DIED = (RayActorError, WorkerCrashedError)
 
@@ -49,7 +52,7 @@ def kill_quietly(actors: list[Any]) -> None:
             pass
 
 
-def spawn_worker(cfg: Any, index: int, placement_group: Optional[Any] = None) -> Any:
+def spawn_worker(cfg: ExperimentConfig, index: int, placement_group: Optional[Any] = None) -> Any:
     """Create worker ``index``'s actor (no data yet: the driver sends it with ``attach``)."""
     e = cfg.engine
     options: dict[str, Any] = {"num_cpus": e.cpus_per_worker, "num_gpus": e.gpus_per_worker, "max_restarts": 0}
@@ -58,14 +61,21 @@ def spawn_worker(cfg: Any, index: int, placement_group: Optional[Any] = None) ->
     return ray.remote(ClientWorker).options(**options).remote(cfg)
 
 
-def spawn_workers(cfg: Any, placement_group: Optional[Any] = None) -> list[Any]:
+def spawn_workers(cfg: ExperimentConfig, placement_group: Optional[Any] = None) -> list[Any]:
     """All of a run's workers, created by the host right after the driver so that the processes of all three
     start at once; Ray prestarts only ``num_cpus`` processes, and a process that starts cold imports torch (~4 s)."""
     return [spawn_worker(cfg, i, placement_group) for i in range(cfg.engine.num_workers)]
 
 
 class WorkerPool:
-    def __init__(self, cfg: Any, data_ref: ray.ObjectRef, placement_group: Optional[Any] = None,
+    """The run's ClientWorker actors, running any number of jobs with ``jobs_per_worker`` in flight on each.
+
+    Like Ray's ``ActorPool``, but a worker that dies is replaced by a fresh actor in its bundle and its unfinished
+    jobs go back to the queue (up to ``engine.max_retries`` times each); every worker has the federated data attached
+    before it takes a job. Results come back keyed by ``Job.key``, whatever order they finish in.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, data_ref: ray.ObjectRef, placement_group: Optional[Any] = None,
                  workers: Optional[list[Any]] = None):
         enable_fast_tensor_serialization()  # the driver's payload puts and result gets
         self.cfg = cfg

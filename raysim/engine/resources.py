@@ -96,7 +96,8 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
             ray.init(address=engine.address, **kwargs)
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {engine.address!r} "
-                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")
+                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use "
+                        f"engine.address=null") from None
 
 
 @contextlib.contextmanager

@@ -151,7 +151,7 @@ def _kill_quietly(driver: Any, workers: list[Any]) -> None:
     """End the driver and the workers: those this process created and the replacements the driver created."""
     try:
         ray.get(driver.shutdown.remote(), timeout=30)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a dead or hung driver is killed below all the same
         pass
     kill_quietly([driver, *workers])
 

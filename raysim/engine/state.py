@@ -80,12 +80,20 @@ def safe_load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UserError(f"checkpoint file missing: {path}") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged checkpoint
         raise UserError(f"checkpoint {path} is damaged or not a raysim checkpoint "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 class ClientStateStore:
+    """Every client's kept state (``Algorithm.client_keep``), held by the driver as object references.
+
+    States live in Ray's object store, never in a worker, so a dead worker loses none. Only the states changed since
+    the last checkpoint are written at the next one (``c<client>_r<round>.pt``, fsynced in batches); ``server.pt``
+    names the file of every client, so the checkpoint is whole once it is written, and ``load`` puts the states
+    back and removes what no checkpoint names (files of rounds after a crash, temporary files).
+    """
+
     def __init__(self) -> None:
         from raysim.engine.worker import enable_fast_tensor_serialization
 

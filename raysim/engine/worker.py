@@ -10,16 +10,20 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import ray
 import torch
 
 from raysim.algorithms.base import ClientContext, ServerContext
+from raysim.engine.epochs import batch_bounds, epoch_batches  # noqa: F401 - batch_bounds: re-exported
 from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.models import build_model, model_key
 from raysim.registry import get_algorithm, import_plugins
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
 
 
 EVAL_STREAM, SERVER_STREAM = 1, 2  # tags that give evaluation and server-side training streams of their own
@@ -40,14 +44,6 @@ def nbytes(tree: Any) -> int:
     if isinstance(tree, (list, tuple)):
         return sum(nbytes(v) for v in tree)
     return 0
-
-
-def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
-    """Batch [start, end) pairs; a trailing one-sample batch joins the one before (BatchNorm can't train on one)."""
-    bounds = [(b, min(b + batch_size, n)) for b in range(0, n, batch_size)]
-    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], n)]
-    return bounds
 
 
 def _float_tensors(tree: Any) -> Iterator[torch.Tensor]:
@@ -80,9 +76,14 @@ def _reduce_tensor(t: torch.Tensor) -> tuple:
     return _rebuild_tensor, (raw, cpu.dtype, tuple(cpu.shape), t.requires_grad, str(t.device))
 
 
-def _rebuild_tensor(raw: np.ndarray, dtype: torch.dtype, shape: tuple, requires_grad: bool, device: str) -> torch.Tensor:
-    """The tensor ``_reduce_tensor`` took apart: a private, writable copy (the buffer may be read-only shared memory)."""
-    t = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)).view(dtype).reshape(shape)
+def _rebuild_tensor(raw: np.ndarray, dtype: torch.dtype, shape: tuple, requires_grad: bool,
+                    device: str) -> torch.Tensor:
+    """The tensor ``_reduce_tensor`` took apart: a private, writable copy (the buffer may be read-only shared
+    memory)."""
+    if raw.size == 0:  # an empty numpy buffer has stride 0, which torch cannot view as a wider dtype
+        t = torch.empty(shape, dtype=dtype)
+    else:
+        t = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)).view(dtype).reshape(shape)
     if device != "cpu":
         t = t.to(device)
     return t.requires_grad_(requires_grad) if requires_grad else t
@@ -104,7 +105,7 @@ def enable_fast_tensor_serialization() -> None:
 class ClientWorker:
     """The actor body (wrapped with ``ray.remote`` by the pool, which sets its CPU/GPU share)."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: ExperimentConfig):
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.6 s): paid before attach()
         # reports this worker ready, so no job of round 1 waits on it
         threads = max(1, int(math.floor(cfg.engine.cpus_per_worker)))
@@ -217,9 +218,7 @@ class ClientWorker:
                 p.requires_grad_(id(p) in active)
             opt = self._optimizer(params, lr[0] if lr else None)
             for _ in range(epochs):
-                order = torch.randperm(n, generator=gen).to(self.device)
-                for b, e in batch_bounds(n, bs):
-                    bi = order[b:e]
+                for bi in epoch_batches(n, bs, gen, self.device):
                     ctx.sample_idx = idx[bi]
                     loss, parts = self.algorithm.client_loss(model, x[bi], y[bi], ctx)
                     opt.zero_grad(set_to_none=True)
@@ -261,7 +260,8 @@ class ClientWorker:
             model = self._model(cid)
             ctx = self._context(cid, -1, self._payload_for(job.payload_ref, own_ref), state,
                                 self.algorithm.eval_needs_train_data)
-            self._seed(job_seed(self.cfg.seed, cid, job.round, EVAL_STREAM))  # evaluation that trains (fine-tuning) is seeded
+            # evaluation that trains (fine-tuning) is seeded
+            self._seed(job_seed(self.cfg.seed, cid, job.round, EVAL_STREAM))
             if state is None:  # a client that has not trained yet holds what it would start its first round with
                 ctx.state = self.algorithm.init_client_state(model, ctx) or {}
             self.algorithm.eval_setup(model, ctx.state, ctx.payload, ctx)

@@ -118,7 +118,7 @@ def load_backbone_weights(backbone: nn.Module, path: str, arch: str, input_shape
     key = "config key 'model.weights'"
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any load failure: one line naming the key
         raise UserError(f"{key}: {path} is not a torch state dict ({type(exc).__name__})") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
