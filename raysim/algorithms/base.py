@@ -150,7 +150,7 @@ class Algorithm:
         if self.shared in ("all", "backbone") and len(set(cfg.model.names())) > 1:
             raise UserError(f"config key 'model.name': {self.name} averages the {'model' if self.shared == 'all' else 'backbone'}, "
                             f"so every client needs the same architecture")
-        if self.shared in ("all", "backbone") and len({data.input_shape(c) for c in range(data.num_clients)}) > 1:
+        if self.shared in ("all", "backbone") and len(data.input_shapes()) > 1:
             raise UserError(f"config key 'algorithm.name': {self.name} averages the "
                             f"{'model' if self.shared == 'all' else 'backbone'}, but clients' inputs differ in shape "
                             f"(use a head-sharing algorithm such as partialavg or unideal)")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.data.base import ClientSplit, Domain, FederatedData
+from raysim.data.base import ClientSplit, Domain, FederatedData, OnDemandData, is_indexed
 from raysim.data.partition import dirichlet_partition, iid_partition, split_train_test
 from raysim.errors import UserError
 
-__all__ = ["ClientSplit", "Domain", "FederatedData", "build_federated_data", "federate"]
+__all__ = ["ClientSplit", "Domain", "FederatedData", "OnDemandData", "build_federated_data", "federate", "is_indexed"]
 
 
 def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
@@ -53,7 +53,7 @@ def build_federated_data(cfg) -> FederatedData:
     from raysim.registry import get_dataset
 
     data = get_dataset(cfg.data.name)(cfg)
-    for cid, split in enumerate(data.clients):
+    for cid, split in enumerate(getattr(data, "clients", ())):  # an on-demand dataset has no splits to check
         if len(split.train) == 0:
             raise UserError(f"client {cid} has no training samples (lower clients.num or raise data.min_samples)")
     return data
