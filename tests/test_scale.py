@@ -1,16 +1,14 @@
-"""A million virtual clients on demand, and many clients per Ray call."""
+"""A million virtual clients on demand, and many clients per Ray call (the killed-worker guarantee under batching is
+tests/test_faults.py::test_killed_worker_changes_no_metric; a batched pool run, tests/test_engine.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
 from collections import deque
-from pathlib import Path
 from types import SimpleNamespace
 
 import ray
 
-from conftest import strip_timing, tiny_overrides
+from conftest import tiny_overrides
 from raysim.config import load_config
 from raysim.engine.driver import eval_cohort
 from raysim.engine.pool import Job, WorkerPool
@@ -89,26 +87,3 @@ def test_batches_take_only_batchable_jobs_and_give_each_client_its_refs():
         outs.extend(zip([j.key for j in group], refs))
     assert worker.calls == [("many", [0, 1]), ("one", [2]), ("many", [3, 4, 5])]
     assert outs[0] == (0, ["result0", "state0"]) and outs[2] == (2, "ref2") and outs[5] == (5, ["result5", "state5"])
-
-
-def test_batched_calls_with_a_killed_worker_give_unbatched_metrics(ray_cluster, tmp_path):
-    """Three clients a call on 2 workers, one killed in round 2, against one client a call on 1 worker."""
-    slow = dict(rounds=3, clients__num=6, train__local_epochs=3, model__hidden="[256,256]",
-                data__partition="dirichlet", algorithm__name="partialavg", log__tensorboard="false")
-    calm_cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "calm"),
-                                                engine__clients_per_call=1, **slow))
-    _, calm, _ = run_experiment(calm_cfg)
-    pids: list[int] = []
-
-    def kill_after_round_one(metrics: dict) -> None:
-        if metrics["round"] == 1:  # the driver is already inside round 2
-            os.kill(pids[0], signal.SIGKILL)
-
-    hit_cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "hit"), engine__num_workers=2,
-                                               engine__clients_per_call=3, **slow))
-    _, hit, _ = run_experiment(hit_cfg, on_round=kill_after_round_one, on_start=lambda info: pids.extend(
-        w["pid"] for w in ray.get(info["driver"].worker_info.remote())))
-    assert hit[-1]["workers_replaced"] >= 1
-    drop = ("workers_replaced",)
-    assert [{k: v for k, v in r.items() if k not in drop} for r in strip_timing(hit)] == strip_timing(calm)
-    assert Path(tmp_path / "hit" / "checkpoint" / "server.pt").is_file()
