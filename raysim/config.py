@@ -174,9 +174,9 @@ class EngineConfig:
                  "fractions are allowed only below 1")
         _require(self.driver_cpus >= 0, "engine.driver_cpus", "must be >= 0")
         _require(self.jobs_per_worker >= 1, "engine.jobs_per_worker", "must be >= 1")
-        self.clients_per_call = str(self.clients_per_call)
-        _require(self.clients_per_call == "auto" or (self.clients_per_call.isdigit() and int(self.clients_per_call) >= 1),
-                 "engine.clients_per_call", f"must be auto or a whole number >= 1, got {self.clients_per_call!r}")
+        per_call = self.clients_per_call = str(self.clients_per_call)
+        _require(per_call == "auto" or (per_call.isdigit() and int(per_call) >= 1), "engine.clients_per_call",
+                 f"must be auto or a whole number >= 1, got {per_call!r}")
         _require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:

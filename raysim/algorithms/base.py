@@ -53,7 +53,8 @@ class ClientContext:
     num_classes: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     train_data: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (x, y, sample index), on device
-    sample_idx: Optional[torch.Tensor] = None  # the current batch's sample indices in its domain
+    # the current batch's sample indices in its domain (for on-demand data: within the client's own split)
+    sample_idx: Optional[torch.Tensor] = None
 
 
 @dataclass
