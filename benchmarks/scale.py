@@ -67,6 +67,17 @@ def store_stats() -> dict[str, float]:
     return out
 
 
+def round_samples(cfg: Any) -> list[int]:
+    """Training samples of each round's sampled clients (on-demand data: sizes are known without making samples),
+    so that a difference in round time between sizes can be told apart from a difference in work."""
+    from raysim.data import build_federated_data
+    from raysim.engine.driver import sample_clients
+
+    data = build_federated_data(cfg)
+    return [sum(data.num_train(c) for c in sample_clients(cfg.seed, r, cfg.clients.num, cfg.clients.fraction))
+            for r in range(1, cfg.rounds + 1)]
+
+
 def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
@@ -107,7 +118,9 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
     periods = [b - a for a, b in zip(st, st[1:])]
     import statistics
 
+    work = round_samples(cfg) if args.data == "synthetic" else []
     return {"round_s": statistics.median(periods[1:] or periods), "round1_s": periods[0], "total_s": total,
+            "train_samples_per_round": work,  # what each round trained: the sampled clients' sizes differ
             "to_round1_s": st[1] - t0,  # from the run's launch in this warm Ray to the end of round 1
             "driver_round_s": statistics.median(probe["driver_wall"][1:] or probe["driver_wall"]),
             "setup_s": st[0] - t0, "driver_hwm_mib": probe["driver_hwm_mib"],
@@ -144,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[n].append(r)
                 print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round (driver's own {r['driver_round_s']:.3f}s), "
                       f"round 1 ends {r['to_round1_s']:.2f}s after launch, "
+                      f"samples trained per round {r['train_samples_per_round']}, "
                       f"driver {r['driver_hwm_mib']:.0f} "
                       f"MiB, workers {[round(w) for w in r['worker_hwm_mib']]} MiB, tree PSS "
                       f"{r['tree_pss_peak_mib']:.0f} MiB, store {r['store']}, load {r['load_after']:.2f}",
