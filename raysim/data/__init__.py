@@ -49,7 +49,7 @@ def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
     return FederatedData(domains=domains, clients=clients, num_classes=num_classes)
 
 
-def build_federated_data(cfg) -> FederatedData:
+def build_federated_data(cfg) -> FederatedData | OnDemandData:
     from raysim.registry import get_dataset
 
     data = get_dataset(cfg.data.name)(cfg)

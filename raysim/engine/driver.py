@@ -93,6 +93,7 @@ class Driver:
         self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
         self.data_ref = ray.put(self.data)  # once per run; jobs carry client ids, never samples
+        self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the sampled clients
         self.states = ClientStateStore()
         self.history = ClientHistoryStore(self.algorithm.server_history)  # server_keep's per-client window
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
@@ -135,7 +136,7 @@ class Driver:
         state, never ``clients.num``: state references, kept history, the evaluation cohort, the pickled dataset."""
         import pickle
 
-        cohort = getattr(self, "_eval_cohort", None)
+        cohort = self._eval_cohort
         return {"client_states": len(self.states), "history_clients": len(self.history.index()),
                 "eval_cohort": len(cohort) if cohort is not None else 0,
                 "data_bytes": len(pickle.dumps(self.data, protocol=5))}
@@ -306,8 +307,6 @@ class Driver:
         cfg = self.cfg
         if not (rnd % cfg.eval.every == 0 or rnd == cfg.rounds):
             return {}
-        if not hasattr(self, "_eval_cohort"):
-            self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)
         client_acc, pooled = self._evaluate(sampled if self._eval_cohort is None else self._eval_cohort, rnd)
         metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
         if self.algorithm.has_global_model:
