@@ -1,6 +1,6 @@
 """Engine overhead and parallel efficiency: one FedAvg workload as a plain serial PyTorch loop and in raysim.
 
-    .venv/bin/python benchmarks/overhead.py [--repeats 3] [--no-wait] [--quick]
+    .venv/bin/python benchmarks/overhead.py [--repeats 3] [--no-wait] [--set engine.clients_per_call=1 ...]
 
 Workloads (20 clients, all sampled each round, 1 local epoch, 5 rounds, evaluation after the last round):
   cnn  the small CNN on the embedded MNIST sample (compute-bound: ~200 training images per client)
@@ -146,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="cnn,mlp")
     p.add_argument("--launch-repeats", type=int, default=3, help="`raysim run` launches timed to round 1")
     p.add_argument("--no-wait", action="store_true", help="don't wait for a quiet machine (debugging)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra config override for the raysim runs (e.g. engine.clients_per_call=1)")
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     info = machine_info()
-    result: dict[str, Any] = {"machine": info, "load_before": {}, "launch": {}, "workloads": {}}
+    result: dict[str, Any] = {"machine": info, "set": args.set, "load_before": {}, "launch": {}, "workloads": {}}
     print(f"[overhead] {info}", flush=True)
 
     # time to round 1 from a cold `raysim run` (its own Ray), before this script starts one
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                     result["load_before"][f"{wl}-{rep}"] = wait_quiet(enabled=not args.no_wait)
                 runs["serial"].append(reference(load(wl, args.rounds)))
                 for w in (1, 2):
-                    cfg = load(wl, args.rounds, [f"engine.num_workers={w}", f"log.dir={OUT / f'overhead-{wl}-w{w}'}"])
+                    cfg = load(wl, args.rounds, [f"engine.num_workers={w}", f"log.dir={OUT / f'overhead-{wl}-w{w}'}",
+                                                 *args.set])
                     runs[f"w{w}"].append(raysim_run(cfg))
                 line = "  ".join(f"{k} {steady(v[-1]['rounds']):.3f}s/round" for k, v in runs.items())
                 print(f"[overhead] {wl} rep {rep} (load {loadavg():.2f}): {line}", flush=True)

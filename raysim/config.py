@@ -67,17 +67,29 @@ class DataConfig:
     root: Optional[str] = None  # directory holding full datasets in their native layout
     cache_dir: Optional[str] = None  # where generated datasets are cached (default: the user's cache dir)
     partition: str = "dirichlet"  # iid | dirichlet | niid1 | niid2
-    alpha: float = 0.5  # Dirichlet concentration for label skew
+    # Dirichlet concentration for label skew; for synthetic, FedProx's α (spread of the clients' models, >= 0).
+    # null: the dataset's default, 0.5 for a Dirichlet split, 1 for synthetic
+    alpha: Optional[float] = None
+    beta: Optional[float] = None  # synthetic: FedProx's β, spread of the clients' inputs (>= 0; null: 1)
+    dimension: int = 60  # synthetic: input features per sample (the paper's 60)
     min_samples: int = 10  # each client holds at least this many samples (train + test)
     test_fraction: float = 0.2  # per-client held-out share
     domains: list[str] = field(default_factory=list)  # digits: subset of mnist, mnistm, synth (empty = all)
     clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
-    samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain
+    samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain (synthetic: per client)
     feature_fraction: float = 0.5  # tabular: share of the columns each client sees
 
     def validate(self) -> None:
         _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
-        require(self.alpha > 0, "data.alpha", f"must be > 0, got {self.alpha}")
+        if self.name == "synthetic":  # FedProx's Synthetic(α, β): α = β = 0 is the paper's most similar setting
+            self.alpha = 1.0 if self.alpha is None else self.alpha
+            self.beta = 1.0 if self.beta is None else self.beta
+            require(self.alpha >= 0, "data.alpha", f"must be >= 0 for synthetic, got {self.alpha}")
+            require(self.beta >= 0, "data.beta", f"must be >= 0, got {self.beta}")
+            require(self.dimension >= 1, "data.dimension", f"must be >= 1, got {self.dimension}")
+        else:
+            self.alpha = 0.5 if self.alpha is None else self.alpha
+            require(self.alpha > 0, "data.alpha", f"must be > 0, got {self.alpha}")
         require(self.min_samples >= 2, "data.min_samples", f"must be >= 2, got {self.min_samples}")
         require(0.0 < self.test_fraction < 1.0, "data.test_fraction", f"must be in (0, 1), got {self.test_fraction}")
         require(self.clients_per_domain >= 1, "data.clients_per_domain", "must be >= 1")
@@ -167,6 +179,8 @@ class EngineConfig:
     address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: join a running cluster
     driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
+    # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N
+    clients_per_call: str = "auto"
     max_retries: int = 3  # re-runs of one client job after its worker died
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
@@ -180,6 +194,9 @@ class EngineConfig:
                  "fractions are allowed only below 1")
         require(self.driver_cpus >= 0, "engine.driver_cpus", "must be >= 0")
         require(self.jobs_per_worker >= 1, "engine.jobs_per_worker", "must be >= 1")
+        per_call = self.clients_per_call = str(self.clients_per_call)
+        require(per_call == "auto" or (per_call.isdigit() and int(per_call) >= 1), "engine.clients_per_call",
+                 f"must be auto or a whole number >= 1, got {per_call!r}")
         require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:
@@ -189,11 +206,15 @@ class EngineConfig:
 @dataclass
 class EvalConfig:
     every: int = 1  # evaluate every N rounds (and always after the last)
-    clients: str = "all"  # all | sampled: whose test split is evaluated
+    # whose test split is evaluated: all | sampled (the round's clients) | N (a fixed cohort of N clients drawn
+    # from the seed) | auto (all up to 10,000 clients, else a cohort of 1,000)
+    clients: str = "auto"
 
     def validate(self) -> None:
         require(self.every >= 1, "eval.every", "must be >= 1")
-        _one_of(self.clients, "eval.clients", ("all", "sampled"))
+        self.clients = str(self.clients)
+        require(self.clients in ("auto", "all", "sampled") or (self.clients.isdigit() and int(self.clients) >= 1),
+                 "eval.clients", f"must be auto, all, sampled or a number of clients >= 1, got {self.clients!r}")
 
 
 @dataclass

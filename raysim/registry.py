@@ -39,7 +39,8 @@ _BUILTINS: dict[str, dict[str, str]] = {
                 "cifar10": "raysim.data.images", "cifar100": "raysim.data.images",
                 "tinyimagenet": "raysim.data.images", "breast_cancer": "raysim.data.tabular",
                 "wine": "raysim.data.tabular", "digits_table": "raysim.data.tabular", "adult": "raysim.data.tabular",
-                "hcc": "raysim.data.tabular", "ilpd": "raysim.data.tabular"},
+                "hcc": "raysim.data.tabular", "ilpd": "raysim.data.tabular",
+                "synthetic": "raysim.data.synthetic"},
 }
 _loaded: set[str] = set()
 

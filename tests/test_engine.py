@@ -27,9 +27,11 @@ def _run(tmp_path: Path, name: str = "run", **extra):
 
 
 def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
-    """53 virtual clients (prime), jobs submitted in shuffled order: each client gets its own result."""
+    """53 virtual clients (prime), jobs submitted in shuffled order, 4 to a Ray call: each client gets its own
+    result and state object."""
     cfg = load_config(None, ["clients.num=53", "data.partition=dirichlet", "data.min_samples=12",
-                             "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3"])
+                             "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3",
+                             "engine.clients_per_call=4"])
     data = build_federated_data(cfg)
     pool = WorkerPool(cfg, ray.put(data))
     try:
@@ -40,7 +42,8 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
 
         def job(c: int) -> Job:
             work = TrainJob(client_id=c, round=1, payload_ref=payload)
-            return Job(key=c, submit=lambda w: w.train.remote(work, None), clients=[c], round=1)
+            return Job(key=c, submit=lambda w: w.train.remote(work, None), clients=[c], round=1,
+                       batch=(work, None))
 
         jobs = [job(c) for c in clients]
         done = pool.run(jobs)

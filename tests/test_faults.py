@@ -44,11 +44,12 @@ def _remember_worker_pids(pids: list[int]):
 
 
 def test_killed_worker_changes_no_metric(ray_cluster, tmp_path):
-    _, calm, _ = run_experiment(_cfg(tmp_path, "calm", engine__num_workers=2, **SLOW))
+    """Also with several clients per Ray call: the killed worker's batch is re-run client by client, and the
+    metrics equal those of the calm run that sends one client a call."""
+    _, calm, _ = run_experiment(_cfg(tmp_path, "calm", engine__num_workers=2, engine__clients_per_call=1, **SLOW))
     pids: list[int] = []
-    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__num_workers=2, **SLOW),
-                               on_start=_remember_worker_pids(pids),
-                               on_round=_kill_a_worker_after_round_one(pids))
+    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__num_workers=2, engine__clients_per_call=3, **SLOW),
+                               on_start=_remember_worker_pids(pids), on_round=_kill_a_worker_after_round_one(pids))
     assert hit[-1]["workers_replaced"] >= 1
     assert _without(hit, "workers_replaced") == _without(calm, "workers_replaced")
 

@@ -54,7 +54,8 @@ class ClientContext:
     num_classes: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     train_data: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (x, y, sample index), on device
-    sample_idx: Optional[torch.Tensor] = None  # the current batch's sample indices in its domain
+    # the current batch's sample indices in its domain (for on-demand data: within the client's own split)
+    sample_idx: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -159,7 +160,7 @@ class Algorithm:
             what = "model" if self.shared == "all" else "backbone"
             raise UserError(f"config key 'model.name': {self.name} averages the {what}, "
                             f"so every client needs the same architecture")
-        if self.shared in ("all", "backbone") and len({data.input_shape(c) for c in range(data.num_clients)}) > 1:
+        if self.shared in ("all", "backbone") and len(data.input_shapes()) > 1:
             raise UserError(f"config key 'algorithm.name': {self.name} averages the "
                             f"{'model' if self.shared == 'all' else 'backbone'}, but clients' inputs differ in shape "
                             f"(use a head-sharing algorithm such as partialavg or unideal)")

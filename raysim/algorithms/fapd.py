@@ -31,7 +31,7 @@ from raysim.curriculum.consensus import ConsensusController
 from raysim.curriculum.pca import explained_variance, fit_pca
 from raysim.curriculum.pkd import pkd_loss, semantic_contrastive_loss
 from raysim.curriculum.teacher import class_means, offline_teacher_features
-from raysim.data.base import FederatedData
+from raysim.data.base import ClientSplit, FederatedData, is_indexed
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -105,6 +105,9 @@ class FAPD(Algorithm):
     # ------------------------------------------------------------------ driver: data, teacher, PCA
     def prepare_data(self, data: FederatedData) -> FederatedData:
         c, t = self.config, self.config.teacher
+        if not is_indexed(data):
+            raise UserError(f"config key 'data.name': fapd needs a dataset of shared sample indices; "
+                            f"{self.cfg.data.name} makes its clients on demand")
         if len(data.domains) != 1:
             raise UserError(f"config key 'data.domains': fapd distils per-sample teacher features of one domain, "
                             f"but {self.cfg.data.name} has {len(data.domains)}")

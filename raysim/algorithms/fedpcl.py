@@ -77,7 +77,7 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
-from raysim.data.base import FederatedData
+from raysim.data.base import FederatedData, is_indexed
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -224,6 +224,9 @@ class FedPCL(Algorithm):
     # ------------------------------------------------------------------ driver side
     def prepare_data(self, data: FederatedData) -> FederatedData:
         """Pre-train the stand-in backbones for the clients without ``model.weights`` (cached on disk)."""
+        if not is_indexed(data):
+            raise UserError(f"config key 'data.name': fedpcl needs a dataset of shared sample indices; "
+                            f"{self.cfg.data.name} makes its clients on demand")
         groups = stand_in_groups(self.cfg, data)
         data.meta[GROUP_KEY] = groups
         data.meta[BACKBONES_KEY] = {}

@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raysim.data.base import ClientSplit, Domain, FederatedData
+from raysim.data.base import ClientSplit, Domain, FederatedData, OnDemandData, is_indexed
 from raysim.data.partition import dirichlet_partition, iid_partition, split_train_test
 from raysim.errors import UserError
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
 
-__all__ = ["ClientSplit", "Domain", "FederatedData", "build_federated_data", "federate"]
+__all__ = ["ClientSplit", "Domain", "FederatedData", "OnDemandData", "build_federated_data", "federate", "is_indexed"]
 
 
 def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
@@ -54,11 +54,11 @@ def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
     return FederatedData(domains=domains, clients=clients, num_classes=num_classes)
 
 
-def build_federated_data(cfg: ExperimentConfig) -> FederatedData:
+def build_federated_data(cfg: ExperimentConfig) -> FederatedData | OnDemandData:
     from raysim.registry import get_dataset
 
     data = get_dataset(cfg.data.name)(cfg)
-    for cid, split in enumerate(data.clients):
+    for cid, split in enumerate(getattr(data, "clients", ())):  # an on-demand dataset has no splits to check
         if len(split.train) == 0:
             raise UserError(f"client {cid} has no training samples (lower clients.num or raise data.min_samples)")
     return data

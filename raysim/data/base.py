@@ -1,12 +1,15 @@
 """The federated dataset that the driver builds once and puts into the Ray object store.
 
 Arrays stay compact (images as uint8) and are normalised on the fly when a worker materialises one client's
-split; a job carries a client id, never pixels.
+split; a job carries a client id, never pixels. ``OnDemandData`` is the other kind: it holds no samples at all, and
+each client's are made from (seed, client id) on the worker that trains it, so a million-client federation costs
+nothing until a client is sampled.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -72,8 +75,15 @@ class FederatedData:
             shape = (len(split.features),)
         return shape
 
+    def input_shapes(self) -> set[tuple[int, ...]]:
+        """Every client's input shape, once each (algorithms that average a whole model need exactly one)."""
+        return {self.input_shape(c) for c in range(self.num_clients)}
+
     def num_train(self, client_id: int) -> int:
         return len(self.clients[client_id].train)
+
+    def num_test(self, client_id: int) -> int:
+        return len(self.clients[client_id].test)
 
     def tensors(self, client_id: int, part: str = "train") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(inputs float32, labels int64, sample indices into the domain) for one client's split."""
@@ -92,6 +102,63 @@ class FederatedData:
             x = (x - _vector(split.shift)) / _vector(split.scale)
             x = torch.nan_to_num_(x, nan=0.0)  # a missing value (NaN) becomes the client's own training mean
         return x, torch.from_numpy(domain.y[idx]), torch.tensor(np.asarray(idx), dtype=torch.int64)
+
+
+class OnDemandData:
+    """A federation whose clients' samples are made on demand from (seed, client id), never stored for all.
+
+    The object that crosses to the workers holds only the generator's settings; ``client_arrays`` makes one client's
+    (x_train, y_train, x_test, y_test) deterministically, and the newest few clients are kept (up to
+    ``cache_bytes``) because a client that trains in a round is usually evaluated right after. Subclasses set
+    ``num_clients``, ``num_classes`` and ``meta``, and implement ``client_arrays``, ``input_shape`` and ``num_test``.
+    Algorithms that index samples of a shared domain (FAPD, FedPCL) need a ``FederatedData`` instead.
+    """
+
+    num_clients: int
+    num_classes: int
+    meta: dict
+    cache_bytes: int = 64 * 1024 * 1024
+
+    def client_arrays(self, client_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def input_shape(self, client_id: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def num_test(self, client_id: int) -> int:
+        raise NotImplementedError
+
+    def input_shapes(self) -> set[tuple[int, ...]]:
+        return {self.input_shape(0)}
+
+    def num_train(self, client_id: int) -> int:
+        return len(self._arrays(client_id)[1])
+
+    def _arrays(self, client_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        cache: OrderedDict = self.__dict__.setdefault("_cache", OrderedDict())
+        if client_id in cache:
+            cache.move_to_end(client_id)
+            return cache[client_id]
+        arrays = self.client_arrays(client_id)
+        cache[client_id] = arrays
+        while len(cache) > 1 and sum(a.nbytes for v in cache.values() for a in v) > self.cache_bytes:
+            cache.popitem(last=False)
+        return arrays
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}  # the settings travel, never samples
+
+    def tensors(self, client_id: int, part: str = "train") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(inputs float32, labels int64, sample indices within this client's split) for one client's split."""
+        x_train, y_train, x_test, y_test = self._arrays(client_id)
+        x, y = (x_train, y_train) if part == "train" else (x_test, y_test)
+        return (torch.from_numpy(np.array(x, dtype=np.float32)), torch.from_numpy(np.array(y, dtype=np.int64)),
+                torch.arange(len(y), dtype=torch.int64))
+
+
+def is_indexed(data: object) -> bool:
+    """True for a dataset whose clients hold indices into shared domains (``FederatedData``)."""
+    return isinstance(data, FederatedData)
 
 
 def _vector(a: np.ndarray) -> torch.Tensor:

@@ -49,6 +49,24 @@ def round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
 
 
+AUTO_EVAL_ALL_MAX = 10_000  # eval.clients=auto evaluates every client of a federation up to this size,
+AUTO_EVAL_COHORT = 1_000  # and a fixed seeded cohort of this many clients in a larger one
+
+
+def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
+    """The fixed clients that ``eval.clients`` evaluates (None: the round's sampled clients), drawn once from the
+    seed, so that the driver's evaluation bookkeeping grows with the cohort, not with ``clients.num``."""
+    if setting == "sampled":
+        return None
+    if setting == "auto":
+        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_COHORT)
+    size = num if setting == "all" else min(int(setting), num)
+    if size == num:
+        return list(range(num))
+    rng = np.random.default_rng([seed, 15485863])
+    return sorted(int(c) for c in rng.choice(num, size=size, replace=False))
+
+
 def _update(result: TrainResult) -> ClientUpdate:
     return ClientUpdate(client_id=result.client_id, upload=result.upload, num_samples=result.num_samples,
                         loss=result.loss)
@@ -78,6 +96,7 @@ class Driver:
         self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
         self.data_ref = ray.put(self.data)  # once per run; jobs carry client ids, never samples
+        self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the sampled clients
         self.states = ClientStateStore()
         self.history = ClientHistoryStore(self.algorithm.server_history)  # server_keep's per-client window
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
@@ -114,6 +133,16 @@ class Driver:
 
     def worker_info(self) -> list[dict]:
         return self.pool.info()
+
+    def footprint(self) -> dict[str, int]:
+        """Sizes of the driver's per-client bookkeeping, which must follow the clients that were sampled or hold
+        state, never ``clients.num``: state references, kept history, the evaluation cohort, the pickled dataset."""
+        import pickle
+
+        cohort = self._eval_cohort
+        return {"client_states": len(self.states), "history_clients": len(self.history.index()),
+                "eval_cohort": len(cohort) if cohort is not None else 0,
+                "data_bytes": len(pickle.dumps(self.data, protocol=5))}
 
     def progress(self) -> tuple[int, int, int, str]:
         """(round in progress, jobs done, jobs in this phase, "train" | "evaluate"): for a live progress line."""
@@ -210,7 +239,8 @@ class Driver:
         def job(cid: int) -> Job:
             work = TrainJob(client_id=cid, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(cid))
             state = self.states.get(cid)
-            return Job(key=cid, submit=lambda w: w.train.remote(work, state), clients=[cid], round=rnd)
+            return Job(key=cid, submit=lambda w: w.train.remote(work, state), clients=[cid], round=rnd,
+                       batch=(work, state))
 
         return bytes_down, self.pool.run([job(c) for c in sampled])
 
@@ -282,7 +312,7 @@ class Driver:
         cfg = self.cfg
         if not (rnd % cfg.eval.every == 0 or rnd == cfg.rounds):
             return {}
-        counts, pooled = self._evaluate(sampled if cfg.eval.clients == "sampled" else range(cfg.clients.num), rnd)
+        counts, pooled = self._evaluate(sampled if self._eval_cohort is None else self._eval_cohort, rnd)
         client_acc = {c: n / t for c, (n, t) in counts.items()}
         metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
         metrics["acc_weighted"] = pooled  # total correct / total test samples over the evaluated clients
@@ -309,7 +339,7 @@ class Driver:
 
     def _evaluate(self, clients: Any, rnd: int) -> tuple[dict[int, tuple[int, int]], Optional[float]]:
         """Personalised (correct, total) test counts per client, and the pooled accuracy over all their samples."""
-        clients = [c for c in clients if len(self.data.clients[c].test) > 0]
+        clients = [c for c in clients if self.data.num_test(c) > 0]
         shared_ref, own, _ = self._downloads(clients, -1)
         n_chunks = max(1, min(len(clients), self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker))
         chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]

@@ -3,10 +3,16 @@
 Ray's ActorPool neither replaces dead actors nor re-runs their jobs, so this small pool does: each worker keeps
 ``jobs_per_worker`` jobs in flight; when one dies its unfinished jobs go back to the queue and a fresh actor takes its
 place. Jobs are pure functions of (config, client state, payload, seed), so a re-run gives the same result.
+
+Many clients per call: a client update shorter than a Ray round trip is dominated by the hand-offs around it, so
+training jobs are sent several to a call (``ClientWorker.train_many``) when ``engine.clients_per_call`` says so, or,
+with ``auto``, as many as make a call about ``TARGET_CALL_S`` of the measured per-client time. Each client still
+gets its own result and state object, and a batch whose worker dies is re-queued client by client.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
@@ -41,6 +47,12 @@ class Job:
     round: int
     kind: str = "train"  # what the progress line calls this work: train | evaluate | server
     tries: int = field(default=0)
+    # (TrainJob, state ref) of a training job that may share one ``train_many`` call with others; None: never
+    batch: Optional[tuple[Any, Any]] = None
+
+
+TARGET_CALL_S = 0.02  # auto batching: a call carries about this much measured client time
+MAX_CLIENTS_PER_CALL = 64
 
 
 def kill_quietly(actors: list[Any]) -> None:
@@ -88,6 +100,7 @@ class WorkerPool:
         self.workers: list[Any] = [self._attach(i, a) for i, a in enumerate(actors)]
         self.replacements = 0
         self._closed = False
+        self._client_s: Optional[float] = None  # running mean of one client update's time, as workers measure it
 
     def _attach(self, index: int, actor: Any) -> Any:
         probe = actor.attach.remote(self._data_ref)
@@ -106,12 +119,43 @@ class WorkerPool:
         self.workers[index] = self._attach(index, spawn_worker(self.cfg, index, self._pg))
         self.replacements += 1
 
+    def clients_per_call(self, queued: int) -> int:
+        """How many batchable jobs the next call takes: ``engine.clients_per_call``, or with ``auto`` enough to make
+        a call ~TARGET_CALL_S of measured work, never more than an even share of the queue over the workers' slots
+        (so no worker idles while another holds a long batch), and 1 until a job time has been measured."""
+        setting = self.cfg.engine.clients_per_call
+        if setting != "auto":
+            return max(1, int(setting))
+        if self._client_s is None:
+            return 1
+        wanted = math.ceil(TARGET_CALL_S / max(self._client_s, 1e-4))
+        share = math.ceil(queued / (len(self.workers) * self.cfg.engine.jobs_per_worker))
+        return max(1, min(wanted, share, MAX_CLIENTS_PER_CALL))
+
+    def _submit(self, queue: deque, worker: Any) -> tuple[list[Job], list[Submitted]]:
+        """Start the next job, or the next run of batchable jobs in one call; returns (jobs, each job's refs)."""
+        group = [queue.popleft()]
+        if group[0].batch is not None:
+            k = self.clients_per_call(len(queue) + 1)
+            while len(group) < k and queue and queue[0].batch is not None:
+                group.append(queue.popleft())
+        if len(group) == 1:
+            return group, [group[0].submit(worker)]
+        refs = worker.train_many.options(num_returns=2 * len(group)).remote(
+            [j.batch[0] for j in group], *[j.batch[1] for j in group])
+        return group, [refs[2 * i:2 * i + 2] for i in range(len(group))]
+
+    def _measured(self, value: Any) -> None:
+        seconds = getattr(value, "seconds", None)
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            self._client_s = seconds if self._client_s is None else 0.7 * self._client_s + 0.3 * seconds
+
     def run(self, jobs: list[Job]) -> dict[int, Any]:
         """Run every job once (re-running those whose worker died) and return {job.key: result}; for a job that
         returns several objects the result is (first value, the other refs), so a client's state stays in the
         object store."""
         queue: deque[Job] = deque(jobs)
-        inflight: dict[ray.ObjectRef, tuple[Job, int, Any]] = {}
+        inflight: dict[ray.ObjectRef, tuple[list[Job], int, list[Submitted]]] = {}
         load = [0] * len(self.workers)
         results: dict[int, Any] = {}
         self.progress = (0, len(jobs), jobs[0].kind if jobs else "")  # (done, total, kind), read by Driver.progress
@@ -119,10 +163,9 @@ class WorkerPool:
         while queue or inflight:
             for w in range(len(self.workers)):
                 while queue and load[w] < per_worker and self._starting[w] is None:
-                    job = queue.popleft()
-                    out = job.submit(self.workers[w])
-                    wait_ref = out[0] if isinstance(out, list) else out
-                    inflight[wait_ref] = (job, w, out)
+                    group, outs = self._submit(queue, self.workers[w])
+                    wait_ref = outs[-1][0] if isinstance(outs[-1], list) else outs[-1]
+                    inflight[wait_ref] = (group, w, outs)
                     load[w] += 1
             starting = [r for r in self._starting if r is not None]
             ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
@@ -130,14 +173,14 @@ class WorkerPool:
             if ref not in inflight:  # a worker came up (or failed to: its first job then fails as before)
                 self._starting[self._starting.index(ref)] = None
                 continue
-            job, w, out = inflight.pop(ref)
+            group, w, outs = inflight.pop(ref)
             load[w] -= 1
             try:
-                value = ray.get(ref)
+                values = ray.get([out[0] if isinstance(out, list) else out for out in outs])
             except _WORKER_DIED as exc:
                 if self._closed:
                     raise RunStopped("the worker pool was shut down during a round") from None
-                lost = [job] + [j for r, (j, jw, _) in list(inflight.items()) if jw == w]
+                lost = group + [j for r, (js, jw, _) in list(inflight.items()) if jw == w for j in js]
                 for r in [r for r, (_, jw, _) in inflight.items() if jw == w]:
                     inflight.pop(r)
                 load[w] = 0
@@ -151,8 +194,10 @@ class WorkerPool:
                                          f"{_first_line(exc)}") from None
                     queue.appendleft(j)
                 continue
-            results[job.key] = (value, out[1]) if isinstance(out, list) else value
-            self.progress = (len(results), len(jobs), job.kind)
+            for job, out, value in zip(group, outs, values):
+                results[job.key] = (value, out[1]) if isinstance(out, list) else value
+                self._measured(value)
+            self.progress = (len(results), len(jobs), group[0].kind)
         return results
 
     def shutdown(self) -> None:

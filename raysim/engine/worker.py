@@ -248,6 +248,15 @@ class ClientWorker:
                              seconds=time.perf_counter() - start, has_state=bool(keep))
         return result, (keep or None)
 
+    def train_many(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
+        """Several clients in one Ray call (``engine.clients_per_call``), one after another exactly as ``train``
+        runs them; returns [result, state] per client, flat, so that each becomes its own object in the store
+        (the caller sets ``num_returns=2 * len(jobs)``). States arrive as separate arguments, so Ray resolves them."""
+        out: list = []
+        for job, state in zip(jobs, states):
+            out.extend(self.train(job, state))
+        return out
+
     @torch.no_grad()
     def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
         """Test accuracy of the model each client would use after this round's aggregation."""
