@@ -44,43 +44,41 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     ckpt = read_checkpoint(run_dir)
     rnd, server_state = int(ckpt["round"]), ckpt["server_state"]
     shared = algorithm.eval_payload(server_state)
+    client_files = {int(k): int(v) for k, v in ckpt["client_files"].items()}
     feats, labels, clients, predicted = [], [], [], []
-    threads = torch.get_num_threads()
-    try:
-        for cid in range(data.num_clients):
-            if len(data.clients[cid].test) == 0:
-                continue
-            payload = {k: v for k, v in shared.items()}
-            own = algorithm.client_payload(server_state, cid, -1)
-            if own:
-                payload.update(own)
-            rel = {int(k): v for k, v in ckpt["client_files"].items()}.get(cid)
-            state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{int(rel):05d}.pt")
-                     if rel is not None else None)
-            model = build_model(cfg, model_key(cfg, data, cid)[0], data.input_shape(cid), data.num_classes, cid,
-                                algorithm)
-            train = data.tensors(cid, "train") if algorithm.eval_needs_train_data else None
-            ctx = ClientContext(client_id=cid, round=-1, total_rounds=cfg.rounds, epoch=0, num_epochs=0,
-                                payload=payload, state=state or {}, meta=data.meta, num_classes=data.num_classes,
-                                train_data=train)
-            torch.manual_seed(job_seed(cfg.seed, cid, rnd, EVAL_STREAM))
-            if state is None:
-                ctx.state = algorithm.init_client_state(model, ctx) or {}
-            algorithm.eval_setup(model, ctx.state, ctx.payload, ctx)
-            x, y, _ = data.tensors(cid, "test")
-            feats.append(eval_features(model, x).float().numpy())
-            model.eval()
-            with torch.no_grad():
-                predicted.append(torch.cat([algorithm.predict(model, x[b:b + 1024], ctx).argmax(dim=1)
-                                            for b in range(0, len(y), 1024)]).numpy())
-            labels.append(y.numpy())
-            clients.append(np.full(len(y), cid, dtype=np.int64))
-    finally:
-        torch.set_num_threads(threads)
+    for cid in range(data.num_clients):
+        if len(data.clients[cid].test) == 0:
+            continue
+        payload = dict(shared)
+        own = algorithm.client_payload(server_state, cid, -1)
+        if own:
+            payload.update(own)
+        state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{client_files[cid]:05d}.pt")
+                 if cid in client_files else None)
+        # as a worker's evaluation does it: build (seeded initial weights), seed the job, set up, predict
+        model = build_model(cfg, model_key(cfg, data, cid)[0], data.input_shape(cid), data.num_classes, cid,
+                            algorithm)
+        train = data.tensors(cid, "train") if algorithm.eval_needs_train_data else None
+        ctx = ClientContext(client_id=cid, round=-1, total_rounds=cfg.rounds, epoch=0, num_epochs=0,
+                            payload=payload, state=state or {}, meta=data.meta, num_classes=data.num_classes,
+                            train_data=train)
+        torch.manual_seed(job_seed(cfg.seed, cid, rnd, EVAL_STREAM))
+        if state is None:
+            ctx.state = algorithm.init_client_state(model, ctx) or {}
+        algorithm.eval_setup(model, ctx.state, ctx.payload, ctx)
+        x, y, _ = data.tensors(cid, "test")
+        feats.append(eval_features(model, x).float().numpy())
+        model.eval()
+        with torch.no_grad():
+            predicted.append(torch.cat([algorithm.predict(model, x[b:b + 1024], ctx).argmax(dim=1)
+                                        for b in range(0, len(y), 1024)]).numpy())
+        labels.append(y.numpy())
+        clients.append(np.full(len(y), cid, dtype=np.int64))
     if not feats:
         raise UserError(f"--tsne: no client of {run_dir} has test samples")
     return {"features": np.concatenate(feats), "labels": np.concatenate(labels).astype(np.int64),
-            "clients": np.concatenate(clients), "predicted": np.concatenate(predicted).astype(np.int64), "round": rnd}
+            "clients": np.concatenate(clients), "predicted": np.concatenate(predicted).astype(np.int64), "round": rnd,
+            "title": f"{cfg.name}, seed {cfg.seed}"}
 
 
 def tsne(run_dir: Path, out: Path, *, max_points: int = TSNE_MAX, seed: int = 0,
@@ -114,7 +112,7 @@ def tsne(run_dir: Path, out: Path, *, max_points: int = TSNE_MAX, seed: int = 0,
         for (a, b), label, client in zip(emb, exported["labels"][pick], exported["clients"][pick]):
             w.writerow([f"{a:.6g}", f"{b:.6g}", int(label), int(client)])
     files["tsne.png"] = _plot(emb, exported["labels"][pick], out / "tsne.png",
-                              f"{Path(run_dir).name}: t-SNE of test features (round {exported['round']}, "
+                              f"{exported['title']}: t-SNE of test features (round {exported['round']}, "
                               f"{len(pick)} of {len(exported['labels'])} samples)")
     return files
 
