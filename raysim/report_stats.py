@@ -149,7 +149,7 @@ def spread_rows(report: Any) -> list[list[str]]:
 
 def extra_sections(report: Any) -> list[str]:
     """report.md's sections after the main table: the final-round table and the client spread."""
-    from raysim.tune import markdown_table
+    from raysim.tables import markdown_table
 
     header = ["method"] + report.settings
     lines = [f"## Final-round `{report.metric}` (%), mean ± std over seeds", "",
