@@ -312,6 +312,7 @@ class TrialSetup:
     trials_dir: str
     cwd: str
     naming: str
+    launch_node: str = ""  # Ray node id where the sweep was started: trials' run directories live there
 
     def run_dir(self, values: dict, trial_id: str) -> Path:
         name = f"seed-{values['seed']}" if self.naming == "seed" else trial_id
@@ -328,21 +329,39 @@ ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line caus
 
 
 def run_trial(values: dict, setup: TrialSetup) -> None:
-    """The Tune trainable: one raysim run in the trial's placement group, reporting every round.
+    """The Tune trainable: one raysim run whose workers use the trial's placement group, reporting every round.
 
-    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) finds its run directory's checkpoint and
-    continues from it; one whose run had already ended (killed before Tune recorded it) reports its last round
-    again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is raised to Tune.
+    The trial's actor may run on any node; the run itself (run directory, driver) runs on the node where the sweep
+    was started (``raysim.engine.placement``), and this relays its rounds to Tune.
     """
     import ray
     from ray import tune
 
+    from raysim.engine.placement import trial_host
+
+    with trial_host(setup.launch_node) as stream:
+        for row in stream(run_trial_on_launch_node, values, setup, tune.get_context().get_trial_id(),
+                          ray.util.get_current_placement_group()):
+            tune.report(row)
+
+
+def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, placement_group: Any, *,
+                             report: Callable[[dict], None], on_start: Callable[[dict], None],
+                             stopped: Callable[[], bool]) -> None:
+    """A trial's raysim run, on the node that holds the sweep directory; ``report`` sends a row to Tune.
+
+    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) or by Tune on another node finds its run
+    directory's checkpoint and continues from it; one whose run had already ended (killed before Tune recorded it)
+    reports its last round again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is
+    raised to Tune.
+    """
+    from raysim.engine.placement import TrialStopped
     from raysim.engine.runner import run_experiment
     from raysim.runlog import read_metrics
 
     with contextlib.suppress(OSError):
-        os.chdir(setup.cwd)  # Tune starts trials in its own trial dir; relative paths in configs mean the user's cwd
-    run_dir = setup.run_dir(values, tune.get_context().get_trial_id())
+        os.chdir(setup.cwd)  # relative paths in configs mean the user's cwd
+    run_dir = setup.run_dir(values, trial_id)
     try:
         cfg = setup.config(values, run_dir)
         resume = (run_dir / "checkpoint" / "server.pt").is_file()
@@ -353,25 +372,22 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
         rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["round"] <= done]
         last: dict[str, float] = {}
 
-        def report(m: dict) -> dict:
+        def carry(m: dict) -> dict:
             row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                    and math.isfinite(v)}
             last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
             return dict(last)
 
         for m in rows:  # what the rounds already run measured, so the first report after a resume has the metric
-            report(m)
+            carry(m)
         if rows and done >= cfg.rounds:  # the run ended before the sweep was killed: report it, run nothing
-            tune.report(report(rows[-1]))
+            report(carry(rows[-1]))
             return
-        run_experiment(cfg, resume=resume, on_round=lambda m: tune.report(report(m)),
-                       placement_group=ray.util.get_current_placement_group())
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            _record_error(run_dir, exc)
-        raise  # code 0: Tune ending the trial's thread (a scheduler stopped or paused it), not a failure
+        run_experiment(cfg, resume=resume, on_round=lambda m: report(carry(m)), on_start=on_start,
+                       placement_group=placement_group)
     except BaseException as exc:
-        _record_error(run_dir, exc)
+        if not (isinstance(exc, TrialStopped) or stopped()):  # Tune ending a trial (a scheduler stopped or paused
+            _record_error(run_dir, exc)  # it) is not a failure, whatever error ending its driver caused
         raise
 
 
@@ -619,15 +635,12 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from raysim.engine.placement import this_node
     from raysim.engine.resources import ray_session
 
     tune_dir = sweep_dir / "tune"
     spec = dataclasses.replace(spec, dir=str(sweep_dir))
 
-    setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
-                       cwd=os.getcwd(), naming=spec.naming)
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
-                                    functools.partial(_trial_resources, setup=setup))
     total = spec.total_trials()
     done = tuple(r["trial_id"] for r in collect_trials(spec, sweep_dir)
                  if r["status"] in ("done", "stopped")) if resume else ()  # errored trials run again
@@ -635,6 +648,10 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
                          run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
     with ray_session(first.engine, first.plugins):
         check_cluster(spec)
+        setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
+                           cwd=os.getcwd(), naming=spec.naming, launch_node=this_node())
+        trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+                                        functools.partial(_trial_resources, setup=setup))
         cpus = ray.cluster_resources().get("CPU", 0)
         what = f"{total} seeds" if spec.naming == "seed" else f"sweep of {total} trials"
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "

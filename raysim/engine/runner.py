@@ -160,18 +160,12 @@ def _kill_quietly(driver: Any, workers: list[Any]) -> None:
 
 
 def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:
-    """The driver writes the run directory, so it runs on this node (or in the trial's first bundle)."""
-    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus, "max_concurrency": 2, "max_restarts": 0}
-    if placement_group is not None:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    """The driver writes the run directory, so it runs on this node, the one that holds the directory (in a Tune
+    trial too: see ``raysim.engine.placement``); there the trial's first bundle already holds its CPUs."""
+    from raysim.engine.placement import pinned_to, this_node
 
-        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group=placement_group, placement_group_bundle_index=0)
-    else:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus if placement_group is None else 0,
+                               "max_concurrency": 2, "max_restarts": 0, **pinned_to(this_node())}
     return ray.remote(Driver).options(**options).remote(cfg, str(run_dir), resume, placement_group)
 
 
