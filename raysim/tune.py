@@ -288,10 +288,11 @@ def check_cluster(spec: SweepSpec) -> None:
 
 
 def trial_bundles(engine: Any) -> list[dict[str, float]]:
-    """Bundle 0: the driver (and the Tune trial process itself); then one bundle per worker.
+    """Bundle 0: the driver's CPUs, held by the Tune trial's actor (the driver itself runs on the launch node:
+    ``raysim.engine.placement``); then one bundle per worker.
 
-    With ``driver_cpus = 0`` the head bundle is empty and Tune leaves it out of the group; the driver then sits,
-    using nothing, in the first worker's bundle (the runner/driver place workers in the group's last bundles).
+    With ``driver_cpus = 0`` the head bundle is empty and Tune leaves it out of the group; the trial's actor then
+    sits, using nothing, in the first worker's bundle (the runner/driver place workers in the group's last bundles).
     """
     head = {"CPU": float(engine.driver_cpus)} if engine.driver_cpus else {}
     worker = {"CPU": float(engine.cpus_per_worker)}
