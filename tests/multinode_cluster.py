@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -55,8 +56,7 @@ def no_disk_but_the_launch_nodes() -> None:
     sys.addaudithook(audit)
 
 
-def main(out: Path) -> None:
-    temp = Path(tempfile.mkdtemp(prefix="rmn"))  # short, for Ray's socket paths; also keeps Ray's
+def main(out: Path, temp: Path) -> None:
     os.environ["RAY_TMPDIR"] = str(temp)  # ray_current_cluster record away from /tmp/ray, where other runs look
     root, violations = temp / "runs", temp / "violations.txt"
     root.mkdir()
@@ -138,4 +138,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    temp_dir = Path(tempfile.mkdtemp(prefix="rmn"))  # short, for Ray's socket paths; and it keeps Ray's
+    try:  # ray_current_cluster record away from /tmp/ray, where other runs look
+        main(Path(sys.argv[1]), temp_dir)
+    finally:  # Ray's session files too (the Cluster's processes end with this process: shutdown_at_exit)
+        shutil.rmtree(temp_dir, ignore_errors=True)
