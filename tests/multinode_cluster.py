@@ -57,7 +57,9 @@ def no_disk_but_the_launch_nodes() -> None:
 
 
 def main(out: Path, temp: Path) -> None:
-    os.environ["RAY_TMPDIR"] = str(temp)  # ray_current_cluster record away from /tmp/ray, where other runs look
+    # Ray's session files, and the ray_current_cluster record the Cluster writes, go there: away from /tmp/ray,
+    # where other runs on the machine look for a running cluster
+    os.environ["RAY_TMPDIR"] = str(temp)
     root, violations = temp / "runs", temp / "violations.txt"
     root.mkdir()
     violations.touch()
@@ -138,8 +140,8 @@ def main(out: Path, temp: Path) -> None:
 
 
 if __name__ == "__main__":
-    temp_dir = Path(tempfile.mkdtemp(prefix="rmn"))  # short, for Ray's socket paths; and it keeps Ray's
-    try:  # ray_current_cluster record away from /tmp/ray, where other runs look
+    temp_dir = Path(tempfile.mkdtemp(prefix="rmn"))  # a short path: Ray's socket paths must stay short
+    try:
         main(Path(sys.argv[1]), temp_dir)
     finally:  # Ray's session files too (the Cluster's processes end with this process: shutdown_at_exit)
         shutil.rmtree(temp_dir, ignore_errors=True)
