@@ -47,6 +47,8 @@ def test_a_stale_cluster_record_is_passed_over_and_a_private_ray_starts(tmp_path
     monkeypatch.setenv("RAY_ADDRESS", dead)
     with pytest.raises(UserError, match="environment variable RAY_ADDRESS: cannot reach"):
         connect.choose_cluster(None)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert connect.choose_cluster(None) == (None, None)
 
 
 def test_the_private_ray_ignores_any_recorded_cluster(monkeypatch):

@@ -111,7 +111,9 @@ def choose_cluster(address: Optional[str]) -> tuple[Optional[str], Optional[str]
     if address not in (None, "auto"):
         _check(address, "config key 'engine.address'")
         return address, None
-    if env is not None:  # ray.init's first rule, for null and "auto" alike
+    if env == "local":
+        return None, None
+    if env is not None and env != "auto":  # ray.init's first rule, for null and "auto" alike
         _check(env, "environment variable RAY_ADDRESS")
         return env, f"joining the Ray cluster at {env} (RAY_ADDRESS)"
     recorded = _recorded_address()
