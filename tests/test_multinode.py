@@ -1,6 +1,6 @@
 """Multi-node correctness with no shared disk, on a 3-node ``ray.cluster_utils.Cluster`` (tests/multinode_cluster.py,
-in a process of its own): a run, seeds through Ray Tune, and a run that loses a node, all leaving every file on the
-launch node; plugins reach the nodes through the runtime environment."""
+in a process of its own): a run; seeds through Ray Tune whose nodes are lost, then resumed on other nodes; a run
+that loses a node. Every file stays on the launch node; plugins reach the nodes through the runtime environment."""
 
 from __future__ import annotations
 
@@ -47,9 +47,18 @@ def test_only_the_launch_node_reaches_the_run_directories(cluster_findings):
 def test_a_run_and_seeds_through_tune_on_three_nodes(cluster_findings):
     found = cluster_findings
     assert [r["round"] for r in found["run"]] == [1, 2, 3]
-    assert [s["status"] for s in found["seeds"]] == ["done", "done"]
     # the plugin algorithm ran on the nodes (shipped by py_modules), and a Tune trial computes what a run does,
     # with 1 worker as with 2
+    assert found["seeds"] == ["done", "done"]
+    assert _rounds(found["seed0"]) == _rounds(found["run"])
+
+
+def test_trials_whose_nodes_are_lost_continue_from_their_checkpoints_on_other_nodes(cluster_findings):
+    found = cluster_findings
+    assert "done" not in found["seeds_lost"]  # the loss ended both trials after round 1
+    assert not set(found["trial_nodes"]) & set(found["fresh_nodes"])  # resumed on nodes that were not there
+    # round 1 was not run again (its row, wall time included, is the first attempt's), and the rest matches
+    assert found["first_rows_kept"]
     assert _rounds(found["seed0"]) == _rounds(found["run"])
 
 
