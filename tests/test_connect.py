@@ -85,17 +85,17 @@ def test_a_running_local_cluster_is_joined_and_a_refused_token_is_one_line(tmp_p
         # ray.init() would (the token is found as ray.init finds it) and says so; an explicit address sends no token
         # unless RAY_AUTH_MODE=token (Ray's rule); a wrong token. The last two: one line, without ray.init's retries.
         joined = _cli(TINY_RUN + [f"log.dir={tmp_path / 'run'}"], env, tmp_path)
-        refusals = [(_cli(TINY_RUN + [f"engine.address={address}", f"log.dir={tmp_path / 'refused'}"],
+        refusals = [(_cli(TINY_RUN + [f"engine.address={address}", f"log.dir={tmp_path / f'refused-{i}'}"],
                           {**env, **extra}, tmp_path), says)
-                    for extra, says in [({}, "sent no token; set RAY_AUTH_MODE=token"),
-                                        ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token"},
-                                         "refused this process's authentication token")]]
+                    for i, (extra, says) in enumerate([({}, "sent no token; set RAY_AUTH_MODE=token"),
+                                                       ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "not-the-token"},
+                                                        "refused this process's authentication token")])]
         for proc, says in refusals:
             _, err = proc.communicate(timeout=120)
             assert proc.returncode == 2 and err.count("\n") == 1, err  # no warning a second for ~20 s
             assert err.startswith(f"raysim: error: config key 'engine.address': the Ray cluster at {address}") \
                 and says in err, err
-        assert not (tmp_path / "refused").exists()
+        assert not list(tmp_path.glob("refused-*"))  # nothing half-made
         _, err = joined.communicate(timeout=180)
         assert joined.returncode == 0, err
         assert f"raysim: joining the Ray cluster at {address} (started by `ray start`)" in err
