@@ -68,7 +68,8 @@ def probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> tuple[str, str]:
 def _auto_token() -> None:
     """What ``ray.init`` does for an address it found itself (none given, or "auto"): use token authentication when
     a token exists here (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``) and RAY_AUTH_MODE is
-    unset. An address given explicitly (argument or ``RAY_ADDRESS``) never sends the token unless RAY_AUTH_MODE=token."""
+    unset. An address given explicitly (argument or ``RAY_ADDRESS``) never sends the token unless
+    RAY_AUTH_MODE=token."""
     import logging
 
     from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available

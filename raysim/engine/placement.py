@@ -46,8 +46,9 @@ def pinned_to(node_id: str) -> dict[str, Any]:
 
 
 class TrialHost:
-    """Runs ``fn(*args, report=..., on_start=..., stopped=...)`` (a trial's raysim run) in a thread of this actor and streams
-    what it reports; ``stop()`` ends the run as Tune ending the trial did when the run was in the trial's thread."""
+    """Runs ``fn(*args, report=..., on_start=..., stopped=...)`` (a trial's raysim run) in a thread of this actor
+    and streams what it reports; ``stop()`` ends the run as Tune ending the trial did when the run was in the
+    trial's thread."""
 
     def __init__(self) -> None:
         self._stopped = threading.Event()
