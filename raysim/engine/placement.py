@@ -55,9 +55,6 @@ class TrialHost:
         self._driver: Any = None
         self._thread: threading.Thread | None = None
 
-    def node(self) -> str:
-        return this_node()
-
     def run(self, fn: Callable[..., None], *args: Any) -> Iterator[dict]:
         out: queue.Queue = queue.Queue()
 
