@@ -135,12 +135,15 @@ def main(out: Path, temp: Path) -> None:
                     first_rows[seed] = lines[0]
         time.sleep(0.1)
     found["trial_nodes"] = sorted(worker_nodes())
+    found["seeds_round1_s"] = time.monotonic() - t
     fresh = [cluster.add_node(num_cpus=2) for _ in range(2)]
     for node in nodes:
         cluster.remove_node(node)
     nodes[:] = fresh
     (temp / "go-seeds").touch()
+    found["seeds_surgery_s"] = time.monotonic() - t
     sweep.join()
+    found["seeds_lost_s"] = time.monotonic() - t
     found["seeds_lost"] = [r["status"] for r in lost_sweep[0].rows]
     seeds = run_seeds(*seeds_args, resume_dir=root / "seeds", quiet=True, out=lambda line: None)
     found["seeds_s"] = time.monotonic() - t
