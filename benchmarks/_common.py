@@ -178,6 +178,8 @@ def run_cli(args: list[str], env: Optional[dict] = None, marker: str = "round 1/
             cwd: Optional[Path] = None) -> dict[str, float]:
     """Launch ``raysim run ARGS`` as a subprocess; seconds from launch to the first line containing ``marker``
     (the end of round 1) and to exit. ``cwd`` (default: the repository) is also where Ray workers import from."""
+    if not any(a.startswith("engine.address=") for a in args):  # its own Ray, whatever else runs on the machine
+        args = [*args, "engine.address=local"]
     cmd = [str(ROOT / ".venv" / "bin" / "raysim"), "run", *args]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

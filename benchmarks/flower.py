@@ -83,7 +83,8 @@ def run_flower(bundle: Path, workload: str) -> dict[str, Any]:
     out = OUT / f"flower-result-{workload}.json"
     out.unlink(missing_ok=True)
     env = {**os.environ, "FLWR_BENCH_BUNDLE": str(bundle), "FLWR_BENCH_OUT": str(out),
-           "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
+           "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)]),
+           "RAY_ADDRESS": "local"}  # Flower's ray.init(): a new Ray, never a running or stale `ray start` one
     env.pop("VIRTUAL_ENV", None)
     t0 = time.perf_counter()
     done = subprocess.run([str(FLWR_PY), "-c", "import _flower_app; _flower_app.main()"], cwd=HERE, env=env,

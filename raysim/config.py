@@ -176,7 +176,7 @@ class EngineConfig:
     num_workers: int = 2  # ClientWorker actors (processes) that run the virtual clients
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
     gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
-    address: Optional[str] = None  # null: start a local Ray; "auto" or host:port: join a running cluster
+    address: Optional[str] = None  # null: like ray.init() (RAY_ADDRESS, live `ray start` cluster, else own Ray); local; auto; host:port
     driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
     # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N

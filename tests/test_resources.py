@@ -14,6 +14,8 @@ from raysim.engine import resources
 
 def _init_kwargs(monkeypatch, overrides: list[str]) -> dict:
     seen: dict = {}
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no running cluster to join (raysim.engine.connect)
+    monkeypatch.setenv("RAY_TMPDIR", str(Path(__file__).parent / "no-ray-here"))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
     monkeypatch.setattr(ray, "shutdown", lambda: None)

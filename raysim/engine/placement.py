@@ -1,15 +1,37 @@
-"""A run's placement-group layout, in one place for the runner (driver), the pool (workers) and Tune (trials).
+"""Where a run's processes go: the placement-group bundle layout, and the launch node.
 
-Bundle 0 holds the driver (and a Tune trial's own process); then one bundle per worker. With ``driver_cpus = 0``
-the head bundle is empty and Tune leaves it out of the group: the driver then sits, using nothing, in the first
-worker's bundle, so workers always take the group's last ``num_workers`` bundles.
+**Bundles** (one layout for the runner, the pool and Tune). Bundle 0 holds the driver's CPUs (held by a Tune
+trial's own actor; the driver itself runs on the launch node, below); then one bundle per worker. With
+``driver_cpus = 0`` the head bundle is empty and Tune leaves it out of the group, so workers always take the group's
+last ``num_workers`` bundles.
+
+**The launch node.** Every process that reads or writes a run directory runs on the node where the command was typed.
+
+Nodes of a cluster need not share a filesystem, so run directories, ``metrics.jsonl``, TensorBoard files,
+checkpoints and the sweep table stay where ``raysim run`` / ``raysim tune`` was started, and everything else reaches
+that node through Ray:
+
+- ``raysim run``: the command's process prepares the run directory and pins the driver actor (which writes metrics,
+  TensorBoard events and checkpoints) to its own node; workers run anywhere and return results as Ray objects.
+- a Tune trial: Tune places the trial's actor in the trial's placement group, on any node. That actor only relays:
+  it starts a :class:`TrialHost` on the launch node (``launch_node``, recorded by the sweep) and reports the rounds
+  the host streams back. The host runs the trial's whole raysim run there (run directory, resume from its
+  checkpoint, driver); the workers take the placement group's bundles on whatever nodes hold them. So a trial that
+  Tune restarts on another node finds its checkpoint where it left it.
+
+The host and the driver are created by the trial (Ray ends an actor when its owner dies), so a trial that ends, or
+is lost with its node, leaves nothing running; the placement group's first bundle holds the driver's CPUs
+(``engine.driver_cpus``) for the trial, so the pinned driver itself asks for none.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import queue
+import threading
+from typing import Any, Callable, Iterator
 
-DRIVER_BUNDLE = 0
+import ray
 
 
 def run_bundles(engine: Any) -> list[dict[str, float]]:
@@ -32,3 +54,94 @@ def in_bundle(placement_group: Any, bundle: int) -> dict[str, Any]:
 
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=placement_group,
                                                                     placement_group_bundle_index=bundle)}
+
+
+_DONE = object()
+
+
+class TrialStopped(Exception):
+    """Tune ended the trial (a scheduler stopped or paused it): its run ends as a killed run would."""
+
+
+def this_node() -> str:
+    """The Ray node id of the calling process (the launch node, when called where the command was typed)."""
+    return ray.get_runtime_context().get_node_id()
+
+
+def pinned_to(node_id: str) -> dict[str, Any]:
+    """Actor options that keep an actor on ``node_id``, outside any placement group the caller runs in."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
+
+
+class TrialHost:
+    """Runs ``fn(*args, report=..., on_start=..., stopped=...)`` (a trial's raysim run) in a thread of this actor
+    and streams what it reports; ``stop()`` ends the run as Tune ending the trial did when the run was in the
+    trial's thread."""
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+        self._driver: Any = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn: Callable[..., None], *args: Any) -> Iterator[dict]:
+        out: queue.Queue = queue.Queue()
+
+        def report(row: dict) -> None:
+            if self._stopped.is_set():
+                raise TrialStopped
+            out.put(row)
+
+        def on_start(info: dict) -> None:
+            self._driver = info["driver"]
+            if self._stopped.is_set():
+                raise TrialStopped
+
+        def target() -> None:
+            try:
+                fn(*args, report=report, on_start=on_start, stopped=self._stopped.is_set)
+                out.put(_DONE)
+            except BaseException as exc:  # noqa: BLE001 - handed to the trial, which raises it to Tune
+                out.put(exc)
+
+        self._thread = threading.Thread(target=target, name="raysim-trial", daemon=True)
+        self._thread.start()
+        while True:
+            item = out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """End the run: its driver is shut down (the runner then ends its workers and tidies the run directory)."""
+        self._stopped.set()
+        driver = self._driver
+        if driver is not None:
+            with contextlib.suppress(Exception):
+                ray.get(driver.shutdown.remote(), timeout=timeout)
+            with contextlib.suppress(Exception):
+                ray.kill(driver, no_restart=True)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+@contextlib.contextmanager
+def trial_host(launch_node: str) -> Iterator[Callable[..., Iterator[dict]]]:
+    """``with trial_host(node) as stream: for row in stream(fn, *args): ...``: ``fn`` runs on ``launch_node``."""
+    host = ray.remote(TrialHost).options(num_cpus=0, max_concurrency=2, max_restarts=0,
+                                         **pinned_to(launch_node)).remote()
+
+    def stream(fn: Callable[..., None], *args: Any) -> Iterator[dict]:
+        for ref in host.run.options(num_returns="streaming").remote(fn, *args):
+            yield ray.get(ref)
+
+    try:
+        yield stream
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get(host.stop.remote(), timeout=60)
+        with contextlib.suppress(Exception):
+            ray.kill(host, no_restart=True)

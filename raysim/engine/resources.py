@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from typing import Any, Iterator, Optional, Sequence
 
 import ray
@@ -75,29 +76,41 @@ def loopback_only() -> Iterator[None]:
 
 
 def init_local_ray(state_memory_gb: Optional[float] = None, **kwargs: Any) -> Any:
-    """``ray.init`` of a private local Ray as raysim starts one: on loopback, with ``local_ray_options()``."""
+    """``ray.init`` of a private local Ray as raysim starts one: on loopback, with ``local_ray_options()``.
+
+    ``address="local"``: a new Ray even when ``ray start`` left a cluster's address (live or stale) in Ray's temp
+    directory, which ``ray.init()`` with no address would try to join."""
+    kwargs.setdefault("address", "local")
     with loopback_only():
         return ray.init(**kwargs, **local_ray_options(state_memory_gb))
 
 
 def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
-    """Start a local Ray (``engine.address`` null) or join a running cluster, as ``raysim run`` does; the
-    ``plugins`` modules travel to every node with the job's runtime environment."""
+    """Start a private local Ray or join a running cluster, as ``ray.init()`` would (see ``raysim.engine.connect``),
+    as ``raysim run`` does; the ``plugins`` modules travel to every node with the job's runtime environment."""
+    from ray.exceptions import AuthenticationError
+
+    from raysim.engine.connect import auth_error, choose_cluster
+
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True,
                               "include_dashboard": bool(engine.dashboard)}
     runtime_env = plugin_runtime_env(plugins)
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    address, notice = choose_cluster(engine.address)
+    if notice:
+        print(f"raysim: {notice}", file=sys.stderr, flush=True)
     try:
-        if engine.address is None:
+        if address is None:
             init_local_ray(engine.state_memory_gb, **kwargs)
-        else:
-            ray.init(address=engine.address, **kwargs)
+        else:  # a joined cluster keeps its own settings (object store size, system config)
+            ray.init(address=address, **kwargs)
+    except AuthenticationError:  # RAY_AUTH_MODE=token but no token here
+        raise auth_error(address or "local", "config key 'engine.address'") from None
     except ConnectionError as exc:
-        raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {engine.address!r} "
-                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use "
-                        f"engine.address=null") from None
+        raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {address!r} "
+                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ import yaml
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
 from raysim.engine.driver import Driver
-from raysim.engine.placement import DRIVER_BUNDLE, in_bundle
 from raysim.engine.pool import kill_quietly, spawn_workers
 from raysim.engine.resources import check_resources, ray_session
 from raysim.engine.state import read_checkpoint
@@ -157,15 +156,12 @@ def _kill_quietly(driver: Any, workers: list[Any]) -> None:
 
 
 def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:
-    """The driver writes the run directory, so it runs on this node (or in the trial's first bundle)."""
-    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus, "max_concurrency": 2, "max_restarts": 0}
-    if placement_group is not None:
-        options.update(in_bundle(placement_group, DRIVER_BUNDLE))
-    else:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    """The driver writes the run directory, so it runs on this node, the one that holds the directory (in a Tune
+    trial too: see ``raysim.engine.placement``); there the trial's first bundle already holds its CPUs."""
+    from raysim.engine.placement import pinned_to, this_node
 
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus if placement_group is None else 0,
+                               "max_concurrency": 2, "max_restarts": 0, **pinned_to(this_node())}
     return ray.remote(Driver).options(**options).remote(cfg, str(run_dir), resume, placement_group)
 
 

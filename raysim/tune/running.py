@@ -119,15 +119,12 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from raysim.engine.placement import this_node
     from raysim.engine.resources import ray_session
 
     tune_dir = sweep_dir / "tune"
     spec = dataclasses.replace(spec, dir=str(sweep_dir))
 
-    setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
-                       cwd=os.getcwd(), naming=spec.naming)
-    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
-                                    functools.partial(_trial_resources, setup=setup))
     total = spec.total_trials()
     done = tuple(r["trial_id"] for r in collect_trials(spec, sweep_dir)
                  if r["status"] in ("done", "stopped")) if resume else ()  # errored trials run again
@@ -135,6 +132,10 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
                          run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
     with ray_session(first.engine, first.plugins):
         check_cluster(spec)
+        setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
+                           cwd=os.getcwd(), naming=spec.naming, launch_node=this_node())
+        trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),
+                                        functools.partial(_trial_resources, setup=setup))
         cpus = ray.cluster_resources().get("CPU", 0)
         what = spec.names.what(total)
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "

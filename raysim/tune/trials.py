@@ -1,4 +1,4 @@
-"""One trial: the Tune trainable that runs one whole raysim run in its placement group."""
+"""One trial: the Tune trainable, which relays the rounds of one whole raysim run run on the launch node."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.engine.placement import run_bundles
@@ -27,6 +27,7 @@ class TrialSetup:
     trials_dir: str
     cwd: str
     naming: str  # the naming strategy's name (see naming.py)
+    launch_node: str = ""  # Ray node id where the sweep was started: trials' run directories live there
 
     def run_dir(self, values: dict, trial_id: str) -> Path:
         return Path(self.trials_dir) / naming(self.naming).run_dir_name(trial_id, values)
@@ -42,21 +43,39 @@ ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line caus
 
 
 def run_trial(values: dict, setup: TrialSetup) -> None:
-    """The Tune trainable: one raysim run in the trial's placement group, reporting every round.
+    """The Tune trainable: one raysim run whose workers use the trial's placement group, reporting every round.
 
-    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) finds its run directory's checkpoint and
-    continues from it; one whose run had already ended (killed before Tune recorded it) reports its last round
-    again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is raised to Tune.
+    The trial's actor may run on any node; the run itself (run directory, driver) runs on the node where the sweep
+    was started (``raysim.engine.placement``), and this relays its rounds to Tune.
     """
     import ray
     from ray import tune
 
+    from raysim.engine.placement import trial_host
+
+    with trial_host(setup.launch_node) as stream:
+        for row in stream(run_trial_on_launch_node, values, setup, tune.get_context().get_trial_id(),
+                          ray.util.get_current_placement_group()):
+            tune.report(row)
+
+
+def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, placement_group: Any, *,
+                             report: Callable[[dict], None], on_start: Callable[[dict], None],
+                             stopped: Callable[[], bool]) -> None:
+    """A trial's raysim run, on the node that holds the sweep directory; ``report`` sends a row to Tune.
+
+    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) or by Tune on another node finds its run
+    directory's checkpoint and continues from it; one whose run had already ended (killed before Tune recorded it)
+    reports its last round again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is
+    raised to Tune.
+    """
+    from raysim.engine.placement import TrialStopped
     from raysim.engine.runner import run_experiment
     from raysim.runlog import read_metrics
 
     with contextlib.suppress(OSError):
-        os.chdir(setup.cwd)  # Tune starts trials in its own trial dir; relative paths in configs mean the user's cwd
-    run_dir = setup.run_dir(values, tune.get_context().get_trial_id())
+        os.chdir(setup.cwd)  # relative paths in configs mean the user's cwd
+    run_dir = setup.run_dir(values, trial_id)
     try:
         cfg = setup.config(values, run_dir)
         resume = (run_dir / "checkpoint" / "server.pt").is_file()
@@ -67,25 +86,22 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
         rows = [m for m in read_metrics(run_dir / "metrics.jsonl") if m["round"] <= done]
         last: dict[str, float] = {}
 
-        def report(m: dict) -> dict:
+        def carry(m: dict) -> dict:
             row = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                    and math.isfinite(v)}
             last.update(row)  # every metric carried over rounds without it (eval.every > 1): schedulers always see it
             return dict(last)
 
         for m in rows:  # what the rounds already run measured, so the first report after a resume has the metric
-            report(m)
+            carry(m)
         if rows and done >= cfg.rounds:  # the run ended before the sweep was killed: report it, run nothing
-            tune.report(report(rows[-1]))
+            report(carry(rows[-1]))
             return
-        run_experiment(cfg, resume=resume, on_round=lambda m: tune.report(report(m)),
-                       placement_group=ray.util.get_current_placement_group())
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            _record_error(run_dir, exc)
-        raise  # code 0: Tune ending the trial's thread (a scheduler stopped or paused it), not a failure
+        run_experiment(cfg, resume=resume, on_round=lambda m: report(carry(m)), on_start=on_start,
+                       placement_group=placement_group)
     except BaseException as exc:
-        _record_error(run_dir, exc)
+        if not (isinstance(exc, TrialStopped) or stopped()):  # Tune ending a trial (a scheduler stopped or paused
+            _record_error(run_dir, exc)  # it) is not a failure, whatever error ending its driver caused
         raise
 
 
