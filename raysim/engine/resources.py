@@ -110,7 +110,8 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
         raise auth_error(address or "local", "config key 'engine.address'") from None
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {address!r} "
-                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use engine.address=null")
+                        f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use "
+                        f"engine.address=null") from None
 
 
 @contextlib.contextmanager
