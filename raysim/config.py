@@ -55,6 +55,21 @@ class DataConfig:
     clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
     samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain
     feature_fraction: float = 0.5  # tabular: share of the columns each client sees
+    # tabular: sliced (a client's input is its own columns only, widths differ) | shared (every client's input is
+    # the whole column space, its own columns at their global index and the others zero: averaging can run)
+    feature_layout: str = "sliced"
+    # images: resize every domain to this side once, when the data is built (null: native sizes); with
+    # data.channels, MNIST (1x28x28) and MNIST-M/SynthDigits (3x32x32) share one shape, so averaging can run
+    image_size: Optional[int] = None
+    channels: Optional[int] = None  # images: 1 (greyscale) or 3 (grey repeated into RGB) for every domain (null: native)
+    # share of every client's training samples held by the server, for every algorithm (FAPD's teacher and PCA use
+    # it), so methods compared on one setting train on the same client data
+    server_holdout: float = 0.0
+    # CIFAR-10/100, Tiny-ImageNet: official (clients partition the training split; acc_global on the official test
+    # split, held by the evaluation) | pooled (train + test pooled, clients split their own share); sets without an
+    # official test split are always pooled
+    test_split: str = "official"
+    augment: bool = False  # images: random crop (padding 4) + horizontal flip per training batch, seeded per job
 
     def validate(self) -> None:
         _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
@@ -65,6 +80,13 @@ class DataConfig:
         _require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
         if self.samples_per_domain is not None:
             _require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
+        _one_of(self.feature_layout, "data.feature_layout", ("sliced", "shared"))
+        if self.image_size is not None:
+            _require(self.image_size >= 1, "data.image_size", f"must be >= 1, got {self.image_size}")
+        if self.channels is not None:
+            _one_of(self.channels, "data.channels", (1, 3))
+        _require(0.0 <= self.server_holdout < 1.0, "data.server_holdout", f"must be in [0, 1), got {self.server_holdout}")
+        _one_of(self.test_split, "data.test_split", ("official", "pooled"))
 
 
 @dataclass
@@ -281,7 +303,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg: ExperimentConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    return cfg.validate() if validate else cfg
+    if not validate:
+        return cfg
+    cfg.validate()
+    from raysim.checks import warn_config
+
+    warn_config(cfg)  # settings that run but mean less than they seem (niid2 = niid1, a curriculum that can't move)
+    return cfg
 
 
 def _with_sections(base: type, key: str, kind: str, names: tuple[str, ...]) -> type:

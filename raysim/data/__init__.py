@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from raysim.data.base import ClientSplit, Domain, FederatedData
@@ -11,37 +13,44 @@ from raysim.errors import UserError
 __all__ = ["ClientSplit", "Domain", "FederatedData", "build_federated_data", "federate"]
 
 
-def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
+def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[np.ndarray]] = None) -> FederatedData:
     """Spread the domains' samples over ``clients.num`` clients by ``data.partition``; reproducible from the seed.
 
     iid / dirichlet split one domain over all clients; niid1 gives each domain to ``data.clients_per_domain``
     clients (IID within the domain), niid2 does the same with a Dirichlet(alpha) label redistribution.
+    ``pools`` (one index array per domain) limits what is dealt out, e.g. to an official training split.
     """
     data_cfg, num_clients = cfg.data, cfg.clients.num
     rng = np.random.default_rng([cfg.seed, 7919])
     shares: list[tuple[int, np.ndarray]] = []
+
+    def labels(d: int) -> np.ndarray:
+        return domains[d].y if pools is None else domains[d].y[pools[d]]
+
+    def indices(d: int, part: np.ndarray) -> np.ndarray:
+        return part if pools is None else np.sort(np.asarray(pools[d], dtype=np.int64)[part])
+
     if data_cfg.partition in ("iid", "dirichlet"):
         if len(domains) != 1:
             raise UserError(f"config key 'data.partition': {data_cfg.partition} splits one domain, but "
                             f"{data_cfg.name} has {len(domains)} ({', '.join(d.name for d in domains)}); "
                             f"use niid1 or niid2")
-        labels = domains[0].y
         if data_cfg.partition == "iid":
-            parts = iid_partition(len(labels), num_clients, rng)
+            parts = iid_partition(len(labels(0)), num_clients, rng)
         else:
-            parts = dirichlet_partition(labels, num_clients, data_cfg.alpha, data_cfg.min_samples, rng)
-        shares = [(0, p) for p in parts]
+            parts = dirichlet_partition(labels(0), num_clients, data_cfg.alpha, data_cfg.min_samples, rng)
+        shares = [(0, indices(0, p)) for p in parts]
     else:
         per = data_cfg.clients_per_domain
         if num_clients != per * len(domains):
             raise UserError(f"config key 'clients.num': {data_cfg.partition} with {len(domains)} domains and "
                             f"data.clients_per_domain={per} needs clients.num={per * len(domains)}, got {num_clients}")
-        for d, domain in enumerate(domains):
+        for d in range(len(domains)):
             if data_cfg.partition == "niid1":
-                parts = iid_partition(len(domain.y), per, rng)
+                parts = iid_partition(len(labels(d)), per, rng)
             else:
-                parts = dirichlet_partition(domain.y, per, data_cfg.alpha, data_cfg.min_samples, rng)
-            shares.extend((d, p) for p in parts)
+                parts = dirichlet_partition(labels(d), per, data_cfg.alpha, data_cfg.min_samples, rng)
+            shares.extend((d, indices(d, p)) for p in parts)
     clients = []
     for d, part in shares:
         train, test = split_train_test(part, data_cfg.test_fraction, rng)
@@ -50,10 +59,44 @@ def federate(domains: list[Domain], cfg, num_classes: int) -> FederatedData:
 
 
 def build_federated_data(cfg) -> FederatedData:
+    """The dataset's federation, then the settings every dataset shares: one input shape (``data.image_size``,
+    ``data.channels``) and the server's holdout (``data.server_holdout``)."""
+    from raysim.data.shape import common_shape
     from raysim.registry import get_dataset
 
     data = get_dataset(cfg.data.name)(cfg)
+    if cfg.data.image_size is not None or cfg.data.channels is not None:
+        common_shape(data, cfg.data.image_size, cfg.data.channels, cfg.data.name)
+    if cfg.data.augment and any(d.x.ndim != 4 for d in data.domains):
+        raise UserError(f"config key 'data.augment': random crops and flips need images, and {cfg.data.name} "
+                        f"holds inputs of shape {list(data.domains[0].x.shape[1:])}")
+    if cfg.data.server_holdout > 0:
+        if len(data.domains) != 1:
+            raise UserError(f"config key 'data.server_holdout': the server's holdout indexes one domain, but "
+                            f"{cfg.data.name} has {len(data.domains)}")
+        data.holdout = hold_out(data, cfg.data.server_holdout, cfg.seed)
     for cid, split in enumerate(data.clients):
         if len(split.train) == 0:
             raise UserError(f"client {cid} has no training samples (lower clients.num or raise data.min_samples)")
     return data
+
+
+def hold_out(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
+    """Move ``fraction`` of every client's training samples (keeping at least one) to the server; returns them.
+
+    Taking the same share from every client makes the split follow the federation's overall label mix however
+    skewed the clients are. Deterministic from the seed (the stream FAPD's calibration split has always used), and
+    independent of the algorithm, so every method run on one config trains on the same client data.
+    """
+    if fraction <= 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng([seed, 0xFA9D])
+    taken = []
+    for split in data.clients:
+        n = len(split.train)
+        m = min(int(round(fraction * n)), n - 1)
+        mask = np.zeros(n, dtype=bool)
+        mask[rng.choice(n, size=max(m, 0), replace=False)] = True
+        taken.append(split.train[mask])
+        split.train = split.train[~mask]
+    return np.sort(np.concatenate(taken)).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
