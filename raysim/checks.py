@@ -13,10 +13,10 @@ def config_warnings(cfg: Any) -> list[str]:
     """The warnings that ``cfg`` deserves (empty for a config that means what it says)."""
     out: list[str] = []
     data = cfg.data
-    if data.partition == "niid2" and data.clients_per_domain == 1:
+    if data.partition == "niid2" and data.clients_per_domain == 1 and data.label_skew == "split":
         out.append("data.partition=niid2 with data.clients_per_domain=1 gives each domain whole to one client, so "
                    "the Dirichlet label redistribution has nobody to redistribute to: this is exactly niid1 "
-                   "(raise data.clients_per_domain)")
+                   "(raise data.clients_per_domain, or set data.label_skew=subsample)")
     schedule = getattr(cfg.algorithm, "schedule", None)
     if (cfg.algorithm.name == "unideal" and schedule is not None and schedule.over == "local_epochs"
             and cfg.train.local_epochs == 1 and schedule.shape != "constant"):

@@ -53,6 +53,10 @@ class DataConfig:
     test_fraction: float = 0.2  # per-client held-out share
     domains: list[str] = field(default_factory=list)  # digits: subset of mnist, mnistm, synth (empty = all)
     clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
+    # niid2: split (each domain dealt to its clients_per_domain clients with Dirichlet(alpha) label proportions; one
+    # client per domain is then niid1) | subsample (each client keeps a Dirichlet(alpha) class mix of its niid1
+    # share and drops the surplus: UNIDEAL's three-client NIID-2)
+    label_skew: str = "split"
     samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain
     feature_fraction: float = 0.5  # tabular: share of the columns each client sees
     # tabular: sliced (a client's input is its own columns only, widths differ) | shared (every client's input is
@@ -80,6 +84,7 @@ class DataConfig:
         _require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
         if self.samples_per_domain is not None:
             _require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
+        _one_of(self.label_skew, "data.label_skew", ("split", "subsample"))
         _one_of(self.feature_layout, "data.feature_layout", ("sliced", "shared"))
         if self.image_size is not None:
             _require(self.image_size >= 1, "data.image_size", f"must be >= 1, got {self.image_size}")

@@ -17,7 +17,8 @@ def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[
     """Spread the domains' samples over ``clients.num`` clients by ``data.partition``; reproducible from the seed.
 
     iid / dirichlet split one domain over all clients; niid1 gives each domain to ``data.clients_per_domain``
-    clients (IID within the domain), niid2 does the same with a Dirichlet(alpha) label redistribution.
+    clients (IID within the domain), niid2 does the same with a Dirichlet(alpha) label redistribution: among the
+    domain's clients (``data.label_skew: split``) or within each client's share (``subsample``).
     ``pools`` (one index array per domain) limits what is dealt out, e.g. to an official training split.
     """
     data_cfg, num_clients = cfg.data, cfg.clients.num
@@ -45,11 +46,15 @@ def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[
         if num_clients != per * len(domains):
             raise UserError(f"config key 'clients.num': {data_cfg.partition} with {len(domains)} domains and "
                             f"data.clients_per_domain={per} needs clients.num={per * len(domains)}, got {num_clients}")
+        subsample = data_cfg.partition == "niid2" and data_cfg.label_skew == "subsample"
         for d in range(len(domains)):
-            if data_cfg.partition == "niid1":
+            if data_cfg.partition == "niid1" or subsample:
                 parts = iid_partition(len(labels(d)), per, rng)
             else:
                 parts = dirichlet_partition(labels(d), per, data_cfg.alpha, data_cfg.min_samples, rng)
+            if subsample:
+                parts = [label_skewed_subset(p, labels(d)[p], num_classes, data_cfg.alpha, data_cfg.min_samples, rng)
+                         for p in parts]
             shares.extend((d, indices(d, p)) for p in parts)
     clients = []
     for d, part in shares:
@@ -100,3 +105,23 @@ def hold_out(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
         taken.append(split.train[mask])
         split.train = split.train[~mask]
     return np.sort(np.concatenate(taken)).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
+
+
+def label_skewed_subset(share: np.ndarray, labels: np.ndarray, num_classes: int, alpha: float, min_samples: int,
+                        rng: np.random.Generator) -> np.ndarray:
+    """The largest subset of ``share`` whose class mix is a Dirichlet(alpha) draw (``data.label_skew: subsample``).
+
+    With one client per domain there is nobody to move samples to, so the skew is imposed by dropping: class c keeps
+    ``floor(n * q_c)`` samples, n as large as the scarcest class (relative to q) allows.
+    """
+    counts = np.bincount(labels, minlength=num_classes)
+    q = rng.dirichlet(np.full(num_classes, alpha)) * (counts > 0)
+    q = q / q.sum()
+    n = min(counts[c] / q[c] for c in np.flatnonzero(q > 0))
+    keep = np.minimum(np.floor(n * q + 1e-9).astype(np.int64), counts)
+    if keep.sum() < min_samples:
+        raise UserError(f"config key 'data.label_skew': a client keeps {int(keep.sum())} samples of its "
+                        f"{len(share)} after the Dirichlet({alpha}) subsample, under data.min_samples={min_samples} "
+                        f"(raise data.alpha or data.samples_per_domain)")
+    chosen = [rng.choice(share[labels == c], size=int(keep[c]), replace=False) for c in np.flatnonzero(keep)]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
