@@ -187,3 +187,26 @@ def test_niid2_subsample_gives_each_single_client_a_dirichlet_class_mix():
         counts = np.bincount(domains[c].y[held], minlength=10)
         assert split.domain == c and 10 <= len(held) < 600 and counts.max() > 2 * max(counts.min(), 1)
         assert counts.max() == 60 and np.array_equal(held, np.concatenate([again.clients[c].train, again.clients[c].test]))
+
+
+def test_synthdigits_from_either_published_mat_release(tmp_path):
+    from raysim.data.digits import load_domain
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (32, 32, 3, 12), dtype=np.uint8)  # Ganin & Lempitsky's release: [H, W, C, N]
+    y = np.array([[10], [1], [2], [3], [4], [5], [6], [7], [8], [9], [10], [1]], dtype=np.uint8)  # 10 is digit 0
+    (tmp_path / "SynthDigits").mkdir()
+    scipy.io.savemat(tmp_path / "SynthDigits" / "synth_train_32x32.mat", {"X": x, "y": y})
+    cfg = load_config(None, ["data.name=synthdigits", f"data.root={tmp_path}", f"data.cache_dir={tmp_path / 'c'}"])
+    domain = load_domain("synth", cfg)
+    assert np.array_equal(domain.x, x.transpose(3, 2, 0, 1)) and list(domain.y[:3]) == [0, 1, 2]
+    digit_five = tmp_path / "d5"
+    digit_five.mkdir()
+    scipy.io.savemat(digit_five / "syn_number.mat", {"train_data": x.transpose(3, 0, 1, 2)[:8],
+                                                     "train_label": y[:8], "test_data": x.transpose(3, 0, 1, 2)[8:],
+                                                     "test_label": y[8:]})
+    cfg = load_config(None, ["data.name=synthdigits", f"data.root={digit_five}", f"data.cache_dir={tmp_path / 'c'}"])
+    assert np.array_equal(load_domain("synth", cfg).x, domain.x)
+    (digit_five / "syn_number.mat").write_bytes(b"no mat file")
+    with pytest.raises(UserError, match="syn_number.mat"):
+        load_domain("synth", cfg)

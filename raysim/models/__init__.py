@@ -11,7 +11,7 @@ averaged over space for feature maps (what FedRCL's multi-level contrastive loss
 two convolutions and the feature layer; ``resnet10``/``resnet18``, the stem (conv1+bn1) and ``layer1``..``layer4``.
 A backbone declares them by having ``forward_stages(x) -> (output, stages)`` (``StagedSequential`` gives a Sequential
 one); the factory of such a backbone is marked ``stages = True`` (``has_stages(arch)``). Other models
-(``mobilenet_v3_small``, ``vgg11_bn``, or a backbone an algorithm replaced) raise a UserError when asked.
+(``mobilenet_v3_small``, ``mobilenet_v2``, ``vgg11_bn``, or a backbone an algorithm replaced) raise a UserError when asked.
 """
 
 from __future__ import annotations

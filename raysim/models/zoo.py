@@ -113,6 +113,19 @@ def mobilenet_v3_small(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.
     return _with_adapter(nn.Sequential(net.features, net.avgpool, nn.Flatten()), natural, cfg.feature_dim)
 
 
+@register_model("mobilenet_v2")
+def mobilenet_v2(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """torchvision's MobileNetV2 (weights=None), stem adapted to small inputs: a stride-1 first convolution up to
+    64 px keeps a 32 px image at 4x4 before the final pooling (Tiny-ImageNet's 64 px: 8x8)."""
+    channels, h, w = _image_shape("mobilenet_v2", input_shape)
+    net = tvm.mobilenet_v2(weights=None)
+    stem = net.features[0][0]
+    net.features[0][0] = nn.Conv2d(channels, stem.out_channels, kernel_size=3,
+                                   stride=1 if min(h, w) <= SMALL_INPUT else 2, padding=1, bias=False)
+    body = nn.Sequential(net.features, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    return _with_adapter(body, net.last_channel, cfg.feature_dim)  # 1280 -> model.feature_dim
+
+
 @register_model("vgg11_bn")
 def vgg11_bn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     """VGG-11 with batch norm; max-pools that would shrink the map below 1x1 are dropped (28 px keeps four)."""
