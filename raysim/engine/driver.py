@@ -323,7 +323,7 @@ class Driver:
         pooled = sum(r.correct for r in rows) / total if total else None
         return acc, pooled
 
-    def _evaluate_server_test(self, rnd: int) -> float:
+    def _evaluate_server_test(self, rnd: int) -> Optional[float]:
         """Accuracy on the official test split of the model a client without personal state would use after this
         round (the global model): one evaluation job for the pseudo-client ``data.server_client_id``."""
         work = EvalJob(client_ids=[self.data.server_client_id], round=rnd,
