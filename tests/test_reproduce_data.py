@@ -13,7 +13,7 @@ import torch
 
 from conftest import ROOT, read_rows, strip_timing, tiny_overrides
 from raysim.checks import config_warnings
-from raysim.config import ConfigError, load_config
+from raysim.config import load_config
 from raysim.data import build_federated_data
 from raysim.data.augment import BatchAugment
 from raysim.engine.runner import run_experiment
