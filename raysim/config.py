@@ -76,8 +76,28 @@ class DataConfig:
     test_fraction: float = 0.2  # per-client held-out share
     domains: list[str] = field(default_factory=list)  # digits: subset of mnist, mnistm, synth (empty = all)
     clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
+    # niid2: split (each domain dealt to its clients_per_domain clients with Dirichlet(alpha) label proportions; one
+    # client per domain is then niid1) | subsample (each client keeps a Dirichlet(alpha) class mix of its niid1
+    # share and drops the surplus: UNIDEAL's three-client NIID-2)
+    label_skew: str = "split"
     samples_per_domain: Optional[int] = None  # cap on generated/loaded samples per domain (synthetic: per client)
     feature_fraction: float = 0.5  # tabular: share of the columns each client sees
+    # tabular: sliced (a client's input is its own columns only, widths differ) | shared (every client's input is
+    # the whole column space, its own columns at their global index and the others zero: averaging can run)
+    feature_layout: str = "sliced"
+    # images: resize every domain to this side once, when the data is built (null: native sizes); with
+    # data.channels, MNIST (1x28x28) and MNIST-M/SynthDigits (3x32x32) share one shape, so averaging can run
+    image_size: Optional[int] = None
+    # images: 1 (greyscale) or 3 (grey repeated into RGB) for every domain (null: native)
+    channels: Optional[int] = None
+    # share of every client's training samples held by the server, for every algorithm (FAPD's teacher and PCA use
+    # it), so methods compared on one setting train on the same client data
+    server_holdout: float = 0.0
+    # CIFAR-10/100, Tiny-ImageNet: official (clients partition the training split; acc_global on the official test
+    # split, held by the evaluation) | pooled (train + test pooled, clients split their own share); sets without an
+    # official test split are always pooled
+    test_split: str = "official"
+    augment: bool = False  # images: random crop (padding 4) + horizontal flip per training batch, seeded per job
 
     def validate(self) -> None:
         _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
@@ -96,6 +116,15 @@ class DataConfig:
         require(0.0 < self.feature_fraction <= 1.0, "data.feature_fraction", "must be in (0, 1]")
         if self.samples_per_domain is not None:
             require(self.samples_per_domain >= 10, "data.samples_per_domain", "must be >= 10")
+        _one_of(self.label_skew, "data.label_skew", ("split", "subsample"))
+        _one_of(self.feature_layout, "data.feature_layout", ("sliced", "shared"))
+        if self.image_size is not None:
+            require(self.image_size >= 1, "data.image_size", f"must be >= 1, got {self.image_size}")
+        if self.channels is not None:
+            _one_of(self.channels, "data.channels", (1, 3))
+        require(0.0 <= self.server_holdout < 1.0, "data.server_holdout",
+                f"must be in [0, 1), got {self.server_holdout}")
+        _one_of(self.test_split, "data.test_split", ("official", "pooled"))
 
 
 @dataclass
@@ -176,7 +205,8 @@ class EngineConfig:
     num_workers: int = 2  # ClientWorker actors (processes) that run the virtual clients
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
     gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
-    address: Optional[str] = None  # null: like ray.init() (RAY_ADDRESS, live `ray start` cluster, else own Ray); local; auto; host:port
+    # null: like ray.init() (RAY_ADDRESS, else a live `ray start` cluster, else its own Ray); local; auto; host:port
+    address: Optional[str] = None
     driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
     # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N
@@ -322,7 +352,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg: ExperimentConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc)) from None
-    return cfg.validate() if validate else cfg
+    if not validate:
+        return cfg
+    cfg.validate()
+    from raysim.checks import warn_config
+
+    warn_config(cfg)  # settings that run but mean less than they seem (niid2 = niid1, a curriculum that can't move)
+    return cfg
 
 
 def _with_sections(base: type, key: str, kind: str, names: tuple[str, ...]) -> type:

@@ -23,7 +23,8 @@ EXACT_MAX = 500
 
 def export_features(run_dir: Path) -> dict[str, Any]:
     """Features of every client's test samples at the run's checkpointed round: ``features`` [N, D], ``labels`` [N],
-    ``clients`` [N], ``predicted`` [N] (the class the evaluation model predicts: its accuracy is the run's), ``round``."""
+    ``clients`` [N], ``predicted`` [N] (the class the evaluation model predicts: its accuracy is the run's),
+    ``round``."""
     from raysim.algorithms.base import ClientContext, eval_features
     from raysim.config import load_config
     from raysim.data import build_federated_data
@@ -96,8 +97,8 @@ def tsne(run_dir: Path, out: Path, *, max_points: int = TSNE_MAX, seed: int = 0,
     except OSError as exc:
         raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
     files = {"features.npz": out / "features.npz"}
-    np.savez_compressed(files["features.npz"], **{k: exported[k] for k in ("features", "labels", "clients", "predicted")},
-                        round=exported["round"])
+    arrays = {k: exported[k] for k in ("features", "labels", "clients", "predicted")}
+    np.savez_compressed(files["features.npz"], **arrays, round=exported["round"])
     pick = stratified_subset(exported["labels"], max_points, seed)
     x = exported["features"][pick]
     # perplexity must stay below the number of points; sklearn refuses otherwise

@@ -52,10 +52,20 @@ def test_cifar10_from_python_batches(tmp_path):
     assert np.array_equal(domain.x, x) and np.array_equal(domain.y, y)  # channel planes land in the right place
     assert data.num_classes == 10 and domain.mean.shape == (3,)
     assert data.meta["classes"][0] == "class0"
+    # data.test_split=official (the default): clients deal out the five training batches only; test_batch (the
+    # last 3 rows) is held by the evaluation, addressed as client id num_clients
     held = np.concatenate([np.concatenate([c.train, c.test]) for c in data.clients])
-    assert np.array_equal(np.sort(held), np.arange(18))
+    assert np.array_equal(np.sort(held), np.arange(15))
+    assert np.array_equal(data.server_test.test, np.arange(15, 18)) and len(data.server_test.train) == 0
+    xs, ys, _ = data.tensors(data.server_client_id, "test")
+    assert np.array_equal(ys.numpy(), y[15:]) and xs.shape == (3, 3, 32, 32)
+    assert np.allclose(domain.mean, x[:15].reshape(15, 3, -1).transpose(1, 0, 2).reshape(3, -1).mean(1) / 255,
+                       atol=1e-5)  # normalised by the training split's statistics
     xt, yt, _ = data.tensors(0)
     assert xt.shape[1:] == (3, 32, 32) and int(yt.max()) < 10
+    pooled = build_federated_data(_cfg("cifar10", tmp_path, data__test_split="pooled"))
+    held = np.concatenate([np.concatenate([c.train, c.test]) for c in pooled.clients])
+    assert np.array_equal(np.sort(held), np.arange(18)) and pooled.server_test is None
 
 
 def test_cifar10_root_may_be_the_extracted_folder_itself(tmp_path):
@@ -128,6 +138,9 @@ def test_tinyimagenet_from_folder_layout(tmp_path):
     assert data.num_classes == 3 and np.array_equal(np.bincount(domain.y), [6, 6, 6])
     assert data.meta["classes"] == ["n01443537", "n01629819", "n01641577"]
     assert len(list((tmp_path / "_cache").glob("tinyimagenet-*.npz"))) == 1
+    # official split: clients hold train/ (the first 12 rows), the evaluation val/ (the last 6)
+    held = np.concatenate([np.concatenate([c.train, c.test]) for c in data.clients])
+    assert np.array_equal(np.sort(held), np.arange(12)) and np.array_equal(data.server_test.test, np.arange(12, 18))
     again = build_federated_data(_cfg("tinyimagenet", tmp_path / "tiny-imagenet-200"))  # root = the folder itself
     assert np.array_equal(again.domains[0].x, domain.x)
 

@@ -121,8 +121,8 @@ def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ["acc/mean", "acc/global", "acc/weighted", "loss/train", "comm/bytes_up", "comm/bytes_down", "comm/bytes_up_total",
-                "comm/bytes_down_total", "time/round_s", "acc_client/0000", "acc_client/0003"]:
+    for tag in ["acc/mean", "acc/global", "acc/weighted", "loss/train", "comm/bytes_up", "comm/bytes_down",
+                "comm/bytes_up_total", "comm/bytes_down_total", "time/round_s", "acc_client/0000", "acc_client/0003"]:
         assert tag in tags, tag
     values = [e.value for e in acc.Scalars("acc/mean")]
     assert values == pytest.approx([r["acc_mean"] for r in rows])

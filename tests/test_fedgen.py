@@ -238,9 +238,9 @@ def test_experiment_configs_load():
         step = cfg.train.lr / (1 - cfg.train.momentum)
         assert cfg.algorithm.generative_alpha == cfg.algorithm.generative_beta == pytest.approx(0.1 / step)
         if setting.startswith("digits"):
-            assert list(cfg.data.domains) == ["mnistm", "synth"]
+            assert (cfg.data.image_size, cfg.data.channels) == (32, 3) and not cfg.data.domains  # all three domains
         else:
-            assert cfg.data.feature_fraction == 1.0
+            assert cfg.data.feature_layout == "shared"  # the sliced columns, in the shared column space
 
 
 # ---------------------------------------------------------------------------------------------- on Ray

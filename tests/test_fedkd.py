@@ -23,7 +23,8 @@ from raysim.models import build_model
 from raysim.registry import get_algorithm
 
 RAYSIM = str(Path(sys.executable).with_name("raysim"))  # the venv's console script, beside its python
-H = torch.tensor([[1.0, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64) / 2  # orthogonal
+# orthogonal
+H = torch.tensor([[1.0, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64) / 2
 
 
 # ---------------------------------------------------------------------------------------------- the math by hand
@@ -88,7 +89,8 @@ def test_mutual_distillation_loss_is_the_authors_formula():
         want = l1 + loss3 + h / (l1 + l2) + l2 + loss4 + h / (l1 + l2)
     loss, parts = mutual_distillation_loss(t, s, y, h)
     assert loss.item() == pytest.approx(want.item(), rel=1e-6)
-    assert parts["ce_mentor"].item() == pytest.approx(l1.item()) and parts["ce_mentee"].item() == pytest.approx(l2.item())
+    assert parts["ce_mentor"].item() == pytest.approx(l1.item())
+    assert parts["ce_mentee"].item() == pytest.approx(l2.item())
 
 
 # ---------------------------------------------------------------------------------------------- hooks, no Ray

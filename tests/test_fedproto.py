@@ -18,7 +18,7 @@ from conftest import ROOT, read_rows, strip_timing, tiny_overrides
 from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedproto import (aggregate_prototypes, class_prototypes, dense_prototypes, prototype_logits,
                                         proto_regulariser)
-from raysim.config import ConfigError, load_config
+from raysim.config import load_config
 from raysim.models import build_model
 from raysim.registry import get_algorithm
 

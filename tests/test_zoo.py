@@ -12,7 +12,7 @@ from raysim.errors import UserError
 from raysim.models import build_model, model_key
 from raysim.models.zoo import hete_widths
 
-IMAGE_ARCHS = ["resnet18", "resnet10", "mobilenet_v3_small", "vgg11_bn"]
+IMAGE_ARCHS = ["resnet18", "resnet10", "mobilenet_v3_small", "mobilenet_v2", "vgg11_bn"]
 
 
 @pytest.mark.parametrize("arch", IMAGE_ARCHS)

@@ -8,9 +8,10 @@ where z_S is the backbone output (``model.feature_dim`` = the teacher's D; zoo b
 to that width) and z_T the teacher's features of the same samples, looked up by sample index.
 
 Teacher features come from ``algorithm.teacher.features`` (a .npy [N, D] in the dataset's sample order), or, offline,
-from a teacher that the server trains on its calibration split (carved out of the clients' training data, so no
-client holds it) and caches on disk (``raysim.curriculum.teacher``). They reach each worker once, in ``data.meta``;
-a job carries sample indices.
+from a teacher that the server trains on its calibration split (``data.server_holdout``, held out of the clients'
+training data for every method of a comparison alike, or carved for FAPD alone by
+``algorithm.teacher.calibration_fraction``; no client holds it) and caches on disk (``raysim.curriculum.teacher``).
+They reach each worker once, in ``data.meta``; a job carries sample indices.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from raysim.curriculum.consensus import ConsensusController
 from raysim.curriculum.pca import explained_variance, fit_pca
 from raysim.curriculum.pkd import pkd_loss, semantic_contrastive_loss
 from raysim.curriculum.teacher import class_means, offline_teacher_features
-from raysim.data.base import ClientSplit, FederatedData, is_indexed
+from raysim.data import hold_out
+from raysim.data.base import FederatedData, is_indexed
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -45,7 +47,9 @@ CALIBRATION_KEY = "fapd.calibration"  # data.meta: int64 indices of the server-h
 class TeacherConfig:
     features: Optional[str] = None  # .npy [N, D]: teacher features in the dataset's sample order (null: offline)
     class_embeddings: Optional[str] = None  # .npy [C, D] (null: per-class mean teacher features of calibration)
-    calibration_fraction: float = 0.1  # share of each client's training data moved to the server's split
+    # share of each client's training data moved to the server's split for FAPD alone (null: data.server_holdout,
+    # which every method of a comparison holds out alike, when > 0, else 0.1)
+    calibration_fraction: Optional[float] = None
     model: Optional[str] = None  # offline teacher architecture (null: model.name); its width is model.feature_dim
     epochs: int = 30  # offline teacher: central training epochs on the calibration split
     lr: float = 0.05  # offline teacher: SGD (momentum 0.9) learning rate
@@ -58,10 +62,11 @@ class TeacherConfig:
             value = getattr(self, name)
             if value is not None:  # absolute now: the driver actor may run in another working directory
                 setattr(self, name, os.path.abspath(os.path.expanduser(str(value))))
-        require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",
-                 f"must be in [0, 1), got {self.calibration_fraction}")
-        require(self.calibration_fraction > 0 or self.features is not None, key + "calibration_fraction",
-                 "must be > 0 without algorithm.teacher.features (the offline teacher trains on that split)")
+        if self.calibration_fraction is not None:
+            require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",
+                     f"must be in [0, 1), got {self.calibration_fraction}")
+            require(self.calibration_fraction > 0 or self.features is not None, key + "calibration_fraction",
+                     "must be > 0 without algorithm.teacher.features (the offline teacher trains on that split)")
         require(self.epochs >= 1, key + "epochs", f"must be >= 1, got {self.epochs}")
         require(self.lr > 0, key + "lr", f"must be > 0, got {self.lr}")
         require(self.batch_size >= 1, key + "batch_size", f"must be >= 1, got {self.batch_size}")
@@ -111,7 +116,7 @@ class FAPD(Algorithm):
         if len(data.domains) != 1:
             raise UserError(f"config key 'data.domains': fapd distils per-sample teacher features of one domain, "
                             f"but {self.cfg.data.name} has {len(data.domains)}")
-        calibration = carve_calibration(data, t.calibration_fraction, self.cfg.seed)
+        calibration = self._calibration(data)
         train_idx = np.unique(np.concatenate([s.train for s in data.clients] + [calibration]))
         if t.features is not None:
             feats = load_matrix(t.features, "algorithm.teacher.features", data.domains[0].name,
@@ -134,6 +139,21 @@ class FAPD(Algorithm):
         self._rotation, self._eigenvalues = fit_pca(feats[fit_idx])
         data.meta.update({TEACHER_KEY: feats, CLASSES_KEY: classes, CALIBRATION_KEY: calibration})
         return data
+
+    def _calibration(self, data: FederatedData) -> np.ndarray:
+        """The server's split: data.server_holdout (held out for every method alike) when set, else carved here."""
+        fraction = self.config.teacher.calibration_fraction
+        held = data.holdout if data.holdout is not None else np.zeros(0, dtype=np.int64)
+        if len(held):
+            if fraction is not None:
+                raise UserError(f"config key 'algorithm.teacher.calibration_fraction': data.server_holdout="
+                                f"{self.cfg.data.server_holdout} already holds out the server's split; set "
+                                f"calibration_fraction to null to use it")
+            if len(held) < 2:
+                raise UserError(f"config key 'data.server_holdout': {self.cfg.data.server_holdout} leaves "
+                                f"{len(held)} calibration samples; PCA needs at least 2")
+            return held
+        return carve_calibration(data, fraction, self.cfg.seed)
 
     def init_server_state(self, initial_state: TensorDict) -> dict:
         state = super().init_server_state(initial_state)
@@ -201,24 +221,16 @@ class FAPD(Algorithm):
 
 
 # ---------------------------------------------------------------------- teacher data
-def carve_calibration(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
+def carve_calibration(data: FederatedData, fraction: Optional[float], seed: int) -> np.ndarray:
     """Move ``fraction`` of every client's training samples (keeping at least one) to the server; returns them.
 
     Taking the same share from every client makes the split follow the federation's overall label mix however
     skewed the clients are. Deterministic from the seed, so a resumed run carves the same split.
     """
+    fraction = 0.1 if fraction is None else fraction  # null: the default share
     if fraction <= 0:
         return np.zeros(0, dtype=np.int64)
-    rng = np.random.default_rng([seed, 0xFA9D])
-    taken = []
-    for split in data.clients:
-        n = len(split.train)
-        m = min(int(round(fraction * n)), n - 1)
-        mask = np.zeros(n, dtype=bool)
-        mask[rng.choice(n, size=max(m, 0), replace=False)] = True
-        taken.append(split.train[mask])
-        split.train = split.train[~mask]
-    calibration = np.sort(np.concatenate(taken)).astype(np.int64)
+    calibration = hold_out(data, fraction, seed)  # the same draw as data.server_holdout at that fraction
     if len(calibration) < 2:
         raise UserError(f"config key 'algorithm.teacher.calibration_fraction': {fraction} leaves "
                         f"{len(calibration)} calibration samples; PCA needs at least 2")

@@ -55,6 +55,7 @@ class ClientSplit:
     features: Optional[np.ndarray] = None  # tabular feature slicing: the columns this client sees
     shift: Optional[np.ndarray] = None  # per-client standardisation from its own training split
     scale: Optional[np.ndarray] = None
+    width: Optional[int] = None  # data.feature_layout=shared: the columns land at their index in a row this wide
 
 
 @dataclass
@@ -63,16 +64,30 @@ class FederatedData:
     clients: list[ClientSplit]
     num_classes: int
     meta: dict = field(default_factory=dict)
+    # the official test split (data.test_split=official), held by the evaluation, not by a client: its samples are
+    # ``server_test.test``; the evaluation addresses it as client id ``num_clients`` (``server_client_id``)
+    server_test: Optional[ClientSplit] = None
+    holdout: Optional[np.ndarray] = None  # data.server_holdout: training samples taken from the clients (indices)
 
     @property
     def num_clients(self) -> int:
         return len(self.clients)
 
+    @property
+    def server_client_id(self) -> int:
+        """The id under which workers evaluate ``server_test`` (one past the last client)."""
+        return len(self.clients)
+
+    def split(self, client_id: int) -> ClientSplit:
+        if client_id == len(self.clients) and self.server_test is not None:
+            return self.server_test
+        return self.clients[client_id]
+
     def input_shape(self, client_id: int) -> tuple[int, ...]:
-        split = self.clients[client_id]
+        split = self.split(client_id)
         shape = tuple(self.domains[split.domain].x.shape[1:])
         if split.features is not None:
-            shape = (len(split.features),)
+            shape = (split.width or len(split.features),)
         return shape
 
     def input_shapes(self) -> set[tuple[int, ...]]:
@@ -80,14 +95,14 @@ class FederatedData:
         return {self.input_shape(c) for c in range(self.num_clients)}
 
     def num_train(self, client_id: int) -> int:
-        return len(self.clients[client_id].train)
+        return len(self.split(client_id).train)
 
     def num_test(self, client_id: int) -> int:
         return len(self.clients[client_id].test)
 
     def tensors(self, client_id: int, part: str = "train") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(inputs float32, labels int64, sample indices into the domain) for one client's split."""
-        split = self.clients[client_id]
+        split = self.split(client_id)
         domain = self.domains[split.domain]
         idx = split.train if part == "train" else split.test
         raw = domain.x[idx]
@@ -101,6 +116,10 @@ class FederatedData:
         if split.shift is not None:
             x = (x - _vector(split.shift)) / _vector(split.scale)
             x = torch.nan_to_num_(x, nan=0.0)  # a missing value (NaN) becomes the client's own training mean
+        if split.width is not None:  # shared layout: own columns at their global index, absent ones zero
+            wide = torch.zeros((x.shape[0], split.width), dtype=x.dtype)
+            wide[:, torch.from_numpy(np.asarray(split.features, dtype=np.int64))] = x
+            x = wide
         return x, torch.from_numpy(domain.y[idx]), torch.tensor(np.asarray(idx), dtype=torch.int64)
 
 

@@ -4,7 +4,9 @@
   ``data.root`` in torchvision's layout (``<root>/MNIST/raw/*-ubyte``).
 - ``mnistm`` (3x32x32): Ganin & Lempitsky's recipe, ``|photo crop - binarised digit|`` per channel, over the real
   photos scikit-learn ships, or BSDS500's training images under ``data.root``.
-- ``synth`` (3x32x32): digits rendered with the fonts on the machine (DejaVu first), in the spirit of Syn Numbers.
+- ``synth`` (3x32x32): digits rendered with the fonts on the machine (DejaVu first), in the spirit of Syn Numbers;
+  or the published SynthDigits from ``data.root`` (``synth_train_32x32.mat``/``synth_test_32x32.mat`` with X, y, or
+  Digit-Five's ``syn_number.mat``), read with ``scipy.io.loadmat``.
 
 Every domain is deterministic for a seed and cached as a versioned ``.npz`` (uint8 pixels plus per-channel
 mean/std for on-the-fly normalisation), so Tune trials and workers on one machine build it once.
@@ -343,7 +345,63 @@ def render_synth_digits(labels: np.ndarray, rng: np.random.Generator, fonts: Opt
     return out
 
 
+SYNTH_DIRS = ("", "SynthDigits", "synthdigits", "synth", "digits", "Digit-Five", "digit_five")
+SYNTH_LAYOUT = ("<data.root>[/SynthDigits]/synth_train_32x32.mat (+ synth_test_32x32.mat; Ganin & Lempitsky's "
+                "release: X [32, 32, 3, N], y [N, 1]) or syn_number.mat (Digit-Five: train_data/test_data "
+                "[N, 32, 32, 3], train_label/test_label)")
+
+
+def synth_files(cfg) -> list[Path]:
+    """SynthDigits' published .mat files under data.root (either release), else [] (the rendered stand-in)."""
+    if not cfg.data.root:
+        return []
+    root = Path(cfg.data.root).expanduser()
+    for rel in SYNTH_DIRS:
+        folder = root / rel if rel else root
+        if (folder / "synth_train_32x32.mat").is_file():
+            return [f for f in (folder / "synth_train_32x32.mat", folder / "synth_test_32x32.mat") if f.is_file()]
+        if (folder / "syn_number.mat").is_file():
+            return [folder / "syn_number.mat"]
+    return []
+
+
+def read_synth_mat(files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 [N, 3, 32, 32] and labels 0..9 (train then test) from either published release of SynthDigits."""
+    import scipy.io
+
+    xs, ys = [], []
+    for path in files:
+        try:
+            mat = scipy.io.loadmat(str(path))
+        except (OSError, ValueError, TypeError, NotImplementedError, scipy.io.matlab.MatReadError) as exc:
+            raise UserError(f"config key 'data.root': {path} is not a readable .mat file ({exc}; expected "
+                            f"{SYNTH_LAYOUT})") from None
+        if "X" in mat and "y" in mat:  # [H, W, C, N]
+            pairs = [(np.asarray(mat["X"]).transpose(3, 2, 0, 1), mat["y"])]
+        elif "train_data" in mat and "train_label" in mat:  # [N, H, W, C]
+            pairs = [(np.asarray(mat[f"{part}_data"]).transpose(0, 3, 1, 2), mat[f"{part}_label"])
+                     for part in ("train", "test") if f"{part}_data" in mat]
+        else:
+            raise UserError(f"config key 'data.root': {path} holds neither X/y nor train_data/train_label "
+                            f"(keys: {', '.join(k for k in mat if not k.startswith('__'))}; expected {SYNTH_LAYOUT})")
+        for x, y in pairs:
+            y = np.asarray(y).reshape(-1).astype(np.int64) % 10  # SVHN-style releases write digit 0 as 10
+            if x.ndim != 4 or x.shape[1] != 3 or len(x) != len(y):
+                raise UserError(f"config key 'data.root': {path} holds images of shape {list(x.shape)} with "
+                                f"{len(y)} labels (expected {SYNTH_LAYOUT})")
+            xs.append(x.astype(np.uint8))
+            ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def build_synth(cfg) -> dict[str, np.ndarray]:
+    files = synth_files(cfg)
+    if files:  # the published release: train + test pooled, like MNIST's
+        x, y = read_synth_mat(files)
+        keep = subset_indices(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 3]))
+        images = np.ascontiguousarray(x[keep])
+        mean, std = channel_stats(images)
+        return {"x": images, "y": y[keep], "mean": mean, "std": std}
     rng = np.random.default_rng([cfg.seed, 3])
     n = cfg.data.samples_per_domain or len(_mnist_digits(cfg)[2])  # as many as MNIST unless capped
     labels = np.arange(n) % 10
@@ -357,11 +415,13 @@ def build_synth(cfg) -> dict[str, np.ndarray]:
 def _cache_key(name: str, cfg) -> dict:
     """Everything a domain's pixels depend on: seed, cap and the exact sources (so a new source never hits)."""
     key: dict = {"domain": name, "seed": cfg.seed, "cap": cfg.data.samples_per_domain}
-    if name in ("mnist", "mnistm") or not cfg.data.samples_per_domain:
+    if name in ("mnist", "mnistm") or not (cfg.data.samples_per_domain or synth_files(cfg)):
         key["mnist"] = mnist_source(cfg)[0]
     if name == "mnistm":
         key["photos"] = _photo_key(cfg)
-    if name == "synth":
+    if name == "synth" and synth_files(cfg):
+        key["synth"] = [(str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)) for p in synth_files(cfg)]
+    elif name == "synth":
         from PIL import __version__ as pillow_version
 
         key["fonts"] = [Path(p).name for p in _font_paths()]

@@ -1,8 +1,11 @@
 """Image sets read from local files under ``data.root``: CIFAR-10/100 (python pickle batches) and Tiny-ImageNet.
 
-Nothing is downloaded. Train and test parts are pooled into one domain, because every client draws its own
-train/test split from its share (``data.test_fraction``). Pixels stay uint8 [N, 3, H, W]; per-channel mean/std
-normalise them on the fly.
+Nothing is downloaded. One domain holds the training split, then the official test split (CIFAR's test batch,
+Tiny-ImageNet's val/). With ``data.test_split: official`` (the default) clients partition only the training split,
+each drawing its own train/test split from its share (``data.test_fraction``), and the official test split is held
+by the evaluation (``FederatedData.server_test``: ``acc_global`` is measured on it); with ``pooled`` both splits are
+pooled and dealt out to the clients, as before. Pixels stay uint8 [N, 3, H, W]; per-channel mean/std (of the
+training split under ``official``) normalise them on the fly.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.data import federate
-from raysim.data.base import Domain, FederatedData, channel_stats, local_root, subset_indices
+from raysim.data.base import ClientSplit, Domain, FederatedData, channel_stats, local_root, subset_indices
 from raysim.data.cache import cached_arrays
 from raysim.errors import UserError
 from raysim.registry import register_dataset
@@ -30,6 +33,26 @@ TINY_LAYOUT = ("<data.root>/tiny-imagenet-200/ with train/<wnid>/images/*.JPEG, 
 def _domain(name: str, x: np.ndarray, y: np.ndarray) -> Domain:
     mean, std = channel_stats(x)
     return Domain(name, x, y, mean=mean, std=std)
+
+
+def official_keep(cfg, n_train: int, n_test: int) -> tuple[np.ndarray, int]:
+    """(rows to load, how many of them are training rows) of a train-then-test array: ``data.samples_per_domain``
+    caps the training split, and the official test split in proportion."""
+    cap = cfg.data.samples_per_domain
+    keep_train = subset_indices(n_train, cap, np.random.default_rng([cfg.seed, 5]))
+    test_cap = None if cap is None or cap >= n_train else max(1, int(round(cap * n_test / max(n_train, 1))))
+    keep_test = n_train + subset_indices(n_test, test_cap, np.random.default_rng([cfg.seed + 1, 5]))
+    return np.concatenate([keep_train, keep_test]), len(keep_train)
+
+
+def federate_official(cfg, domain: Domain, n_train: int, num_classes: int) -> FederatedData:
+    """Clients partition the domain's first ``n_train`` rows (the training split); the rest, the official test
+    split, is ``server_test``, held by the evaluation."""
+    train = np.arange(n_train, dtype=np.int64)
+    data = federate([domain], cfg, num_classes=num_classes, pools=[train])
+    data.server_test = ClientSplit(domain=0, train=np.zeros(0, dtype=np.int64),
+                                   test=np.arange(n_train, len(domain.y), dtype=np.int64))
+    return data
 
 
 # ---------------------------------------------------------------------------------------------------- CIFAR
@@ -52,8 +75,9 @@ def _local_cifar(base: type) -> type:
     return Local
 
 
-def load_cifar(root: Path, hundred: bool) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(uint8 [N, 3, 32, 32], int64 labels, class names) of train + test, via torchvision with download=False."""
+def load_cifar(root: Path, hundred: bool) -> tuple[np.ndarray, np.ndarray, list[str], int]:
+    """(uint8 [N, 3, 32, 32], int64 labels, class names, N_train) of train then test, via torchvision with
+    download=False: rows ``[:N_train]`` are the training batches, the rest the test batch."""
     from torchvision.datasets import CIFAR10, CIFAR100
 
     base, name, layout = (CIFAR100, "CIFAR-100", CIFAR100_LAYOUT) if hundred else (CIFAR10, "CIFAR-10", CIFAR10_LAYOUT)
@@ -75,20 +99,25 @@ def load_cifar(root: Path, hundred: bool) -> tuple[np.ndarray, np.ndarray, list[
     except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError, OSError) as exc:
         raise UserError(f"config key 'data.root': {folder} holds a malformed {name} file "
                         f"({type(exc).__name__}: {str(exc)[:80]}; expected {layout})") from None
-    x, y = np.concatenate(xs), np.concatenate(ys)
+    x, y, n_train = np.concatenate(xs), np.concatenate(ys), len(ys[0])
     num_classes = 100 if hundred else 10
     if len(classes) != num_classes or len(y) == 0 or y.min() < 0 or y.max() >= num_classes:
         raise UserError(f"config key 'data.root': {folder} is not {name} ({len(classes)} class names, labels "
                         f"{y.min() if len(y) else '-'}..{y.max() if len(y) else '-'}; expected {layout})")
-    return x, y, classes
+    return x, y, classes, n_train
 
 
 def _cifar(cfg, hundred: bool) -> FederatedData:
     root = local_root(cfg, "cifar100" if hundred else "cifar10", CIFAR100_LAYOUT if hundred else CIFAR10_LAYOUT)
-    x, y, classes = load_cifar(root, hundred)
-    keep = subset_indices(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
-    data = federate([_domain("cifar100" if hundred else "cifar10", x[keep], y[keep])], cfg,
-                    num_classes=len(classes))
+    x, y, classes, n_train = load_cifar(root, hundred)
+    name = "cifar100" if hundred else "cifar10"
+    if cfg.data.test_split == "official":
+        keep, n_kept = official_keep(cfg, n_train, len(y) - n_train)
+        mean, std = channel_stats(x[keep[:n_kept]])  # the training split's statistics
+        data = federate_official(cfg, Domain(name, x[keep], y[keep], mean=mean, std=std), n_kept, len(classes))
+    else:
+        keep = subset_indices(len(y), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
+        data = federate([_domain(name, x[keep], y[keep])], cfg, num_classes=len(classes))
     data.meta["classes"] = classes
     return data
 
@@ -106,8 +135,9 @@ def cifar100(cfg) -> FederatedData:
 
 
 # ---------------------------------------------------------------------------------------------------- Tiny-ImageNet
-def tinyimagenet_files(root: Path) -> tuple[list[Path], np.ndarray, list[str]]:
-    """(image paths, labels, wnids) of train + val from the standard folder layout, checked before any decoding."""
+def tinyimagenet_files(root: Path) -> tuple[list[Path], np.ndarray, list[str], int]:
+    """(image paths, labels, wnids, N_train) of train then val from the standard folder layout, checked before any
+    decoding: the first N_train paths are train/'s."""
     base = root if (root / "train").is_dir() else root / "tiny-imagenet-200"
     train, val = base / "train", base / "val"
     annotations = val / "val_annotations.txt"
@@ -128,6 +158,7 @@ def tinyimagenet_files(root: Path) -> tuple[list[Path], np.ndarray, list[str]]:
             raise UserError(f"config key 'data.root': no {train / wnid / 'images'}/*.JPEG (expected {TINY_LAYOUT})")
         files += images
         labels += [index[wnid]] * len(images)
+    n_train = len(files)
     for lineno, line in enumerate(annotations.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -140,7 +171,7 @@ def tinyimagenet_files(root: Path) -> tuple[list[Path], np.ndarray, list[str]]:
             raise UserError(f"{annotations}:{lineno}: {path} does not exist")
         files.append(path)
         labels.append(index[parts[1]])
-    return files, np.asarray(labels, dtype=np.int64), wnids
+    return files, np.asarray(labels, dtype=np.int64), wnids, n_train
 
 
 def _decode(path: Path, size: int) -> np.ndarray:
@@ -167,22 +198,33 @@ def load_tinyimagenet(files: list[Path], size: int = 64) -> np.ndarray:
 
 @register_dataset("tinyimagenet")
 def tinyimagenet(cfg) -> FederatedData:
-    """Tiny-ImageNet (200 classes, 64x64; train + val pooled) from data.root; decoded once, then cached."""
+    """Tiny-ImageNet (200 classes, 64x64; train/ for the clients and val/ as the official test split, or both
+    pooled with data.test_split=pooled) from data.root; decoded once, then cached."""
     root = local_root(cfg, "tinyimagenet", TINY_LAYOUT)
-    files, labels, wnids = tinyimagenet_files(root)
-    keep = subset_indices(len(labels), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
+    files, labels, wnids, n_train = tinyimagenet_files(root)
+    official = cfg.data.test_split == "official"
+    if official:
+        keep, n_kept = official_keep(cfg, n_train, len(labels) - n_train)
+    else:
+        keep = subset_indices(len(labels), cfg.data.samples_per_domain, np.random.default_rng([cfg.seed, 5]))
+        n_kept = None
     chosen = [files[i] for i in keep]
     stamp = [str(root.resolve()), len(files), int(max(p.stat().st_mtime for p in (chosen[0], chosen[-1])))]
     key = {"source": stamp, "keep": int(len(keep)), "cap": cfg.data.samples_per_domain,
            "seed": cfg.seed if cfg.data.samples_per_domain else None}
+    if official:
+        key["official_train"] = n_kept
 
     def build() -> dict[str, np.ndarray]:
         x = load_tinyimagenet(chosen)
-        mean, std = channel_stats(x)
+        mean, std = channel_stats(x[:n_kept] if official else x)
         return {"x": x, "y": labels[keep], "mean": mean, "std": std}
 
     arrays = cached_arrays(cfg, "tinyimagenet", key, build)
     domain = Domain("tinyimagenet", arrays["x"], arrays["y"], mean=arrays["mean"], std=arrays["std"])
-    data = federate([domain], cfg, num_classes=len(wnids))
+    if official:
+        data = federate_official(cfg, domain, n_kept, len(wnids))
+    else:
+        data = federate([domain], cfg, num_classes=len(wnids))
     data.meta["classes"] = wnids
     return data

@@ -1,7 +1,10 @@
 """Tabular sets sliced by features (UNIDEAL's cross-domain tabular setting).
 
 Each client holds a disjoint set of rows (the usual iid/dirichlet/niid partitions) and sees only a random subset of
-the original columns (``data.feature_fraction``), so clients have different input widths. Numeric columns are
+the original columns (``data.feature_fraction``), so clients have different input widths; with
+``data.feature_layout: shared`` every client's input is instead the whole encoded column space, its own columns at
+their global index and the absent ones zero (after standardisation: the column's mean), so averaging methods run
+the same sliced setting. Numeric columns are
 standardised with the mean/std of that client's own training rows; categorical columns are one-hot encoded over the
 categories that occur in that client's own training rows (others encode as all zeros). Missing values are NaN
 (numeric: the client's training mean after standardisation) or no category (categorical).
@@ -103,6 +106,7 @@ def feature_federate(table: Table, cfg) -> FederatedData:
     data = federate([Domain(table.name, x, table.y)], cfg, num_classes=len(table.classes))
     num_features = len(groups)
     k = max(1, int(round(cfg.data.feature_fraction * num_features)))
+    shared = cfg.data.feature_layout == "shared"  # every client's row in the whole column space, absent ones zero
     clients = []
     for cid, split in enumerate(data.clients):
         rng = np.random.default_rng([cfg.seed, 104729, cid])
@@ -113,7 +117,7 @@ def feature_federate(table: Table, cfg) -> FederatedData:
             chosen = np.array([numeric[int(rng.integers(len(numeric)))]])
             columns, shift, scale = client_view(x, split.train, groups, categorical, chosen)
         clients.append(ClientSplit(domain=split.domain, train=split.train, test=split.test, features=columns,
-                                   shift=shift, scale=scale))
+                                   shift=shift, scale=scale, width=x.shape[1] if shared else None))
     data.clients = clients
     data.meta.update({"columns": names, "classes": table.classes, "features_per_client": k,
                       "num_features": num_features})

@@ -318,6 +318,9 @@ class Driver:
         metrics["acc_weighted"] = pooled  # total correct / total test samples over the evaluated clients
         if self.algorithm.has_global_model:
             metrics["acc_global"] = pooled
+            # data.test_split=official: the split no client holds (on-demand data has none)
+            if getattr(self.data, "server_test", None) is not None:
+                metrics["acc_global"] = self._evaluate_server_test(rnd)
         return counts
 
     def _finish_round(self, rnd: int, metrics: dict[str, Any], client_counts: dict[int, tuple[int, int]],
@@ -357,6 +360,16 @@ class Driver:
         total = sum(r.total for r in rows)
         pooled = sum(r.correct for r in rows) / total if total else None
         return counts, pooled
+
+    def _evaluate_server_test(self, rnd: int) -> Optional[float]:
+        """Accuracy on the official test split of the model a client without personal state would use after this
+        round (the global model): one evaluation job for the pseudo-client ``data.server_client_id``."""
+        work = EvalJob(client_ids=[self.data.server_client_id], round=rnd,
+                       payload_ref=ray.put(self.algorithm.eval_payload(self.server_state)))
+        done = self.pool.run([Job(key=0, submit=lambda w: w.evaluate.remote(work, [None]), clients=[], round=rnd,
+                                  kind="evaluate")])
+        row = done[0][0]
+        return row.correct / row.total if row.total else None
 
     def checkpoint(self) -> None:
         history = self.history.save(self.run_dir / "checkpoint")  # new entries' files, before server.pt names them

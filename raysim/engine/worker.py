@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
 
 
-EVAL_STREAM, SERVER_STREAM = 1, 2  # tags that give evaluation and server-side training streams of their own
+EVAL_STREAM, SERVER_STREAM, AUGMENT_STREAM = 1, 2, 3  # tags that give evaluation, server-side training and
+# augmentation (data.augment) streams of their own
 
 
 def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
@@ -175,6 +176,15 @@ class ClientWorker:
             payload.update(_to_device(ray.get(own_ref), self.device))
         return payload
 
+    def _augment(self, client_id: int) -> Any:
+        """data.augment: the batch augmentation for this client's domain (None when off)."""
+        if not self.cfg.data.augment:
+            return None
+        from raysim.data.augment import BatchAugment
+
+        domain = self.data.domains[self.data.split(client_id).domain]
+        return BatchAugment(domain.mean, domain.std)
+
     def _optimizer(self, params: list, lr: Optional[float] = None) -> torch.optim.Optimizer:
         t = self.cfg.train
         lr = t.lr if lr is None else lr
@@ -206,6 +216,8 @@ class ClientWorker:
         ctx.num_epochs = sum(phase[1] for phase in phases)
         x, y, idx = ctx.train_data
         n, bs = len(y), self.cfg.train.batch_size
+        augment = self._augment(cid)
+        aug_gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM)) if augment else None
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         part_sums: dict[str, torch.Tensor] = {}
@@ -220,7 +232,8 @@ class ClientWorker:
             for _ in range(epochs):
                 for bi in epoch_batches(n, bs, gen, self.device):
                     ctx.sample_idx = idx[bi]
-                    loss, parts = self.algorithm.client_loss(model, x[bi], y[bi], ctx)
+                    xb = x[bi] if augment is None else augment(x[bi], aug_gen)
+                    loss, parts = self.algorithm.client_loss(model, xb, y[bi], ctx)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     if self.algorithm.clip_grad_norm is not None:

@@ -6,9 +6,10 @@ where the network's natural width differs, so heads stay shape-compatible across
 get the CIFAR-style stem (3x3 stride-1 first convolution, no stem max-pool), which keeps enough spatial
 resolution for 28-32 px digits; larger inputs keep the ImageNet stem.
 
-ResNets and the HETE MLPs expose stage features (``ClassifierModel.stage_features``): ResNet's stem (conv1+bn1) and
-``layer1``..``layer4``, each before its final ReLU and averaged over space (FedRCL's five levels); every Linear layer
-of an MLP. MobileNet and VGG expose none.
+ResNets, MobileNetV2 and the HETE MLPs expose stage features (``ClassifierModel.stage_features``): ResNet's stem
+(conv1+bn1) and ``layer1``..``layer4``, each before its final ReLU and averaged over space (FedRCL's five levels);
+MobileNetV2's last block per resolution and its final convolution; every Linear layer of an MLP. MobileNetV3 and VGG
+expose none.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ def mobilenet_v3_small(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.
                                    stride=1 if min(h, w) <= SMALL_INPUT else 2, padding=1, bias=False)
     natural = net.classifier[0].in_features  # 576: the last feature map's channels, before the classifier MLP
     return _with_adapter(nn.Sequential(net.features, net.avgpool, nn.Flatten()), natural, cfg.feature_dim)
+
+
+@register_model("mobilenet_v2")
+def mobilenet_v2(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """torchvision's MobileNetV2 (weights=None), stem adapted to small inputs: a stride-1 first convolution up to
+    64 px keeps a 32 px image at 4x4 before the final pooling (Tiny-ImageNet's 64 px: 8x8). Stages (FedRCL): the
+    last block of each resolution (16, 24, 32, 96 channels; linear bottlenecks, so no ReLU to strip) and the final
+    1x1 convolution (1280)."""
+    channels, h, w = _image_shape("mobilenet_v2", input_shape)
+    net = tvm.mobilenet_v2(weights=None)
+    stem = net.features[0][0]
+    net.features[0][0] = nn.Conv2d(channels, stem.out_channels, kernel_size=3,
+                                   stride=1 if min(h, w) <= SMALL_INPUT else 2, padding=1, bias=False)
+    body = StagedSequential(*net.features, nn.AdaptiveAvgPool2d(1), nn.Flatten(), taps=(1, 3, 6, 13, 18))
+    return _with_adapter(body, net.last_channel, cfg.feature_dim)  # 1280 -> model.feature_dim
+
+
+mobilenet_v2.stages = True  # type: ignore[attr-defined]
 
 
 @register_model("vgg11_bn")
