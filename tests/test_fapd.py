@@ -185,15 +185,21 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(logged)
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments" / "fapd").glob("*.yaml")),
-                         ids=lambda p: p.name)
-def test_experiment_configs_load(path):
-    cfg = load_config(path)
-    assert cfg.clients.num == 10 and cfg.clients.fraction == 0.5 and cfg.train.momentum == 0.9
-    if cfg.algorithm.name == "fapd":
-        nadpt, ncont = path.stem.endswith("nadpt"), path.stem.endswith("ncont")
-        assert cfg.algorithm.curriculum == ("fixed" if nadpt else "consensus")
-        assert cfg.algorithm.lambda_cl == (0.0 if ncont else 0.5)
-        epsilon = 0.02 if path.stem.startswith("digits") else 0.005  # see digits-fapd.yaml
-        a = cfg.algorithm
-        assert (a.k0, a.delta_k, a.epsilon, a.window, a.lambda_kd, a.tau) == (8, 5, epsilon, 3, 0.5, 0.04)
+@pytest.mark.parametrize("setting", ["digits", "cifar10", "cifar100"])
+def test_experiment_configs_compare_like_with_like(setting):
+    """Every method of a setting runs the same experiment (only ``name`` and ``algorithm.*`` differ from FAPD's
+    file), and each ablation differs from FAPD in exactly the switch it names."""
+    from raysim.config import to_flat_dict
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "fapd"
+    fapd = to_flat_dict(load_config(root / f"{setting}-fapd.yaml"))
+    paths = sorted(root.glob(f"{setting}-*.yaml"))
+    assert len(paths) >= 5
+    for path in paths:
+        flat = to_flat_dict(load_config(path))
+        differ = {k for k in fapd.keys() | flat.keys() if fapd.get(k) != flat.get(k)} - {"name"}
+        assert all(k.startswith("algorithm.") for k in differ), (path.name, differ)
+        if path.stem == f"{setting}-fapd-nadpt":  # no adaptive curriculum: a fixed k
+            assert differ == {"algorithm.curriculum"} and flat["algorithm.curriculum"] == "fixed"
+        if path.stem == f"{setting}-fapd-ncont":  # no contrastive term
+            assert differ == {"algorithm.lambda_cl"} and flat["algorithm.lambda_cl"] == 0

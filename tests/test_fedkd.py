@@ -23,7 +23,8 @@ from raysim.models import build_model
 from raysim.registry import get_algorithm
 
 RAYSIM = str(Path(sys.executable).with_name("raysim"))  # the venv's console script, beside its python
-H = torch.tensor([[1.0, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64) / 2  # orthogonal
+# orthogonal
+H = torch.tensor([[1.0, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64) / 2
 
 
 # ---------------------------------------------------------------------------------------------- the math by hand
@@ -88,7 +89,8 @@ def test_mutual_distillation_loss_is_the_authors_formula():
         want = l1 + loss3 + h / (l1 + l2) + l2 + loss4 + h / (l1 + l2)
     loss, parts = mutual_distillation_loss(t, s, y, h)
     assert loss.item() == pytest.approx(want.item(), rel=1e-6)
-    assert parts["ce_mentor"].item() == pytest.approx(l1.item()) and parts["ce_mentee"].item() == pytest.approx(l2.item())
+    assert parts["ce_mentor"].item() == pytest.approx(l1.item())
+    assert parts["ce_mentee"].item() == pytest.approx(l2.item())
 
 
 # ---------------------------------------------------------------------------------------------- hooks, no Ray
@@ -211,9 +213,12 @@ def test_experiment_configs_load_and_pass_the_check():
 
     paths = sorted((ROOT / "experiments" / "unideal").glob("*/fedkd.yaml"))
     assert len(paths) == 6 and not any("hete" in p.parent.name for p in paths)  # the mentee is averaged
-    for path in paths:
-        cfg = load_config(path)
-        assert (cfg.algorithm.name, cfg.algorithm.t_start, cfg.algorithm.t_end) == ("fedkd", 0.95, 0.98)
+    from raysim.config import to_flat_dict
+
+    algorithm_keys = [{k: v for k, v in to_flat_dict(load_config(path)).items() if k.startswith("algorithm.")}
+                      for path in paths]
+    assert all(keys == algorithm_keys[0] for keys in algorithm_keys)  # one recipe in every setting
+    assert algorithm_keys[0]["algorithm.name"] == "fedkd"
     cfg = load_config(ROOT / "experiments" / "unideal" / "tabular-niid1" / "fedkd.yaml")
     get_algorithm("fedkd")(cfg).check(cfg, build_federated_data(cfg))
 
