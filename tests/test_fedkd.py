@@ -200,6 +200,7 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, ["algorithm.name=fedkd", override])
 
 
+@pytest.mark.slow
 def test_bad_hyperparameter_through_the_cli_exits_2(tmp_path):
     proc = subprocess.run([RAYSIM, "run", *tiny_overrides(tmp_path, algorithm__name="fedkd"), "algorithm.t_end=0.5"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -223,6 +223,7 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, ["algorithm.name=fedpcl", override])
 
 
+@pytest.mark.slow
 def test_bad_values_through_the_cli_exit_2(tmp_path):
     for bad, key in (("algorithm.tau=-0.1", "algorithm.tau"), ("model.weights=/nonexistent/bb.pt", "model.weights")):
         proc = subprocess.run([RAYSIM, "run", *tiny_overrides(tmp_path, algorithm__name="fedpcl"), bad],

@@ -145,6 +145,7 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, ["algorithm.name=fedproto", override])
 
 
+@pytest.mark.slow
 def test_bad_hyperparameter_through_the_cli_exits_2(tmp_path):
     for bad, key in (("algorithm.ld=-0.5", "algorithm.ld"), ("algorithm.predict=knn", "algorithm.predict")):
         proc = subprocess.run([RAYSIM, "run", *tiny_overrides(tmp_path, algorithm__name="fedproto"), bad],
