@@ -31,6 +31,7 @@ def test_public_names_importable():
     assert Algorithm.__name__ == "Algorithm" and callable(raysim.run) and callable(raysim.load_run)
 
 
+@pytest.mark.slow
 def test_notebook_two_runs_share_one_ray_session(tmp_path):
     """A fresh process (a notebook kernel): the first run starts Ray, the second reuses it; Ray stays up.
 

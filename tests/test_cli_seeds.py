@@ -19,6 +19,9 @@ def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys)
     assert main(["run", str(config), "--seeds", "0,1", f"log.dir={parent}", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "2/2 seeds done" in printed
+    table = (parent / "results.md").read_text()
+    assert table.split("\n\n")[-1].strip() in printed  # the table printed is the one written
+    results_csv = (parent / "results.csv").read_text()
 
     for seed in (0, 1):
         run_dir = parent / f"seed-{seed}"
@@ -36,8 +39,13 @@ def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys)
     summary = list(csv.DictReader(open(tmp_path / "report" / "summary.csv")))
     assert len(summary) == 1 and summary[0]["n"] == "2"
 
-    # --resume on a finished set restores it and reports the same table
+    # --resume on a finished set restores it and reports the same table (nothing is run again)
+    capsys.readouterr()
     assert main(["run", "--resume", str(parent), "--quiet"]) == 0
+    assert (parent / "results.md").read_text() == table and (parent / "results.csv").read_text() == results_csv
+    assert table.split("\n\n")[-1].strip() in capsys.readouterr().out
+    for seed in (0, 1):
+        assert [m["round"] for m in read_rows(parent / f"seed-{seed}")] == [1, 2]
 
 
 def test_bad_seeds_are_a_user_error(tmp_path, capsys):

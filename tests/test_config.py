@@ -72,6 +72,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(bad)
 
 
+@pytest.mark.slow
 def test_cli_config_error_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(ROOT / "experiments/smoke.yaml"),
                            "train.lr=-1", f"log.dir={tmp_path / 'r'}"], capture_output=True, text=True, timeout=120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raysim.data.sklearn_sets import load_sklearn_digits
 
@@ -17,6 +18,7 @@ def test_direct_read_equals_load_digits():
     np.testing.assert_array_equal(target, bunch.target)
 
 
+@pytest.mark.slow
 def test_installed_package_dir_finds_a_package_without_importing_it():
     import subprocess
     import sys

@@ -132,10 +132,14 @@ def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
     assert (run_dir / "config.yaml").is_file()
 
 
-def test_gpu_request_on_gpu_less_cluster_fails_fast(ray_cluster, tmp_path):
+def test_gpu_request_on_gpu_less_cluster_fails_fast(ray_cluster, tmp_path, capsys):
     smoke = Path(__file__).resolve().parents[1] / "experiments" / "smoke.yaml"
     code = cli_main(["run", str(smoke), f"log.dir={tmp_path / 'gpu'}", "engine.gpus_per_worker=0.5"])
     assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err  # one line, naming the key
+    assert err.startswith("raysim: error: config key 'engine.gpus_per_worker': asks for 0.5 GPU per worker, but "
+                          "the Ray cluster has no GPU"), err
     assert not (tmp_path / "gpu").exists()
 
 
@@ -147,7 +151,10 @@ def test_resource_check_messages():
     with pytest.raises(UserError, match="engine.num_workers.*3 CPU.*has 2"):
         check_resources(cfg.engine, total={"CPU": 2.0}, nodes=[{"CPU": 2.0}])
     cfg = load_config(None, ["engine.num_workers=2", "engine.cpus_per_worker=3"])
-    with pytest.raises(UserError, match="largest node"):
+    with pytest.raises(UserError, match="engine.cpus_per_worker': 3 CPU per worker, but the largest node has 2$"):
         check_resources(cfg.engine, total={"CPU": 8.0}, nodes=[{"CPU": 2.0}] * 4)
+    cfg = load_config(None, ["engine.num_workers=2", "engine.gpus_per_worker=1"])
+    with pytest.raises(UserError, match="engine.gpus_per_worker': 1 GPU per worker, but the largest node has 0.5$"):
+        check_resources(cfg.engine, total={"CPU": 4.0, "GPU": 2.0}, nodes=[{"CPU": 2.0, "GPU": 0.5}] * 4)
     check_resources(load_config(None, ["engine.gpus_per_worker=0.5"]).engine, total={"CPU": 4.0, "GPU": 1.0},
                     nodes=[{"CPU": 4.0, "GPU": 1.0}])

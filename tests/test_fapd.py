@@ -185,23 +185,30 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(logged)
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "experiments" / "fapd").glob("*.yaml")),
-                         ids=lambda p: p.name)
-def test_experiment_configs_load(path):
-    cfg = load_config(path)
-    assert cfg.clients.num == 10 and cfg.clients.fraction == 0.5 and cfg.train.momentum == 0.9
-    if cfg.algorithm.name == "fapd":
-        # Table I of the seed: row 2 ce-cl (no KD, no curriculum), row 3 hkd-kd (no CL, no curriculum), row 4 nadpt,
-        # row 5 ncont, row 6 fapd
-        nadpt, ncont = path.stem.endswith("nadpt"), path.stem.endswith("ncont")
-        ce_cl, hkd_kd = path.stem.endswith("fapd-ce-cl"), path.stem.endswith("fapd-hkd-kd")
-        assert cfg.algorithm.curriculum == ("fixed" if nadpt or ce_cl or hkd_kd else "consensus")
-        assert cfg.algorithm.k_fixed is None  # fixed means the whole teacher space, k = D
-        assert cfg.algorithm.lambda_cl == (0.0 if ncont or hkd_kd else 0.5)
-        assert cfg.algorithm.lambda_kd == (0.0 if ce_cl else 0.5)
-        epsilon = 0.02 if path.stem.startswith("digits") else 0.005  # see digits-fapd.yaml
-        a = cfg.algorithm
-        assert (a.k0, a.delta_k, a.epsilon, a.window, a.tau) == (8, 5, epsilon, 3, 0.04)
+@pytest.mark.parametrize("setting", ["digits", "cifar10", "cifar100"])
+def test_experiment_configs_compare_like_with_like(setting):
+    """Every method of a setting runs the same experiment (only ``name`` and ``algorithm.*`` differ from FAPD's
+    file), and each ablation differs from FAPD in exactly the switch it names."""
+    from raysim.config import to_flat_dict
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "fapd"
+    fapd = to_flat_dict(load_config(root / f"{setting}-fapd.yaml"))
+    paths = sorted(root.glob(f"{setting}-*.yaml"))
+    assert len(paths) >= 5
+    for path in paths:
+        flat = to_flat_dict(load_config(path))
+        differ = {k for k in fapd.keys() | flat.keys() if fapd.get(k) != flat.get(k)} - {"name"}
+        assert all(k.startswith("algorithm.") for k in differ), (path.name, differ)
+        if path.stem == f"{setting}-fapd-nadpt":  # no adaptive curriculum: a fixed k
+            assert differ == {"algorithm.curriculum"} and flat["algorithm.curriculum"] == "fixed"
+        if path.stem == f"{setting}-fapd-ncont":  # no contrastive term
+            assert differ == {"algorithm.lambda_cl"} and flat["algorithm.lambda_cl"] == 0
+        if path.stem == f"{setting}-fapd-ce-cl":  # Table I row 2: CE + CL, no HKD, no curriculum (k = D)
+            assert differ == {"algorithm.curriculum", "algorithm.lambda_kd"} and flat["algorithm.lambda_kd"] == 0
+            assert flat["algorithm.curriculum"] == "fixed" and flat["algorithm.k_fixed"] is None
+        if path.stem == f"{setting}-fapd-hkd-kd":  # Table I row 3: HKD + KD without curriculum, no CL
+            assert differ == {"algorithm.curriculum", "algorithm.lambda_cl"} and flat["algorithm.lambda_cl"] == 0
+            assert flat["algorithm.curriculum"] == "fixed" and flat["algorithm.k_fixed"] is None
 
 
 def test_contrastive_term_at_k_equal_d_is_the_unprojected_one():

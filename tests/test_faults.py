@@ -155,6 +155,7 @@ def test_sigkilled_driver_resumes_to_identical_metrics(ray_cluster, tmp_path, al
     assert strip_timing(read_rows(run_dir)) == strip_timing(full)
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(tmp_path):
     run_dir = tmp_path / "int"
     proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=200))

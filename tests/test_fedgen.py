@@ -60,6 +60,7 @@ def test_generative_weights_decay_per_round():
     assert decayed(10.0, 2000, 0.98) == 1e-4
 
 
+@pytest.mark.slow
 def test_generator_loss_decreases_on_a_fixed_toy_head():
     """The issue's acceptance: fixed tiny linear heads, a few generator steps at the authors' lr -> the CE part
     (on a fixed evaluation batch and along the steps) falls, and the heads are untouched."""
@@ -220,6 +221,7 @@ def test_config_defaults_and_errors():
             load_config(None, ["algorithm.name=fedgen", bad])
 
 
+@pytest.mark.slow
 def test_bad_key_on_the_cli_exits_2_in_one_line(tmp_path):
     refused_config("algorithm.generative_beta", str(ROOT / "experiments/unideal/digits-niid1-cpu/fedgen.yaml"),
                    "algorithm.generative_beta=-1", f"log.dir={tmp_path / 'r'}")

@@ -200,6 +200,7 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, ["algorithm.name=fedkd", override])
 
 
+@pytest.mark.slow
 def test_bad_hyperparameter_through_the_cli_exits_2(tmp_path):
     proc = subprocess.run([RAYSIM, "run", *tiny_overrides(tmp_path, algorithm__name="fedkd"), "algorithm.t_end=0.5"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -213,9 +214,12 @@ def test_experiment_configs_load_and_pass_the_check():
 
     paths = sorted((ROOT / "experiments" / "unideal").glob("*/fedkd.yaml"))
     assert len(paths) == 6 and not any("hete" in p.parent.name for p in paths)  # the mentee is averaged
-    for path in paths:
-        cfg = load_config(path)
-        assert (cfg.algorithm.name, cfg.algorithm.t_start, cfg.algorithm.t_end) == ("fedkd", 0.95, 0.98)
+    from raysim.config import to_flat_dict
+
+    algorithm_keys = [{k: v for k, v in to_flat_dict(load_config(path)).items() if k.startswith("algorithm.")}
+                      for path in paths]
+    assert all(keys == algorithm_keys[0] for keys in algorithm_keys)  # one recipe in every setting
+    assert algorithm_keys[0]["algorithm.name"] == "fedkd"
     cfg = load_config(ROOT / "experiments" / "unideal" / "tabular-niid1" / "fedkd.yaml")
     get_algorithm("fedkd")(cfg).check(cfg, build_federated_data(cfg))
 

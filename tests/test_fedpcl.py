@@ -223,6 +223,7 @@ def test_bad_config_names_the_key(override, key):
         load_config(None, ["algorithm.name=fedpcl", override])
 
 
+@pytest.mark.slow
 def test_bad_values_through_the_cli_exit_2(tmp_path):
     for bad, key in (("algorithm.tau=-0.1", "algorithm.tau"), ("model.weights=/nonexistent/bb.pt", "model.weights")):
         proc = subprocess.run([RAYSIM, "run", *tiny_overrides(tmp_path, algorithm__name="fedpcl"), bad],
@@ -233,12 +234,17 @@ def test_bad_values_through_the_cli_exit_2(tmp_path):
 
 
 def test_experiment_configs_load():
+    from raysim.config import to_flat_dict
+
     paths = sorted((ROOT / "experiments" / "unideal").glob("*/fedpcl.yaml"))
     assert len(paths) == 12  # every setting, HETE included: only prototypes travel
+    recipes = set()
     for path in paths:
-        cfg = load_config(path)
-        assert (cfg.algorithm.name, cfg.algorithm.tau, cfg.algorithm.proj_dim) == ("fedpcl", 0.07, 256)
-        assert (cfg.train.optimizer, cfg.train.lr, cfg.train.weight_decay) == ("adam", 0.001, 0.0001)
+        flat = to_flat_dict(load_config(path))
+        assert flat["algorithm.name"] == "fedpcl"
+        recipes.add(tuple(sorted((k, str(v)) for k, v in flat.items() if k.startswith("algorithm.")
+                                 or k in ("train.optimizer", "train.lr", "train.weight_decay"))))
+    assert len(recipes) == 1  # one recipe (the authors' optimiser and loss) in every setting
 
 
 # ---------------------------------------------------------------------------------------------- on Ray

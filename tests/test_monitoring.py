@@ -57,6 +57,7 @@ def test_live_round_line_shows_clients_done_and_clears(monkeypatch):
                 return (4, 7, 20, "train")
 
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as in a run (alone, this test has no Ray session)
     out = io.StringIO()
     live = LiveRound(rounds=10, stream=out, every_s=0.01)
     live.start(FakeDriver())

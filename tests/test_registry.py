@@ -19,6 +19,7 @@ def test_builtin_map_names_every_builtin_and_its_module(kind):
     assert builtin == registry._BUILTINS[kind]
 
 
+@pytest.mark.slow
 def test_looking_up_a_small_model_does_not_import_torchvision():
     code = ("import sys; from raysim.registry import get_model, get_dataset, get_algorithm; "
             "get_model('mlp'); get_dataset('sklearn_digits'); get_algorithm('fedavg'); "

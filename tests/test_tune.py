@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import time
 from pathlib import Path
 
 import pytest
@@ -65,9 +64,7 @@ def test_two_trial_sweep_writes_table_best_config_and_hparams(ray_cluster, tmp_p
 
 def test_sweep_asking_for_a_gpu_fails_fast(ray_cluster, tmp_path, capsys):
     sweep = write_sweep(tmp_path, fixed={"engine.gpus_per_worker": 1})
-    start = time.monotonic()
-    assert main(["tune", str(sweep), f"dir={tmp_path / 'sw'}"]) == 2
-    assert time.monotonic() - start < 60
+    assert main(["tune", str(sweep), f"dir={tmp_path / 'sw'}"]) == 2  # refused before Tune starts (no wait)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "gpus_per_worker" in err[0] and "no GPU" in err[0]
     assert not (tmp_path / "sw" / "tune").exists()
@@ -150,14 +147,9 @@ def test_parse_seeds():
 @pytest.mark.parametrize("sweep", sorted((Path(__file__).parents[1] / "experiments" / "sweeps").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_example_sweeps_are_valid(sweep):
-    """Every searched key exists and every searched value is accepted (UNIDEAL/FAPD files need their algorithms)."""
+    """Every searched key exists and every searched value is accepted."""
     from raysim.tune import validate_sweep
 
     spec = load_sweep(sweep)
-    try:
-        validate_sweep(spec)
-    except UserError as exc:
-        if "algorithm.name" in str(exc) and "unknown" in str(exc).lower():
-            pytest.skip(f"algorithm not available yet: {exc}")
-        raise
+    validate_sweep(spec)
     assert spec.total_trials() >= 1

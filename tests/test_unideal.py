@@ -196,6 +196,7 @@ KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unidea
 AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen", "fedbabu", "fedrod", "fedkd"}
 
 
+@pytest.mark.slow
 def test_experiment_configs_load_and_cover_every_method():
     settings = sorted(p for p in EXPERIMENTS.iterdir() if p.is_dir())
     assert len(settings) == 12

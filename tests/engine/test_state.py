@@ -1,0 +1,70 @@
+"""ClientStateStore checkpoints: changed states only, superseded files dropped, a faithful load, leftovers removed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raysim.engine.state import FORMAT_VERSION, ClientStateStore, read_checkpoint
+from raysim.errors import UserError
+
+
+def _state(cid: int, rnd: int) -> dict:
+    return {"head.weight": torch.full((2, 3), float(cid * 100 + rnd)), "steps": torch.tensor(rnd)}
+
+
+def _files(ckpt) -> list[str]:
+    return sorted(p.name for p in (ckpt / "clients").iterdir())
+
+
+def test_save_writes_changed_states_and_drops_superseded_files(ray_cluster, tmp_path):
+    ray = ray_cluster
+    ckpt = tmp_path / "checkpoint"
+    store = ClientStateStore()
+    for cid in (0, 1, 2):
+        store.put(cid, ray.put(_state(cid, 1)))
+    store.save(ckpt, 1, {"model": {"w": torch.zeros(1)}})
+    assert _files(ckpt) == ["c000000_r00001.pt", "c000001_r00001.pt", "c000002_r00001.pt"]
+    store.put(1, ray.put(_state(1, 2)))  # only client 1 trained in round 2
+    store.save(ckpt, 2, {"model": {"w": torch.ones(1)}})
+    assert _files(ckpt) == ["c000000_r00001.pt", "c000001_r00002.pt", "c000002_r00001.pt"]
+    ckpt_dict = read_checkpoint(tmp_path)
+    assert ckpt_dict["format"] == FORMAT_VERSION and ckpt_dict["round"] == 2
+    assert ckpt_dict["client_files"] == {0: 1, 1: 2, 2: 1}
+    assert torch.equal(ckpt_dict["model"]["w"], torch.ones(1))
+    store.save(ckpt, 3, {})  # nothing changed: nothing rewritten
+    assert _files(ckpt) == ["c000000_r00001.pt", "c000001_r00002.pt", "c000002_r00001.pt"]
+
+
+def test_load_restores_every_state_and_removes_what_no_checkpoint_names(ray_cluster, tmp_path):
+    ray = ray_cluster
+    ckpt = tmp_path / "checkpoint"
+    store = ClientStateStore()
+    for cid in (0, 3):
+        store.put(cid, ray.put(_state(cid, 4)))
+    store.save(ckpt, 4, {})
+    # a crash after round 5 wrote a client file but no server.pt, and left a temporary file
+    torch.save(_state(0, 5), ckpt / "clients" / "c000000_r00005.pt")
+    (ckpt / "clients" / ".c000003_r00005.pt.123.ab.tmp").write_bytes(b"half")
+    fresh = ClientStateStore()
+    fresh.load(ckpt, read_checkpoint(tmp_path)["client_files"])
+    assert len(fresh) == 2 and fresh.get(1) is None
+    for cid in (0, 3):
+        got = ray.get(fresh.get(cid))
+        assert got.keys() == _state(cid, 4).keys()
+        assert all(torch.equal(got[k], v) for k, v in _state(cid, 4).items())
+    assert _files(ckpt) == ["c000000_r00004.pt", "c000003_r00004.pt"]
+    fresh.save(ckpt, 5, {})  # loaded states are clean: the next checkpoint rewrites none of them
+    assert _files(ckpt) == ["c000000_r00004.pt", "c000003_r00004.pt"]
+
+
+def test_a_damaged_checkpoint_is_one_user_error(tmp_path):
+    (tmp_path / "checkpoint").mkdir()
+    with pytest.raises(UserError, match="checkpoint file missing"):
+        read_checkpoint(tmp_path)
+    (tmp_path / "checkpoint" / "server.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="damaged or not a raysim checkpoint"):
+        read_checkpoint(tmp_path)
+    torch.save({"round": 1}, tmp_path / "checkpoint" / "server.pt")  # no format version
+    with pytest.raises(UserError, match=f"not a raysim checkpoint of format {FORMAT_VERSION}"):
+        read_checkpoint(tmp_path)
