@@ -115,7 +115,8 @@ def test_models_without_stages_are_refused():
         model.stage_features(torch.randn(2, 3, 16, 16))
     assert not has_stages("vgg11_bn") and not has_stages("mobilenet_v3_small")
     algo_cfg = load_config(None, ["algorithm.name=fedrcl", "model.name=vgg11_bn"])
-    data = type("D", (), {"num_clients": 1, "input_shape": lambda self, c: (3, 16, 16), "num_classes": 5})()
+    data = type("D", (), {"num_clients": 1, "input_shape": lambda self, c: (3, 16, 16), "num_classes": 5,
+                          "input_shapes": lambda self: {(3, 16, 16)}})()
     with pytest.raises(UserError, match="'model.name': fedrcl needs a backbone with stage features"):
         get_algorithm("fedrcl")(algo_cfg).check(algo_cfg, data)
     algo_cfg = load_config(None, ["algorithm.name=fedrcl", "model.name=mlp", "algorithm.stages=[0,5]"])
