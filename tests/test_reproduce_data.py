@@ -211,3 +211,20 @@ def test_synthdigits_from_either_published_mat_release(tmp_path):
     (digit_five / "syn_number.mat").write_bytes(b"no mat file")
     with pytest.raises(UserError, match="syn_number.mat"):
         load_domain("synth", cfg)
+
+
+def test_a_run_made_before_test_split_existed_resumes_pooled(tmp_path):
+    """``data.test_split`` defaults to official; a run directory written before the key existed pooled train and
+    test, and its resumption must keep doing so rather than silently switch splits."""
+    import yaml
+
+    from raysim.config import load_config, to_yaml
+    from raysim.engine.runner import load_resume_config
+
+    saved = yaml.safe_load(to_yaml(load_config(None, ["data.name=cifar10", "data.root=/nowhere"])))
+    del saved["data"]["test_split"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert load_resume_config(tmp_path, []).data.test_split == "pooled"
+    saved["data"]["test_split"] = "official"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert load_resume_config(tmp_path, []).data.test_split == "official"

@@ -170,4 +170,7 @@ def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a raysim run directory (no config.yaml)")
     base = yaml.safe_load((run_dir / "config.yaml").read_text())
+    data = base.get("data") if isinstance(base, dict) else None
+    if isinstance(data, dict) and "test_split" not in data:
+        data["test_split"] = "pooled"  # a run made before data.test_split existed pooled train and test: keep it so
     return load_config(None, overrides, base=base)
