@@ -1,5 +1,5 @@
 """A 3-node Ray cluster on this machine whose nodes share no disk, as far as raysim can tell; run by
-tests/test_multinode.py in a process of its own (it needs its own Ray, not the suite's).
+tests/engine/test_multinode.py in a process of its own (it needs its own Ray, not the suite's).
 
 ``ray.cluster_utils.Cluster`` starts a head with no CPU (so every worker and every Tune trial actor runs on another
 node, as on a cluster whose head only coordinates) and two 2-CPU nodes. Every worker process of the job gets an

@@ -1,5 +1,5 @@
 """A million virtual clients on demand, and many clients per Ray call (the killed-worker guarantee under batching is
-tests/test_faults.py::test_killed_worker_changes_no_metric; a batched pool run, tests/test_engine.py)."""
+tests/engine/test_faults.py::test_killed_worker_changes_no_metric; a batched pool run, tests/engine/test_driver.py)."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
 
 
 def test_gpu_request_on_gpu_less_cluster_fails_fast(ray_cluster, tmp_path, capsys):
-    smoke = Path(__file__).resolve().parents[1] / "experiments" / "smoke.yaml"
+    smoke = Path(__file__).resolve().parents[2] / "experiments" / "smoke.yaml"
     code = cli_main(["run", str(smoke), f"log.dir={tmp_path / 'gpu'}", "engine.gpus_per_worker=0.5"])
     assert code == 2
     err = capsys.readouterr().err.strip()

@@ -167,7 +167,7 @@ def test_experiment_configs_load():
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-# rounds long enough (~1 s) that a kill lands inside a round (as tests/test_faults.py's SLOW), Dirichlet labels so
+# rounds long enough (~1 s) that a kill lands inside a round (as engine/test_faults.py's SLOW), Dirichlet labels so
 # that clients lack classes and upload fewer prototype rows
 SLOW = dict(rounds=3, clients__num=6, train__local_epochs=4, model__hidden="[256,256]", data__partition="dirichlet",
             algorithm__name="fedproto")
@@ -193,7 +193,7 @@ def slow_runs(ray_cluster, tmp_path_factory) -> dict:
         out[name] = read_rows(run_dir)
     pids: list[int] = []
 
-    def on_start(info):  # as tests/test_faults.py: remember the workers' pids
+    def on_start(info):  # as engine/test_faults.py: remember the workers' pids
         pids.extend(w["pid"] for w in ray.get(info["driver"].worker_info.remote()))
 
     def on_round(metrics):

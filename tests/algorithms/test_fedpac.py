@@ -17,7 +17,7 @@ from raysim.algorithms.fedpac import (class_centroids, combine_heads, feature_st
 from raysim.config import ConfigError, load_config
 from raysim.registry import get_algorithm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------- by hand

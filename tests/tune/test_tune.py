@@ -144,7 +144,7 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
-@pytest.mark.parametrize("sweep", sorted((Path(__file__).parents[1] / "experiments" / "sweeps").glob("*.yaml")),
+@pytest.mark.parametrize("sweep", sorted((Path(__file__).parents[2] / "experiments" / "sweeps").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_example_sweeps_are_valid(sweep):
     """Every searched key exists and every searched value is accepted."""

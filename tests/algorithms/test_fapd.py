@@ -191,7 +191,7 @@ def test_experiment_configs_compare_like_with_like(setting):
     file), and each ablation differs from FAPD in exactly the switch it names."""
     from raysim.config import to_flat_dict
 
-    root = Path(__file__).resolve().parents[1] / "experiments" / "fapd"
+    root = Path(__file__).resolve().parents[2] / "experiments" / "fapd"
     fapd = to_flat_dict(load_config(root / f"{setting}-fapd.yaml"))
     paths = sorted(root.glob(f"{setting}-*.yaml"))
     assert len(paths) >= 5

@@ -151,7 +151,7 @@ def test_cli_bad_tau_exits_2_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-# rounds long enough (~1 s) that a kill lands inside a round, as in tests/test_faults.py; half the clients sampled,
+# rounds long enough (~1 s) that a kill lands inside a round, as in engine/test_faults.py; half the clients sampled,
 # so some clients train for the first time after round 1 and others bring back a pool from two rounds before
 SLOW = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=4, model__hidden="[256,256]",
             data__partition="dirichlet", algorithm__name="moon", algorithm__mu=5, algorithm__out_dim=32)

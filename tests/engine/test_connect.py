@@ -19,7 +19,7 @@ import ray
 from raysim.engine import connect, resources
 from raysim.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_RUN = ["rounds=1", "clients.num=4", "data.name=sklearn_digits", "model.name=mlp", "model.hidden=[16]",
             "model.feature_dim=8", "engine.num_workers=1"]
 

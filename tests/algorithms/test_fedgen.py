@@ -19,7 +19,7 @@ from raysim.config import ConfigError, load_config
 from raysim.models import build_model
 from raysim.registry import get_algorithm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LN2, LN3 = math.log(2), math.log(3)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import strip_timing
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
