@@ -46,16 +46,21 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
     """The Tune trainable: one raysim run whose workers use the trial's placement group, reporting every round.
 
     The trial's actor may run on any node; the run itself (run directory, driver) runs on the node where the sweep
-    was started (``raysim.engine.placement``), and this relays its rounds to Tune.
+    was started (``raysim.engine.placement``), and this relays its rounds to Tune. A trial that Tune placed on that
+    node already runs it in its own process: no relay process to start (a few seconds each).
     """
     import ray
     from ray import tune
 
-    from raysim.engine.placement import trial_host
+    from raysim.engine.placement import this_node, trial_host
 
+    trial_id, group = tune.get_context().get_trial_id(), ray.util.get_current_placement_group()
+    if not setup.launch_node or this_node() == setup.launch_node:
+        run_trial_on_launch_node(values, setup, trial_id, group, report=tune.report, on_start=lambda info: None,
+                                 stopped=lambda: False)
+        return
     with trial_host(setup.launch_node) as stream:
-        for row in stream(run_trial_on_launch_node, values, setup, tune.get_context().get_trial_id(),
-                          ray.util.get_current_placement_group()):
+        for row in stream(run_trial_on_launch_node, values, setup, trial_id, group):
             tune.report(row)
 
 
@@ -100,8 +105,12 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
         run_experiment(cfg, resume=resume, on_round=lambda m: report(carry(m)), on_start=on_start,
                        placement_group=placement_group)
     except BaseException as exc:
-        if not (isinstance(exc, TrialStopped) or stopped()):  # Tune ending a trial (a scheduler stopped or paused
-            _record_error(run_dir, exc)  # it) is not a failure, whatever error ending its driver caused
+        # Tune ending a trial (a scheduler stopped or paused it) is not a failure, whatever error ending its driver
+        # caused: through the relay it is TrialStopped; in the trial's own thread Tune raises SystemExit(0)
+        ended_by_tune = isinstance(exc, TrialStopped) or stopped() or (isinstance(exc, SystemExit)
+                                                                        and exc.code in (None, 0))
+        if not ended_by_tune:
+            _record_error(run_dir, exc)
         raise
 
 
