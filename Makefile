@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(VENV)/bin/raysim run experiments/default.yaml
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 # the edit-test loop: everything but the tests marked slow (whole experiments, sweeps, subprocesses)
 test-fast: $(STAMP)
