@@ -22,7 +22,6 @@ def test_config_defaults_and_bad_values():
             load_config(None, ["algorithm.name=fedbabu", bad])
 
 
-@pytest.mark.slow
 def test_cli_bad_finetune_epochs_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.finetune_epochs", *tiny_overrides(tmp_path), "algorithm.name=fedbabu",
                    "algorithm.finetune_epochs=-1")

@@ -114,7 +114,6 @@ def test_bad_values_are_refused(key, value):
         load_config(None, ["algorithm.name=fedcda", f"algorithm.{key}={value}"])
 
 
-@pytest.mark.slow
 def test_cli_bad_memory_size_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.memory_size", *tiny_overrides(tmp_path), "algorithm.name=fedcda",
                    "algorithm.memory_size=0")

@@ -221,7 +221,6 @@ def test_config_defaults_and_errors():
             load_config(None, ["algorithm.name=fedgen", bad])
 
 
-@pytest.mark.slow
 def test_bad_key_on_the_cli_exits_2_in_one_line(tmp_path):
     refused_config("algorithm.generative_beta", str(ROOT / "experiments/unideal/digits-niid1-cpu/fedgen.yaml"),
                    "algorithm.generative_beta=-1", f"log.dir={tmp_path / 'r'}")

@@ -70,7 +70,6 @@ def test_config_defaults_and_clip_attribute():
             load_config(None, ["algorithm.name=fednh", bad])
 
 
-@pytest.mark.slow
 def test_cli_bad_rho_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.rho", *tiny_overrides(tmp_path), "algorithm.name=fednh", "algorithm.rho=1.5")
 

@@ -181,7 +181,6 @@ def test_config_defaults_and_errors(tmp_path):
             _algo(tmp_path, bad)
 
 
-@pytest.mark.slow
 def test_bad_key_on_the_cli_exits_2_in_one_line(tmp_path):
     refused_config("algorithm.lam", str(ROOT / "experiments/unideal/digits-niid1-cpu/fedpac.yaml"),
                    "algorithm.lam=-0.5", f"log.dir={tmp_path / 'r'}")

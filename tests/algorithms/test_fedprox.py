@@ -89,7 +89,6 @@ def test_negative_mu_is_refused(value):
     assert load_config(None, ["algorithm.name=fedprox"]).algorithm.mu == 0.01
 
 
-@pytest.mark.slow
 def test_cli_bad_mu_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.mu", *tiny_overrides(tmp_path), "algorithm.name=fedprox", "algorithm.mu=-1")
     assert not (tmp_path / "run").exists()

@@ -151,7 +151,6 @@ def test_bad_values_are_refused(key, value):
         load_config(None, ["algorithm.name=fedrcl", f"algorithm.{key}={value}"])
 
 
-@pytest.mark.slow
 def test_cli_bad_threshold_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.threshold", *tiny_overrides(tmp_path), "algorithm.name=fedrcl", "algorithm.threshold=1.5")
 

@@ -86,7 +86,6 @@ def test_config_default_and_bad_predict():
         load_config(None, ["algorithm.name=fedrod", "algorithm.predict=both"])
 
 
-@pytest.mark.slow
 def test_cli_bad_predict_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.predict", *tiny_overrides(tmp_path), "algorithm.name=fedrod", "algorithm.predict=both")
 

@@ -144,7 +144,6 @@ def test_bad_values_name_the_key(override, key):
     assert (a.mu, a.tau, a.out_dim, a.model_buffer_size) == (1.0, 0.5, 256, 1)
 
 
-@pytest.mark.slow
 def test_cli_bad_tau_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.tau", *tiny_overrides(tmp_path), "algorithm.name=moon", "algorithm.tau=-0.5")
     assert not (tmp_path / "run").exists()
