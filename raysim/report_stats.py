@@ -208,6 +208,7 @@ def write_target_plot(report: Any, out: Path) -> dict[str, Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     labels = plot_labels(report)
     cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
@@ -224,6 +225,9 @@ def write_target_plot(report: Any, out: Path) -> dict[str, Path]:
             ax.annotate(f"{labels[g.method]} ({c['reached']}/{c['runs']})", (max(mb, 1e-6), sec), fontsize=7,
                         xytext=(4, 4), textcoords="offset points")
         ax.set_xscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # "6", not "6×10⁰": within a decade the minor ticks carry labels
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
         ax.set_xlabel(f"MB (up + down) to {report.metric} ≥ {report.target:g}")
         ax.set_ylabel("seconds to target")
         ax.set_title(setting, fontsize=10)
