@@ -1,13 +1,13 @@
 """raysim against Flower's simulation engine on the same FedAvg workloads, end to end.
 
-    .venv/bin/python benchmarks/flower.py [--repeats 3] [--workloads mlp,cnn] [--no-wait]
+    .venv/bin/python benchmarks/flower.py [--repeats 3] [--workloads mlp,cnn] [--clients 20] [--rounds 5] [--no-wait]
 
 Flower 1.42 pins ray==2.55.1 and protobuf<7, so it lives in its own virtual environment, benchmarks/.flwr-venv
 (git-ignored), which this script builds on first use (``python -m venv`` + pip; a few minutes). The Flower side runs
 as a subprocess in that environment (benchmarks/_flower_app.py), the raysim side as ``raysim run`` in a subprocess:
 both times are from launch to exit, Ray's start included. Both get the same partition, initial weights, model,
-optimiser, job seeds, rounds and clients (all 20 sampled every round), 2 CPUs, 1 CPU per client actor/worker, and
-evaluate the final global model once on every client's test split (raysim's ``acc_global``).
+optimiser, job seeds, rounds and clients (`--clients`, default 20, all sampled every round), 2 CPUs, 1 CPU per
+client actor/worker, and evaluate the final global model once on every client's test split (raysim's ``acc_global``).
 
 Workloads: ``mlp`` (tiny: an MLP on scikit-learn's 8x8 digits, ~70 samples per client; the engines' overhead
 dominates) and ``cnn`` (compute-bound: the small CNN on the embedded MNIST sample, ~200 images per client).
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _common import OUT, ROOT, fmt, loadavg, machine_info, run_cli, save_json, summary, wait_quiet  # noqa: E402
-from overhead import overrides  # noqa: E402 - the same workloads as the overhead benchmark
+from overhead import CLIENTS, overrides  # noqa: E402 - the same workloads as the overhead benchmark
 
 FLWR_VENV = HERE / ".flwr-venv"
 FLWR_PY = FLWR_VENV / "bin" / "python"
@@ -50,7 +50,7 @@ def ensure_flower_venv() -> str:
     return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def write_bundle(workload: str, rounds: int) -> tuple[Path, Any]:
+def write_bundle(workload: str, rounds: int, clients: int) -> tuple[Path, Any]:
     """The exact federation raysim builds (partition, tensors, initial weights), saved for the Flower side."""
     import torch
 
@@ -58,7 +58,7 @@ def write_bundle(workload: str, rounds: int) -> tuple[Path, Any]:
     from raysim.data import build_federated_data
     from raysim.models import build_model
 
-    cfg = load_config(None, overrides(workload, rounds) + ["engine.num_workers=2"])
+    cfg = load_config(None, overrides(workload, rounds, clients) + ["engine.num_workers=2"])
     data = build_federated_data(cfg)
     initial = build_model(cfg, cfg.model.for_client(0), data.input_shape(0), data.num_classes, 0)
     tests = [data.tensors(c, "test")[:2] for c in range(data.num_clients)]
@@ -95,10 +95,10 @@ def run_flower(bundle: Path, workload: str) -> dict[str, Any]:
     return {"total_s": total, **json.loads(out.read_text())}
 
 
-def run_raysim(workload: str, rounds: int) -> dict[str, Any]:
+def run_raysim(workload: str, rounds: int, clients: int) -> dict[str, Any]:
     run_dir = OUT / f"flower-raysim-{workload}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    timing = run_cli(overrides(workload, rounds) + ["engine.num_workers=2", f"log.dir={run_dir}"])
+    timing = run_cli(overrides(workload, rounds, clients) + ["engine.num_workers=2", f"log.dir={run_dir}"])
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"total_s": timing["total_s"], "round1_s": timing["round1_s"], "rounds_s": rows[-1]["wall_s_total"],
@@ -110,18 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workloads", default="mlp,cnn")
+    p.add_argument("--clients", type=int, default=CLIENTS, help="clients.num, all sampled every round")
     p.add_argument("--no-wait", action="store_true")
     args = p.parse_args(argv)
     flwr_version = ensure_flower_venv()
     info = machine_info() | {"flwr": flwr_version}
     print(f"[flower] {info}", flush=True)
-    result: dict[str, Any] = {"machine": info, "workloads": {}}
+    result: dict[str, Any] = {"machine": info, "clients": args.clients, "rounds": args.rounds, "workloads": {}}
     for wl in [w for w in args.workloads.split(",") if w]:
-        bundle, _ = write_bundle(wl, args.rounds)
+        bundle, _ = write_bundle(wl, args.rounds, args.clients)
         runs: dict[str, list[dict]] = {"raysim": [], "flower": []}
         for rep in range(args.repeats):
             load = wait_quiet(enabled=not args.no_wait)
-            runs["raysim"].append(run_raysim(wl, args.rounds) | {"load_before": load})
+            runs["raysim"].append(run_raysim(wl, args.rounds, args.clients) | {"load_before": load})
             runs["flower"].append(run_flower(bundle, wl) | {"load_before": loadavg()})
             r, f = runs["raysim"][-1], runs["flower"][-1]
             print(f"[flower] {wl} rep {rep}: raysim {r['total_s']:.1f}s (acc {r['acc_global']:.4f})  flower "

@@ -41,8 +41,8 @@ WORKLOADS: dict[str, list[str]] = {
 }
 
 
-def overrides(workload: str, rounds: int = ROUNDS) -> list[str]:
-    return [f"name=overhead-{workload}", "seed=0", f"rounds={rounds}", f"clients.num={CLIENTS}",
+def overrides(workload: str, rounds: int = ROUNDS, clients: int = CLIENTS) -> list[str]:
+    return [f"name=overhead-{workload}", "seed=0", f"rounds={rounds}", f"clients.num={clients}",
             "clients.fraction=1.0", "train.local_epochs=1", f"eval.every={rounds}", "engine.cpus_per_worker=1",
             *WORKLOADS[workload]]
 
