@@ -430,6 +430,7 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
                   ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k"),
+                        ("p_vs_round.png", "UNIDEAL curriculum share p"),
                         ("to_target.png", f"Traffic and time to {report.metric} ≥ {report.target:g}")):
         if name in report.files:
             lines += [f"## {title}", "", f"![{title}]({name})", ""]
@@ -480,9 +481,10 @@ def plot_labels(report: Report) -> dict[str, str]:
 
 
 def write_plots(report: Report, out: Path) -> dict[str, Path]:
-    """Accuracy vs round and vs cumulative MB (mean line, std band over seeds); k vs round where FAPD logged it.
+    """Accuracy vs round and vs cumulative MB (mean line, std band over seeds); k vs round where FAPD logged it, p
+    vs round where UNIDEAL did.
 
-    One panel per setting, holding only settings with data (no empty k panel for a setting without FAPD); one
+    One panel per setting, holding only settings with data (no empty k or p panel for a setting without them); one
     legend under the panels with short labels (``plot_labels``), each method in the same colour everywhere."""
     import textwrap
 
@@ -498,7 +500,8 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
     files = {}
     plots = [("acc_vs_round.png", report.metric, None, "round", report.metric),
              ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric),
-             ("k_vs_round.png", "k", None, "round", "curriculum dimension k")]
+             ("k_vs_round.png", "k", None, "round", "curriculum dimension k"),
+             ("p_vs_round.png", "p", None, "round", "distilled share p (mean over local epochs)")]
     for name, y, x, xlabel, ylabel in plots:
         curves = {s: [(g, _curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
                   for s in report.settings}

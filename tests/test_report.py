@@ -27,7 +27,8 @@ BYTES = {"fedavg": (1000, 2000), "local": (0, 0)}
 
 
 def write_run(run_dir: Path, algorithm: str, partition: str, seed: int, best: float, workers: int) -> None:
-    """Three rounds: 0.4, then the best, then just below it; one second per round; FedAvg also logs k."""
+    """Three rounds: 0.4, then the best, then just below it; one second per round; FedAvg also logs k, local p on
+    the dirichlet partition."""
     cfg = load_config(None, [f"algorithm.name={algorithm}", f"data.partition={partition}", f"seed={seed}",
                              f"engine.num_workers={workers}", f"name=run{seed}", f"log.dir={run_dir}"])
     run_dir.mkdir(parents=True)
@@ -40,6 +41,8 @@ def write_run(run_dir: Path, algorithm: str, partition: str, seed: int, best: fl
         if algorithm == "fedavg":
             row["acc_global"] = acc - 0.05
             row["k"] = 8 + 5 * (rnd - 1)
+        elif partition == "dirichlet":
+            row["p"] = rnd / 3
         rows.append(row)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -145,7 +148,7 @@ def test_plots_are_valid_pngs(runs, tmp_path):
     import matplotlib.image
 
     report = make_report([runs], tmp_path / "out")
-    for name in ("acc_vs_round.png", "acc_vs_mb.png", "k_vs_round.png", "to_target.png"):
+    for name in ("acc_vs_round.png", "acc_vs_mb.png", "k_vs_round.png", "p_vs_round.png", "to_target.png"):
         path = tmp_path / "out" / name
         assert report.files[name] == path
         assert path.read_bytes()[:8] == PNG_SIGNATURE

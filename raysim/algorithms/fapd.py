@@ -51,6 +51,8 @@ class TeacherConfig:
     # which every method of a comparison holds out alike, when > 0, else 0.1)
     calibration_fraction: Optional[float] = None
     model: Optional[str] = None  # offline teacher architecture (null: model.name); its width is model.feature_dim
+    hidden: Optional[list[int]] = None  # offline MLP teacher's hidden widths (null: model.hidden): a larger teacher
+    width: Optional[int] = None  # offline CNN teacher's base channel count (null: model.width)
     epochs: int = 30  # offline teacher: central training epochs on the calibration split
     lr: float = 0.05  # offline teacher: SGD (momentum 0.9) learning rate
     batch_size: int = 32  # offline teacher: batch size
@@ -70,6 +72,9 @@ class TeacherConfig:
         require(self.epochs >= 1, key + "epochs", f"must be >= 1, got {self.epochs}")
         require(self.lr > 0, key + "lr", f"must be > 0, got {self.lr}")
         require(self.batch_size >= 1, key + "batch_size", f"must be >= 1, got {self.batch_size}")
+        require(self.hidden is None or all(int(h) >= 1 for h in self.hidden), key + "hidden",
+                 f"must be a list of widths >= 1, got {self.hidden}")
+        require(self.width is None or self.width >= 1, key + "width", f"must be >= 1, got {self.width}")
 
 
 @dataclass
@@ -84,6 +89,7 @@ class FAPDConfig(AlgorithmConfig):
     lambda_kd: float = 0.5  # weight of the projected feature-distillation (PKD) term
     lambda_cl: float = 0.5  # 0: FAPD-ncont
     tau: float = 0.04  # contrastive temperature
+    kd_tau: float = 1.0  # temperature of the projected-feature KL (1: the seed's formula as written; see pkd_loss)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 
     def validate(self) -> None:
@@ -97,6 +103,7 @@ class FAPDConfig(AlgorithmConfig):
         require(self.lambda_kd >= 0, "algorithm.lambda_kd", f"must be >= 0, got {self.lambda_kd}")
         require(self.lambda_cl >= 0, "algorithm.lambda_cl", f"must be >= 0, got {self.lambda_cl}")
         require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
+        require(self.kd_tau > 0, "algorithm.kd_tau", f"must be > 0, got {self.kd_tau}")
         self.teacher.validate()
 
 
@@ -122,7 +129,7 @@ class FAPD(Algorithm):
             feats = load_matrix(t.features, "algorithm.teacher.features", data.domains[0].name,
                                 min_rows=int(train_idx.max()) + 1, max_rows=len(data.domains[0].y))
         else:
-            feats = offline_teacher_features(self.cfg, data, calibration)
+            feats, self._teacher_accuracy = offline_teacher_features(self.cfg, data, calibration)
         dim = feats.shape[1]
         if self.cfg.model.feature_dim != dim:
             raise UserError(f"config key 'model.feature_dim': fapd distils into the backbone output, which must be "
@@ -182,6 +189,9 @@ class FAPD(Algorithm):
         k_used = ctrl.k
         out: dict[str, Any] = {"k": k_used,
                                "curriculum/explained_variance": explained_variance(server_state["eigenvalues"], k_used)}
+        teacher_acc = getattr(self, "_teacher_accuracy", float("nan"))
+        if np.isfinite(teacher_acc):  # the offline teacher's accuracy outside its split: is it stronger than the model?
+            out["curriculum/teacher_acc"] = teacher_acc
         acc = metrics.get("acc_global")
         if acc is not None:
             ctrl.update(acc)
@@ -212,7 +222,7 @@ class FAPD(Algorithm):
         teacher, classes = self._teacher(ctx.meta, feats.device)
         loss, parts = ce, {"ce": ce}
         if self.config.lambda_kd > 0:
-            parts["kd"] = pkd_loss(feats, teacher[ctx.sample_idx.to(feats.device)], projection)
+            parts["kd"] = pkd_loss(feats, teacher[ctx.sample_idx.to(feats.device)], projection, self.config.kd_tau)
             loss = loss + self.config.lambda_kd * parts["kd"]
         if self.config.lambda_cl > 0:
             parts["cl"] = semantic_contrastive_loss(feats, classes, y, projection, self.config.tau)

@@ -15,11 +15,18 @@ def project(feats: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
     return F.normalize(feats @ projection.T, dim=1)
 
 
-def pkd_loss(student_feats: torch.Tensor, teacher_feats: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(ẑ_T) ‖ softmax(ẑ_S)), averaged over the batch."""
+def pkd_loss(student_feats: torch.Tensor, teacher_feats: torch.Tensor, projection: torch.Tensor,
+             temperature: float = 1.0) -> torch.Tensor:
+    """KL(softmax(ẑ_T / T) ‖ softmax(ẑ_S / T)), averaged over the batch.
+
+    ``temperature`` T = 1 is the seed's formula as written. ẑ are unit vectors, so their entries lie in [-1, 1] and
+    at T = 1 both softmaxes are close to uniform: the term is tiny whatever the features. T < 1 sharpens both
+    distributions and so strengthens the term (worked case in tests/curriculum/test_pkd.py). No T²
+    factor: the term's weight is lambda_kd's to set.
+    """
     projection = projection.detach().to(student_feats.dtype)
-    z_s = project(student_feats, projection)
-    z_t = project(teacher_feats.detach().to(student_feats.dtype), projection)
+    z_s = project(student_feats, projection) / temperature
+    z_t = project(teacher_feats.detach().to(student_feats.dtype), projection) / temperature
     return F.kl_div(F.log_softmax(z_s, dim=1), F.softmax(z_t, dim=1), reduction="batchmean")
 
 

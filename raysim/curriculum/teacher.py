@@ -13,14 +13,14 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from raysim.config import ExperimentConfig
+from raysim.config import ExperimentConfig, ModelConfig
 from raysim.data.base import ClientSplit, FederatedData
 from raysim.errors import UserError
 
@@ -53,11 +53,20 @@ def cache_root(cfg: ExperimentConfig) -> Path:
     return cache_dir(cfg) / "fapd-teacher"
 
 
+def teacher_model_config(cfg: ExperimentConfig) -> ModelConfig:
+    """The students' model section with the teacher's own size (``algorithm.teacher.hidden`` / ``.width``) applied:
+    a teacher larger than its students keeps their feature width D, which PCA and the distillation need."""
+    t = _teacher(cfg)
+    return replace(cfg.model, hidden=list(t.hidden) if t.hidden is not None else cfg.model.hidden,
+                   width=t.width if t.width is not None else cfg.model.width)
+
+
 def cache_key(cfg: ExperimentConfig, data: FederatedData, calibration: np.ndarray, arch: str, device: str) -> str:
     """Everything the teacher's features depend on: the samples, the split, the recipe, and the software."""
     t = _teacher(cfg)
     h = hashlib.blake2b(digest_size=16)
-    recipe = {"v": CACHE_VERSION, "arch": arch, "model": asdict(cfg.model), "epochs": t.epochs, "lr": t.lr,
+    recipe = {"v": CACHE_VERSION, "arch": arch, "model": asdict(teacher_model_config(cfg)), "epochs": t.epochs,
+              "lr": t.lr,
               "batch_size": t.batch_size, "seed": cfg.seed, "classes": data.num_classes, "device": device,
               "torch": torch.__version__}
     h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
@@ -70,8 +79,10 @@ def cache_key(cfg: ExperimentConfig, data: FederatedData, calibration: np.ndarra
     return h.hexdigest()
 
 
-def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData, calibration: np.ndarray) -> np.ndarray:
-    """Train a teacher centrally on the calibration split and return its features of every domain sample (cached)."""
+def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData,
+                             calibration: np.ndarray) -> tuple[np.ndarray, float]:
+    """Train a teacher centrally on the calibration split; return its features of every domain sample and its
+    accuracy on the samples outside the split (both cached; NaN accuracy for a cache entry older than the record)."""
     from raysim.engine.epochs import fit_classifier, torch_threads
     from raysim.models import ClassifierModel
     from raysim.registry import get_model
@@ -85,7 +96,7 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData, calibra
         try:
             cached = np.load(path, allow_pickle=False)
             if cached.shape == (n, cfg.model.feature_dim) and np.isfinite(cached).all():
-                return cached.astype(np.float32, copy=False)
+                return cached.astype(np.float32, copy=False), _stored_accuracy(path)
         except (OSError, ValueError):
             pass  # damaged: train again and overwrite
     start = time.perf_counter()
@@ -95,7 +106,8 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData, calibra
     with torch_threads(cfg.engine.cpus_per_worker):
         seed = int(np.random.SeedSequence([cfg.seed, 0x7EAC4E5]).generate_state(1)[0])
         torch.manual_seed(seed)
-        backbone = get_model(arch)(input_shape=tuple(x.shape[1:]), cfg=cfg.model, client_id=0, seed=cfg.seed)
+        backbone = get_model(arch)(input_shape=tuple(x.shape[1:]), cfg=teacher_model_config(cfg), client_id=0,
+                                   seed=cfg.seed)
         model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
         fit_classifier(model, x.to(device), y.to(device), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
                        generator=torch.Generator().manual_seed(seed))
@@ -118,17 +130,25 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData, calibra
           f"trained in {time.perf_counter() - start:.1f}s; accuracy on the other {int(held_out.sum())} samples "
           f"{accuracy:.4f}",
           file=sys.stderr, flush=True)
-    _store(path, out)
-    return out
+    _store(path, out, accuracy)
+    return out, accuracy
 
 
-def _store(path: Path, features: np.ndarray) -> None:
-    """Cache the features; no fsync (a cache entry lost to a power cut is trained again). A cache that cannot be
-    written costs only the next run's training: a warning, not an error."""
-    from raysim.fsutil import atomic_writer
+def _stored_accuracy(path: Path) -> float:
+    try:
+        return float(json.loads(path.with_suffix(".json").read_text())["accuracy"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("nan")
+
+
+def _store(path: Path, features: np.ndarray, accuracy: float) -> None:
+    """Cache the features, and the teacher's accuracy beside them; no fsync (a cache entry lost to a power cut is
+    trained again). A cache that cannot be written costs only the next run's training: a warning, not an error."""
+    from raysim.fsutil import atomic_write_text, atomic_writer
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path.with_suffix(".json"), json.dumps({"accuracy": accuracy}), fsync=False)
         with atomic_writer(path, fsync=False) as fh:
             np.save(fh, features)
     except OSError as exc:

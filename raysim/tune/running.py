@@ -199,11 +199,15 @@ def _scheduler(spec: SweepSpec, rounds: int) -> Any:
 
 
 def _searcher(spec: SweepSpec) -> Any:
-    """None: Tune's own random/grid generator. Optuna: TPE through Tune's OptunaSearch adapter; Tune saves its
+    """None: Tune's own random/grid generator (seeded by ``search.seed`` when given). Optuna: TPE through Tune's OptunaSearch adapter; Tune saves its
     state with the experiment, so ``--resume`` continues the same study."""
     search = spec.search if isinstance(spec.search, dict) else {"name": "random"}
     if search.get("name", "random") == "random":
-        return None
+        if search.get("seed") is None:
+            return None
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=int(search["seed"]))  # the same trials on every rerun
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 

@@ -37,6 +37,22 @@ def test_pkd_loss_is_the_batch_mean_kl_of_projected_normalised_features():
     assert float(pkd_loss(t, t, p)) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_pkd_temperature_worked_by_hand():
+    """Two 2-d unit features, identity projection: ẑ_S = (1, 0), ẑ_T = (0, 1).
+
+    Logits ẑ / T: teacher (0, a), student (a, 0) with a = 1 / T. softmax(teacher) = (1, e^a) / (1 + e^a); the log
+    ratio log p_T - log p_S is (-a, a), so KL = a (e^a - 1) / (1 + e^a). T = 1: 0.4621; T = 0.5: 2 (e² - 1) /
+    (1 + e²) = 1.5232; T = 0.04 (the seed's contrastive τ): 25 tanh(12.5) = 25.000, 54x the T = 1 value.
+    """
+    s = torch.tensor([[3.0, 0.0]], dtype=torch.float64)  # normalised to (1, 0)
+    t = torch.tensor([[0.0, 0.5]], dtype=torch.float64)  # normalised to (0, 1)
+    eye = torch.eye(2, dtype=torch.float64)
+    e = math.e
+    assert float(pkd_loss(s, t, eye)) == pytest.approx((e - 1) / (1 + e), rel=1e-12)
+    assert float(pkd_loss(s, t, eye, temperature=0.5)) == pytest.approx(2 * (e**2 - 1) / (1 + e**2), rel=1e-12)
+    assert float(pkd_loss(s, t, eye, temperature=0.04)) == pytest.approx(25 * math.tanh(12.5), rel=1e-12)
+
+
 def test_semantic_contrastive_loss_is_infonce_over_cosines():
     s, _, e, p, y = _inputs()
     tau = 0.04

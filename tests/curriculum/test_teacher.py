@@ -9,7 +9,7 @@ from torch import nn
 
 from raysim.algorithms.fapd import carve_calibration
 from raysim.config import load_config
-from raysim.curriculum.teacher import cache_root, offline_teacher_features
+from raysim.curriculum.teacher import cache_root, offline_teacher_features, teacher_model_config
 from raysim.data import build_federated_data
 from raysim.engine.epochs import fit_classifier
 
@@ -30,14 +30,32 @@ def test_teacher_features_are_cached_under_raysim_cache(tmp_path, monkeypatch, c
                              "model.feature_dim=16", "model.hidden=[32]", "algorithm.teacher.epochs=1"])
     data = build_federated_data(cfg)
     calibration = carve_calibration(data, cfg.algorithm.teacher.calibration_fraction, cfg.seed)
-    first = offline_teacher_features(cfg, data, calibration)
-    assert "offline teacher" in capsys.readouterr().err  # trained
+    first, accuracy = offline_teacher_features(cfg, data, calibration)
+    err = capsys.readouterr().err
+    assert "offline teacher" in err and f"{accuracy:.4f}" in err  # trained; the accuracy it printed is returned
+    assert 0.0 <= accuracy <= 1.0
     files = list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))
     assert len(files) == 1 and not (tmp_path / "xdg").exists()
     assert first.shape == (len(data.domains[0].y), 16) and first.dtype == np.float32
-    again = offline_teacher_features(cfg, data, calibration)
+    again, accuracy_again = offline_teacher_features(cfg, data, calibration)
     assert capsys.readouterr().err == ""  # read back, not trained again
-    assert np.array_equal(first, again)
+    assert np.array_equal(first, again) and accuracy_again == accuracy
+
+
+def test_a_larger_teacher_keeps_the_feature_width_and_has_its_own_cache_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
+    base = ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4", "model.feature_dim=16",
+            "model.hidden=[32]", "algorithm.teacher.epochs=1"]
+    small = load_config(None, base)
+    large = load_config(None, base + ["algorithm.teacher.hidden=[256,128]"])
+    assert teacher_model_config(small) == small.model
+    assert teacher_model_config(large).hidden == [256, 128] and teacher_model_config(large).feature_dim == 16
+    data = build_federated_data(small)
+    calibration = carve_calibration(data, small.algorithm.teacher.calibration_fraction, small.seed)
+    f_small, _ = offline_teacher_features(small, data, calibration)
+    f_large, _ = offline_teacher_features(large, data, calibration)
+    assert f_large.shape == f_small.shape and not np.allclose(f_large, f_small)
+    assert len(list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))) == 2
 
 
 class _Recorder(nn.Module):

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from raysim.tune import SweepError, _Progress, _scheduler, load_sweep, run_sweep
+from raysim.tune import SweepError, _Progress, _scheduler, _searcher, load_sweep, run_sweep
 from test_tune import write_sweep
 
 
@@ -52,3 +52,27 @@ def test_schedulers_and_searchers_are_checked(tmp_path):
         load_sweep(sweep, ["search.name=optuna"])  # the sweep's space is a grid
     with pytest.raises(SweepError, match="sweep key 'metric'"):
         load_sweep(sweep, ["metric=acc_mena"])
+
+
+def test_seeded_random_search_draws_the_same_trials_every_time(tmp_path):
+    """search: {name: random, seed: N} seeds Tune's random generator: a rerun of a study samples the same trials;
+    another seed samples others; no seed keeps Tune's unseeded default."""
+    from ray.tune.experiment import Experiment
+
+    from raysim.tune.trials import _param_space
+
+    def draw(search: dict) -> list[tuple]:
+        spec = load_sweep(write_sweep(tmp_path, num_samples=4, search=search,
+                                      space={"train.lr": {"loguniform": [0.01, 0.5]},
+                                             "train.batch_size": {"choice": [8, 16, 32, 64]}}))
+        generator = _searcher(spec)
+        generator.add_configurations([Experiment("draw", lambda config: None, config=_param_space(spec),
+                                                 num_samples=spec.num_samples)])
+        return [(t.config["train.lr"], t.config["train.batch_size"]) for t in
+                (generator.next_trial() for _ in range(spec.num_samples))]
+
+    first = draw({"name": "random", "seed": 0})
+    assert draw({"name": "random", "seed": 0}) == first
+    assert draw({"name": "random", "seed": 1}) != first
+    assert len(set(first)) == 4
+    assert _searcher(load_sweep(write_sweep(tmp_path, search={"name": "random"}))) is None
