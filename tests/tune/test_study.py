@@ -14,9 +14,10 @@ from raysim.tune import load_sweep
 SWEEPS = Path(__file__).parents[2] / "experiments" / "sweeps"
 STUDY = sorted(SWEEPS.glob("study-*.yaml"))
 TINY_DATA = {  # the smallest data each sweep's base accepts; everything searched stays searched
-    "study-unideal-niid1": ["data.samples_per_domain=60", "model.width=4"],
-    "study-unideal-scale": ["data.samples_per_domain=60", "model.width=4", "seed=0"],  # the grid: one seed
-    "study-fapd": ["algorithm.teacher.epochs=2"],
+    "study-unideal-niid1": ["data.samples_per_domain=60", "model.width=4", "scheduler.grace_period=1"],
+    "study-unideal-scale": ["data.samples_per_domain=60", "model.width=4", "seed=0",  # the grid: one cell
+                            "algorithm.schedule.shape=linear"],
+    "study-fapd": ["algorithm.teacher.epochs=2", "scheduler.grace_period=1"],
 }
 
 
