@@ -324,8 +324,11 @@ def algorithm_config_class(name: str) -> type:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict | DictConfig | None = None, validate: bool = True) -> ExperimentConfig:
-    """Build the validated config from an optional base mapping, a YAML file and dotted ``key=value`` overrides."""
+                base: dict | DictConfig | None = None, validate: bool = True, warn: bool = True) -> ExperimentConfig:
+    """Build the validated config from an optional base mapping, a YAML file and dotted ``key=value`` overrides.
+
+    ``warn``: print :mod:`raysim.checks`'s warnings (off for configs that are checked but not run, such as a sweep's
+    validation candidates)."""
     layers: list[DictConfig] = []
     if base is not None:
         layers.append(OmegaConf.create(base) if isinstance(base, dict) else base)
@@ -355,9 +358,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if not validate:
         return cfg
     cfg.validate()
-    from raysim.checks import warn_config
+    if warn:
+        from raysim.checks import warn_config
 
-    warn_config(cfg)  # settings that run but mean less than they seem (niid2 = niid1, a curriculum that can't move)
+        warn_config(cfg)  # settings that run but mean less than they seem (niid2 = niid1, a curriculum that can't move)
     return cfg
 
 

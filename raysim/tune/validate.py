@@ -38,7 +38,9 @@ def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
     configs = []
     for trial in candidate_overrides(spec):
         try:
-            configs.append(load_config(spec.base, spec.fixed + trial))
+            # candidates are combinations to check, not runs: their warnings would describe trials that may never
+            # be drawn (each trial that runs prints its own)
+            configs.append(load_config(spec.base, spec.fixed + trial, warn=False))
         except UserError as exc:
             raise type(exc)(f"{exc} (with {' '.join(trial) or 'the base config'})") from None
     if spec.metric == "acc_global":

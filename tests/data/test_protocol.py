@@ -20,6 +20,7 @@ from raysim.engine.runner import run_experiment
 from raysim.errors import UserError
 from raysim.models import build_model
 from raysim.registry import get_algorithm
+from raysim.tune import candidate_overrides
 
 
 def _tiny_cifar10(root: Path) -> np.ndarray:
@@ -160,6 +161,19 @@ def test_warnings_for_settings_that_mean_less_than_they_seem(capsys):
     assert "raysim: warning: unideal's p-schedule" in capsys.readouterr().err
     load_config(None, ["algorithm.name=unideal", "train.local_epochs=2"])
     load_config(None, ["algorithm.name=unideal", "train.local_epochs=1", "algorithm.schedule.over=rounds"])
+    assert capsys.readouterr().err == ""
+    load_config(None, ["algorithm.name=unideal", "train.local_epochs=1"], warn=False)  # checked, not run
+    assert capsys.readouterr().err == ""
+
+
+def test_sweep_validation_does_not_warn_about_candidates(capsys):
+    """A sweep's validation loads combinations of its searched values, not trials: a combination that would
+    warn (local_epochs=1 with the schedule over local epochs) says nothing until a trial draws it."""
+    from raysim.tune import load_sweep, validate_sweep
+
+    spec = load_sweep(ROOT / "experiments/sweeps/study-unideal-niid1.yaml")
+    assert any("train.local_epochs=1" in c for trial in candidate_overrides(spec) for c in trial)
+    validate_sweep(spec)
     assert capsys.readouterr().err == ""
 
 
