@@ -199,8 +199,9 @@ def _scheduler(spec: SweepSpec, rounds: int) -> Any:
 
 
 def _searcher(spec: SweepSpec) -> Any:
-    """None: Tune's own random/grid generator (seeded by ``search.seed`` when given). Optuna: TPE through Tune's OptunaSearch adapter; Tune saves its
-    state with the experiment, so ``--resume`` continues the same study."""
+    """Tune's own random/grid generator (None), or seeded by ``search.seed`` when given. Optuna: TPE through
+    Tune's OptunaSearch adapter; Tune saves its state with the experiment, so ``--resume`` continues the same
+    study."""
     search = spec.search if isinstance(spec.search, dict) else {"name": "random"}
     if search.get("name", "random") == "random":
         if search.get("seed") is None:
