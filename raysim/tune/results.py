@@ -120,10 +120,11 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
                                          for c in md_columns] for row in rows])
     names = spec.names
     best = names.best(rows, spec.metric)
+    count = f"{len(rows)} {names.noun}{'s' if len(rows) != 1 else ''}"  # "20 trials", "5 seeds"
     header = [f"# {names.title} {sweep_dir.name}", "",
               f"Base config: `{spec.base or 'built-in defaults'}`; metric: best `{spec.metric}` over rounds "
-              f"({spec.mode}); scheduler: {spec.scheduler['name']}; {len(rows)} {names.title.lower()}; run "
-              f"directories in `{names.run_dirs}/`.", ""]
+              f"({spec.mode}); scheduler: {spec.scheduler['name']}; {count}; run directories in "
+              f"`{names.run_dirs}/`.", ""]
     header += names.summary(rows, spec.metric, best)
     write_atomically(sweep_dir / "results.md", "\n".join(header + [table]) + "\n")
     if best:

@@ -39,3 +39,4 @@ def test_study_sweep_runs_one_sample_for_two_rounds(ray_cluster, tmp_path, sweep
     for key in spec.space:  # every searched key is a column of the table, with a value per trial
         assert all(row[key] != "" for row in rows), key
     assert (out / "best.yaml").is_file()
+    assert f"; {len(rows)} trial{'s' if len(rows) != 1 else ''}; run directories" in (out / "results.md").read_text()
