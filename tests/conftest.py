@@ -42,6 +42,31 @@ def unideal_run(ray_cluster, tmp_path_factory) -> Path:
     return raysim.run(None, *tiny_overrides(d, algorithm__name="unideal", eval__every=2)).run_dir
 
 
+@pytest.fixture(scope="session")
+def shared_run(ray_cluster, tmp_path_factory):
+    """``shared_run(**extra)``: the run of ``tiny_overrides(..., **extra)`` as (run_dir, rows), made once per session.
+
+    For tests that only read an undisturbed run (a reference for a killed, resumed or other-worker-count run, or a
+    run's files): an equal config asked for by several tests, in any file, runs once (each run costs its driver's
+    and workers' process starts, ~5 s on 2 cores). Never change the run directory: copy it first."""
+    import json
+
+    from raysim.config import load_config, to_flat_dict
+    from raysim.engine.runner import run_experiment
+
+    made: dict[str, Path] = {}
+
+    def get(**extra: object) -> tuple[Path, list[dict]]:
+        flat = to_flat_dict(load_config(None, tiny_overrides(Path("."), **extra)))
+        key = json.dumps({k: v for k, v in flat.items() if k != "log.dir"}, sort_keys=True, default=str)
+        if key not in made:
+            d = tmp_path_factory.mktemp("shared")
+            made[key] = run_experiment(load_config(None, tiny_overrides(d, **extra)))[0]
+        return made[key], read_rows(made[key])
+
+    return get
+
+
 def pytest_collection_modifyitems(config, items):
     """A test on the session's Ray runs whole experiments (seconds each): it is ``slow``, which ``make test-fast``
     skips. Tests that are slow for another reason (a subprocess, a sweep) carry ``@pytest.mark.slow`` themselves."""

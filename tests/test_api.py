@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,11 @@ def _env() -> dict:
 def test_python_m_raysim_version():
     out = subprocess.run([sys.executable, "-m", "raysim", "--version"], capture_output=True, text=True, env=_env(),
                          cwd=ROOT, check=True, timeout=60)
+    assert out.stdout.strip() == f"raysim {raysim.__version__}"
+    # the venv's console script, beside its python (the algorithms' bad-config checks call the CLI in-process)
+    script = str(Path(sys.executable).with_name("raysim"))
+    out = subprocess.run([script, "--version"], capture_output=True, text=True, env=_env(), cwd=ROOT, check=True,
+                         timeout=60)
     assert out.stdout.strip() == f"raysim {raysim.__version__}"
 
 

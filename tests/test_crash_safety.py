@@ -68,16 +68,19 @@ def _sweep_file(tmp_path: Path, **body: object) -> Path:
 
 @pytest.mark.parametrize("moment", ["before any report", "after a trial ended"])
 def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys, moment):
-    sweep, out = _sweep_file(tmp_path), tmp_path / "sw"
     quiet = ["--quiet"] if moment == "after a trial ended" else []
+    # killed before any report, a one-trial sweep starts its trial anew (each trial more is three more processes);
+    # after a trial ended, two trials: one done, the other continued or restarted
+    lrs = [0.02, 0.3] if quiet else [0.3]
+    sweep, out = _sweep_file(tmp_path, space={"train.lr": {"grid": lrs}}), tmp_path / "sw"
     proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *quiet])
     _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
 
     assert main(["tune", "--resume", str(out), "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "Traceback" not in captured.err and "2/2 trials done" in captured.out
+    assert "Traceback" not in captured.err and f"{len(lrs)}/{len(lrs)} trials done" in captured.out
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert len(rows) == 2 and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
+    assert len(rows) == len(lrs) and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
     # each trial ends as an undisturbed run of its config (continued from its checkpoint, or restarted)
     for r in rows:
         run_dir = Path(r["run_dir"])
@@ -95,7 +98,7 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys,
         assert len(list(csv.DictReader(open(out / "results.csv")))) == 2
 
 
-def test_seed_set_killed_midway_resumes(ray_cluster, tmp_path, capsys):
+def test_seed_set_killed_midway_resumes(shared_run, tmp_path, capsys):
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
     proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "--quiet"])
@@ -104,8 +107,7 @@ def test_seed_set_killed_midway_resumes(ray_cluster, tmp_path, capsys):
     assert "2/2 seeds done" in capsys.readouterr().out
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted(r["seed"] for r in rows) == ["0", "1"] and all(r["status"] == "done" for r in rows)
-    plain = run_experiment(load_config(tmp_path / "exp.yaml", ["seed=1", "rounds=3",
-                                                               f"log.dir={tmp_path / 'plain'}"]))[1]
+    plain = shared_run(name=TINY["name"], seed=1, rounds=3)[1]  # exp.yaml with seed=1 rounds=3 (as test_seeds')
     assert strip_timing(read_rows(parent / "seed-1")) == strip_timing(plain)
 
 

@@ -136,7 +136,7 @@ def _no_cda(rows):
     return [{k: v for k, v in r.items() if not k.startswith("cda/")} for r in strip_timing(rows)]
 
 
-def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, tmp_path):
+def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, shared_run, tmp_path):
     from raysim.engine.runner import run_experiment
 
     run_dir, one = _run(tmp_path, "w1", **CDA)
@@ -169,6 +169,6 @@ def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, tmp_pa
 
     # K = 1 keeps only this round's model: FedAvg, bit for bit (aggregated on a worker instead of the driver)
     _, k1 = _run(tmp_path, "k1", **{**CDA, "algorithm__memory_size": 1})
-    _, fedavg = _run(tmp_path, "fedavg", **{k: v for k, v in CDA.items() if not k.startswith("algorithm__")},
-                     algorithm__name="fedavg")
+    fedavg = shared_run(**{k: v for k, v in CDA.items() if not k.startswith("algorithm__")},
+                        algorithm__name="fedavg")[1]  # the same run as engine/test_faults.py's FedAvg reference
     assert _no_cda(k1) == _no_cda(fedavg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import refused_config, strip_timing, tiny_overrides
 
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.fedprox import proximal_term
@@ -96,21 +96,14 @@ def test_cli_bad_mu_exits_2_with_one_line(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- on Ray
 @pytest.fixture(scope="module")
-def runs(ray_cluster, tmp_path_factory):
-    """Two-round tiny runs: fedavg, fedprox mu=0, and fedprox mu=0.1 on one and on two workers."""
-    from raysim.engine.runner import run_experiment
-
-    tmp = tmp_path_factory.mktemp("fedprox")
+def runs(shared_run):
+    """Two-round tiny runs: fedavg (the session's shared one), fedprox mu=0, and fedprox mu=0.1 on one and on two
+    workers."""
     variants = {"fedavg": dict(algorithm__name="fedavg"),
                 "prox0": dict(algorithm__name="fedprox", algorithm__mu=0),
                 "w1": dict(algorithm__name="fedprox", algorithm__mu=0.1),
                 "w2": dict(algorithm__name="fedprox", algorithm__mu=0.1, engine__num_workers=2)}
-    out = {}
-    for name, extra in variants.items():
-        run_dir, _, _ = run_experiment(load_config(None, tiny_overrides(tmp, log__dir=str(tmp / name), rounds=2,
-                                                                        **extra)))
-        out[name] = read_rows(run_dir)
-    return out
+    return {name: shared_run(rounds=2, **extra)[1] for name, extra in variants.items()}
 
 
 def test_mu_zero_gives_fedavgs_metrics_exactly(runs):

@@ -114,10 +114,10 @@ def test_partialavg_shares_only_the_head(ray_cluster, tmp_path):
     assert "acc_global" not in rows[0]
 
 
-def test_tensorboard_events_hold_the_scalars(ray_cluster, tmp_path):
+def test_tensorboard_events_hold_the_scalars(shared_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run_dir, rows = _run(tmp_path)
+    run_dir, rows = shared_run()  # the tiny run, as other tests read it too
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,12 +141,12 @@ ALGORITHM_EXTRAS = {
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_EXTRAS))
-def test_sigkilled_driver_resumes_to_identical_metrics(ray_cluster, tmp_path, algorithm):
+def test_sigkilled_driver_resumes_to_identical_metrics(shared_run, tmp_path, algorithm):
     extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
                  **ALGORITHM_EXTRAS[algorithm])
     if algorithm == "fapd":
         extra["algorithm__teacher__cache_dir"] = str(tmp_path / "teacher-cache")
-    _, full, _ = run_experiment(_cfg(tmp_path, "full", **extra))
+    full = shared_run(**extra)[1]  # the undisturbed run (FedAvg's is FedCDA's test's reference too)
     run_dir = tmp_path / "killed"
     proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), **extra))
     _wait_for_round(proc, 2)
@@ -173,8 +174,9 @@ def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(tmp_path):
     assert not [p for p in family if _alive(p)]
 
 
-def test_bad_files_are_one_line_errors(ray_cluster, tmp_path, capsys):
-    run_dir, _, _ = run_experiment(_cfg(tmp_path, "ok"))
+def test_bad_files_are_one_line_errors(shared_run, tmp_path, capsys):
+    run_dir = tmp_path / "ok"
+    shutil.copytree(shared_run()[0], run_dir)  # a copy of the session's tiny run: this test damages it
     # a run directory made by another config
     assert cli_main(["run", "--resume", str(run_dir), "train.lr=0.5"]) == 2
     assert "another config" in capsys.readouterr().err

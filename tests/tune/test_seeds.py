@@ -8,15 +8,15 @@ import yaml
 
 from conftest import TINY, read_rows, strip_timing
 from raysim.cli import main
-from raysim.config import load_config
-from raysim.engine.runner import run_experiment
+from raysim.config import load_config, to_flat_dict
 
 
-def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys):
+def test_seeds_run_each_seed_in_its_own_directory(shared_run, tmp_path, capsys):
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
-    assert main(["run", str(config), "--seeds", "0,1", f"log.dir={parent}", "--quiet"]) == 0
+    # three rounds: the plain seed-1 run below is test_crash_safety's killed seed set's reference too
+    assert main(["run", str(config), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "2/2 seeds done" in printed
     table = (parent / "results.md").read_text()
@@ -26,13 +26,16 @@ def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys)
     for seed in (0, 1):
         run_dir = parent / f"seed-{seed}"
         assert load_config(run_dir / "config.yaml").seed == seed
-        assert [m["round"] for m in read_rows(run_dir)] == [1, 2]
+        assert [m["round"] for m in read_rows(run_dir)] == [1, 2, 3]
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted(r["seed"] for r in rows) == ["0", "1"] and all(r["status"] == "done" for r in rows)
 
     # a seed's run is the same run that `raysim run` would make with that seed
-    plain, _, _ = run_experiment(load_config(config, ["seed=1", f"log.dir={tmp_path / 'plain'}"]))
-    assert strip_timing(read_rows(plain)) == strip_timing(read_rows(parent / "seed-1"))
+    plain, rows_plain = shared_run(name=TINY["name"], seed=1, rounds=3)  # = load_config(config, ["seed=1", ...])
+    what = [{k: v for k, v in to_flat_dict(load_config(d / "config.yaml")).items() if not k.startswith("log.")}
+            for d in (plain, parent / "seed-1")]
+    assert what[0] == what[1]
+    assert strip_timing(rows_plain) == strip_timing(read_rows(parent / "seed-1"))
 
     # the parent is what `raysim report` takes: one group, two seeds
     assert main(["report", str(parent), "--out", str(tmp_path / "report")]) == 0
@@ -45,7 +48,7 @@ def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, tmp_path, capsys)
     assert (parent / "results.md").read_text() == table and (parent / "results.csv").read_text() == results_csv
     assert table.split("\n\n")[-1].strip() in capsys.readouterr().out
     for seed in (0, 1):
-        assert [m["round"] for m in read_rows(parent / f"seed-{seed}")] == [1, 2]
+        assert [m["round"] for m in read_rows(parent / f"seed-{seed}")] == [1, 2, 3]
 
 
 def test_bad_seeds_are_a_user_error(tmp_path, capsys):
