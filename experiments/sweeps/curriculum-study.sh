@@ -34,6 +34,13 @@ seeds "$OUT/niid1/partialkd" $U/partialkd.yaml name=niid1-partialkd
 seeds "$OUT/niid2/unideal" $U/unideal.yaml "${NIID2[@]}" name=niid2-unideal
 seeds "$OUT/niid2/unideal-best" "$BEST_U" "${NIID2[@]}" name=niid2-unideal-best
 seeds "$OUT/niid2/partialkd" $U/partialkd.yaml "${NIID2[@]}" name=niid2-partialkd
+# two controls: CLKD's other divisor (the kept samples, not the batch), and the best config without its curriculum
+# (shape=constant, end=1.0: PartialKD at the best's alpha, metric and local epochs), which separates the curriculum
+# from the search's other choices (on NIID-2 only, where UNIDEAL and PartialKD differ most)
+FLAT=(algorithm.schedule.shape=constant algorithm.schedule.end=1.0)
+seeds "$OUT/niid1/unideal-kept" $U/unideal.yaml algorithm.kd_norm=kept name=niid1-unideal-kept
+seeds "$OUT/niid2/unideal-kept" $U/unideal.yaml "${NIID2[@]}" algorithm.kd_norm=kept name=niid2-unideal-kept
+seeds "$OUT/niid2/unideal-best-flat" "$BEST_U" "${NIID2[@]}" "${FLAT[@]}" name=niid2-unideal-best-flat
 # the paired grid: curriculum or not, at 300 and 2,000 samples per domain, seeds 0-2
 sweep experiments/sweeps/study-unideal-scale.yaml "$OUT/unideal-scale"
 
