@@ -66,9 +66,8 @@ def cache_key(cfg: ExperimentConfig, data: FederatedData, calibration: np.ndarra
     t = _teacher(cfg)
     h = hashlib.blake2b(digest_size=16)
     recipe = {"v": CACHE_VERSION, "arch": arch, "model": asdict(teacher_model_config(cfg)), "epochs": t.epochs,
-              "lr": t.lr,
-              "batch_size": t.batch_size, "seed": cfg.seed, "classes": data.num_classes, "device": device,
-              "torch": torch.__version__}
+              "lr": t.lr, "batch_size": t.batch_size, "seed": cfg.seed, "classes": data.num_classes,
+              "device": device, "torch": torch.__version__}
     h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
     domain = data.domains[0]
     for arr in (domain.x, domain.y, domain.mean, domain.std, calibration):
