@@ -59,7 +59,8 @@ def reference(cfg: Any) -> dict[str, Any]:
     from raysim.algorithms.base import weighted_average
     from raysim.data import build_federated_data
     from raysim.engine.driver import sample_clients
-    from raysim.engine.worker import batch_bounds, job_seed
+    from raysim.engine.core import job_seed
+    from raysim.engine.epochs import batch_bounds
     from raysim.models import build_model
 
     torch.set_num_threads(1)  # one raysim worker's share (engine.cpus_per_worker=1)

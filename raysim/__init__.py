@@ -16,7 +16,7 @@ from raysim.config import ExperimentConfig, load_config
 from raysim.errors import RunStopped, UserError
 from raysim.registry import register_algorithm, register_dataset, register_model
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResult", "UserError", "__version__",
            "load_config", "load_run", "register_algorithm", "register_dataset", "register_model", "report", "run",
            "tune"]

@@ -67,7 +67,12 @@ def _config(config: ConfigLike, overrides: Sequence[str]) -> ExperimentConfig:
 def _ensure_ray(cfg: ExperimentConfig) -> None:
     """Start (or join) Ray once per process and keep it: later calls reuse the session. The first call's
     ``plugins`` travel with the session; a later run's new plugins must be importable on the workers (installed,
-    on PYTHONPATH, or shipped by your own ``ray.init(runtime_env={"py_modules": [...]})``)."""
+    on PYTHONPATH, or shipped by your own ``ray.init(runtime_env={"py_modules": [...]})``). A run on the in-process
+    executor (``engine.backend`` inline, or auto resolving to it) starts no Ray."""
+    from raysim.engine.executor import choose_backend
+
+    if choose_backend(cfg.engine) == "inline":
+        return
     import ray
 
     from raysim.engine.resources import start_ray

@@ -203,7 +203,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_dir, start_round = info["run_dir"], info["start_round"]
         line.start(start_round)
         if live is not None:
-            live.start(info["driver"])
+            live.start(info["control"])
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -27,6 +28,18 @@ def require(ok: bool, key: str, why: str) -> None:
     """Refuse a config value: ``config key 'KEY': WHY`` unless ``ok`` (every config class's validate uses this)."""
     if not ok:
         raise ConfigError(f"config key '{key}': {why}")
+
+
+def is_whole(value: Any, low: int = 0) -> bool:
+    """An integer (not a bool) >= ``low``: what a count in a config must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def is_finite(value: Any, low: float = float("-inf"), *, strict: bool = False) -> bool:
+    """A finite number (not NaN, not a bool) >= ``low`` (> ``low`` with ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
 
 
 def flatten_dict(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -202,6 +215,10 @@ class AlgorithmConfig:
 
 @dataclass
 class EngineConfig:
+    # auto | ray | inline: inline runs every job in this process, without Ray (notebooks, breakpoint() in a hook,
+    # fast small runs); ray runs them on worker actors (several workers, GPUs, clusters). auto: inline for one
+    # CPU worker when no Ray cluster is in sight (see raysim.engine.executor.choose_backend), else ray
+    backend: str = "auto"
     num_workers: int = 2  # ClientWorker actors (processes) that run the virtual clients
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
     gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
@@ -217,6 +234,7 @@ class EngineConfig:
     dashboard: bool = False  # start Ray's dashboard with a local Ray
 
     def validate(self) -> None:
+        _one_of(self.backend, "engine.backend", ("auto", "ray", "inline"))
         require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
         require(self.cpus_per_worker > 0, "engine.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
         require(self.gpus_per_worker >= 0, "engine.gpus_per_worker", "must be >= 0")
@@ -231,6 +249,13 @@ class EngineConfig:
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:
             require(self.state_memory_gb > 0, "engine.state_memory_gb", "must be > 0")
+        if self.backend == "inline":
+            require(self.address in (None, "local"), "engine.backend",
+                    f"inline runs every job in this process and cannot use the cluster at engine.address="
+                    f"{self.address}; use engine.backend=ray (or auto)")
+            require(self.state_memory_gb is None, "engine.backend",
+                    "inline holds client states in this process's memory, while engine.state_memory_gb budgets "
+                    "Ray's object store; use engine.backend=ray (or auto), or drop engine.state_memory_gb")
 
 
 @dataclass

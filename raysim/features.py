@@ -1,9 +1,10 @@
 """A run's test-set features and their t-SNE embedding (FAPD's Fig. 4): ``raysim report --tsne RUN_DIR``.
 
 The features are what each client's evaluation model (the one ``acc_mean`` scores, rebuilt from the run's last
-checkpoint exactly as a worker's evaluation rebuilds it) gives its own test samples through ``model.features``: for
-FedAvg and FAPD every client holds the global model, so these are the global model's features of the pooled test set;
-for personalised methods, each client's own. Everything runs in this process, on the CPU, without Ray.
+checkpoint by the client-job core, ``raysim.engine.core.ClientJobs.eval_model``, exactly as an evaluation job
+rebuilds it) gives its own test samples through ``model.features``: for FedAvg and FAPD every client holds the global
+model, so these are the global model's features of the pooled test set; for personalised methods, each client's own.
+Everything runs in this process, on the CPU, without Ray.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     """Features of every client's test samples at the run's checkpointed round: ``features`` [N, D], ``labels`` [N],
     ``clients`` [N], ``predicted`` [N] (the class the evaluation model predicts: its accuracy is the run's),
     ``round``."""
-    from raysim.algorithms.base import ClientContext, eval_features
+    from raysim.algorithms.base import eval_features
     from raysim.config import load_config
     from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
+    from raysim.engine.epochs import torch_threads
     from raysim.engine.state import read_checkpoint, safe_load
-    from raysim.engine.worker import EVAL_STREAM, job_seed
-    from raysim.models import build_model, model_key
     from raysim.registry import get_algorithm, import_plugins
 
     run_dir = Path(run_dir)
@@ -46,35 +47,22 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     rnd, server_state = int(ckpt["round"]), ckpt["server_state"]
     shared = algorithm.eval_payload(server_state)
     client_files = {int(k): int(v) for k, v in ckpt["client_files"].items()}
+    jobs = ClientJobs(cfg, data, "cpu")  # the client-side algorithm, as a worker holds its own
     feats, labels, clients, predicted = [], [], [], []
-    for cid in range(data.num_clients):
-        if len(data.clients[cid].test) == 0:
-            continue
-        payload = dict(shared)
-        own = algorithm.client_payload(server_state, cid, -1)
-        if own:
-            payload.update(own)
-        state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{client_files[cid]:05d}.pt")
-                 if cid in client_files else None)
-        # as a worker's evaluation does it: build (seeded initial weights), seed the job, set up, predict
-        model = build_model(cfg, model_key(cfg, data, cid)[0], data.input_shape(cid), data.num_classes, cid,
-                            algorithm)
-        train = data.tensors(cid, "train") if algorithm.eval_needs_train_data else None
-        ctx = ClientContext(client_id=cid, round=-1, total_rounds=cfg.rounds, epoch=0, num_epochs=0,
-                            payload=payload, state=state or {}, meta=data.meta, num_classes=data.num_classes,
-                            train_data=train)
-        torch.manual_seed(job_seed(cfg.seed, cid, rnd, EVAL_STREAM))
-        if state is None:
-            ctx.state = algorithm.init_client_state(model, ctx) or {}
-        algorithm.eval_setup(model, ctx.state, ctx.payload, ctx)
-        x, y, _ = data.tensors(cid, "test")
-        feats.append(eval_features(model, x).float().numpy())
-        model.eval()
-        with torch.no_grad():
-            predicted.append(torch.cat([algorithm.predict(model, x[b:b + 1024], ctx).argmax(dim=1)
-                                        for b in range(0, len(y), 1024)]).numpy())
-        labels.append(y.numpy())
-        clients.append(np.full(len(y), cid, dtype=np.int64))
+    with torch_threads(cfg.engine.cpus_per_worker):
+        for cid in range(data.num_clients):
+            if len(data.clients[cid].test) == 0:
+                continue
+            own = algorithm.client_payload(server_state, cid, -1)
+            state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{client_files[cid]:05d}.pt")
+                     if cid in client_files else None)
+            with torch.no_grad():
+                model, ctx = jobs.eval_model(cid, rnd, shared, own, state)
+            x, y, _ = data.tensors(cid, "test")
+            feats.append(eval_features(model, x).float().numpy())
+            predicted.append(jobs.predict(model, ctx, x).numpy())
+            labels.append(y.numpy())
+            clients.append(np.full(len(y), cid, dtype=np.int64))
     if not feats:
         raise UserError(f"--tsne: no client of {run_dir} has test samples")
     return {"features": np.concatenate(feats), "labels": np.concatenate(labels).astype(np.int64),

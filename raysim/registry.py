@@ -75,8 +75,29 @@ def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
             raise UserError(f"config key 'plugins': cannot import {module!r} ({exc})") from None
 
 
+# hooks whose arguments changed in raysim 0.2: (hook, its parameters after self)
+_HOOK_PARAMETERS = {"client_setup": ("model", "ctx"), "eval_setup": ("model", "ctx")}
+
+
+def _check_hook_signatures(cls: type) -> None:
+    """A plugin written for raysim 0.1's ``client_setup(model, state, payload, ctx)`` gets one line naming the
+    change, not a TypeError from inside a worker's first job."""
+    import inspect
+
+    for hook, wanted in _HOOK_PARAMETERS.items():
+        fn = cls.__dict__.get(hook)
+        if fn is None:
+            continue
+        params = [p.name for p in inspect.signature(fn).parameters.values()][1:]
+        if len(params) != len(wanted):
+            raise UserError(f"algorithm {cls.__name__}: {hook}({', '.join(params)}) has the raysim 0.1 signature; "
+                            f"since raysim 0.2 it is {hook}({', '.join(wanted)}), with the client's state and "
+                            f"payload in ctx.state and ctx.payload (docs/hooks.md)")
+
+
 def register_algorithm(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
+        _check_hook_signatures(cls)
         cls.name = name  # type: ignore[attr-defined]  # Algorithm.name
         _ALGORITHMS[name] = cls
         return cls

@@ -244,17 +244,19 @@ class LiveRound:
         self._lock = threading.Lock()
         self._shown = False
 
-    def start(self, driver: Any) -> None:
+    def start(self, control: Any) -> None:
+        """Poll ``control.progress()`` (a ``raysim.engine.runner.RunControl``) in a background thread."""
+        import sys
         import threading
 
         def poll() -> None:
-            import ray
-
             while not self._stop.wait(self.every_s):
-                if not ray.is_initialized():  # never let a late poll start a new Ray (ray.get would auto-init one)
+                ray = sys.modules.get("ray")
+                # never let a late poll start a new Ray (ray.get would auto-init one)
+                if getattr(control, "remote", False) and (ray is None or not ray.is_initialized()):
                     break
                 try:
-                    rnd, done, total, kind = ray.get(driver.progress.remote(), timeout=5)
+                    rnd, done, total, kind = control.progress(timeout=5)
                 except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw
                     continue
                 if total and rnd <= self.rounds:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (EXAMPLE_PLUGINS, ROOT, TINY, read_rows, refused_config, strip_timing,  # noqa: F401
+from helpers import (EXAMPLE_PLUGINS, ROOT, TINY, context, read_rows, refused_config, strip_timing,  # noqa: F401
                      tiny_overrides)
 
 

@@ -62,3 +62,14 @@ def refused_config(key: str, *args: str) -> str:
     assert stderr.strip().count("\n") == 0 and "Traceback" not in stderr, stderr
     assert stderr.startswith(f"raysim: error: config key '{key}'"), stderr
     return stderr
+
+
+def context(**fields: object):
+    """A real ``ClientContext`` for a hook's unit test: client 0 in round 1 of 1, one local epoch, empty payload and
+    state unless given (``round=-1`` for evaluation). Runs build theirs with ``raysim.engine.core.make_context``."""
+    from raysim.algorithms.base import ClientContext
+
+    defaults: dict = {"client_id": 0, "round": 1, "total_rounds": 1, "epoch": 0, "num_epochs": 1, "payload": {},
+                      "state": {}}
+    defaults.update(fields)
+    return ClientContext(**defaults)

@@ -19,7 +19,7 @@ import torch
 
 from raysim import Algorithm, register_algorithm
 from raysim.algorithms.base import average_updates
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 
 
 @dataclass
@@ -29,10 +29,9 @@ class FedAvgMConfig(AlgorithmConfig):
     server_momentum: float = 0.9  # server momentum beta; 0 with server_lr 1 is FedAvg
 
     def validate(self) -> None:
-        if self.server_lr <= 0:
-            raise ConfigError(f"config key 'algorithm.server_lr': must be > 0, got {self.server_lr}")
-        if not 0.0 <= self.server_momentum < 1.0:
-            raise ConfigError(f"config key 'algorithm.server_momentum': must be in [0, 1), got {self.server_momentum}")
+        require(self.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {self.server_lr}")
+        require(0.0 <= self.server_momentum < 1.0, "algorithm.server_momentum",
+                f"must be in [0, 1), got {self.server_momentum}")
 
 
 @register_algorithm("fedavgm")

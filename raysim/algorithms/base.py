@@ -56,6 +56,19 @@ class ClientContext:
     train_data: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # (x, y, sample index), on device
     # the current batch's sample indices in its domain (for on-demand data: within the client's own split)
     sample_idx: Optional[torch.Tensor] = None
+    # this job's own values, set by one hook and read by a later one of the same job (MOON's frozen twins); gone
+    # when the job ends: per-job values live here or in what a hook returns, never on the algorithm's ``self``
+    scratch: dict = field(default_factory=dict)
+    # the process's cache for values derived from the data alone (``memo``), shared by every job it runs
+    memo: dict = field(default_factory=dict, repr=False)
+
+    def once(self, key: str, build: Callable[[], Any]) -> Any:
+        """``build()``'s value, made once per process and device and reused by later jobs: for values that depend
+        only on the data and the device (FAPD's teacher features as device tensors), never on the job."""
+        full = (key, str(self.device))
+        if full not in self.memo:
+            self.memo[full] = build()
+        return self.memo[full]
 
 
 @dataclass
@@ -230,12 +243,12 @@ class Algorithm:
         """What a client holds before its first round (``ctx.state`` then; nothing by default)."""
         return {}
 
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
-        if state:
-            model.load_state_dict(state, strict=False)
-        if payload.get("model"):
-            model.load_state_dict(payload["model"], strict=False)
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        """Load the client's kept state (``ctx.state``), then its payload's model (``ctx.payload``), into the model."""
+        if ctx.state:
+            model.load_state_dict(ctx.state, strict=False)
+        if ctx.payload.get("model"):
+            model.load_state_dict(ctx.payload["model"], strict=False)
 
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
         """(parameters to train, local epochs[, learning rate]) per phase, in order; a fresh optimiser each phase,
@@ -247,17 +260,16 @@ class Algorithm:
         """Returns the loss to minimise and named parts to log (averaged per client, then over clients)."""
         return F.cross_entropy(model(x), y), {}
 
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         return split_state(model, self.is_shared)
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         return split_state(model, lambda k: not self.is_shared(k))
 
-    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                   ctx: Optional[ClientContext] = None) -> None:
-        """Make the model a client would predict with after this round's aggregation."""
-        self.client_setup(model, state, payload, ctx)
+    def eval_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        """Make the model a client would predict with after this round's aggregation (``ctx.round`` is -1)."""
+        self.client_setup(model, ctx)
 
-    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
         """Logits at evaluation (FedRoD adds a personal head, prototype methods compare with prototypes)."""
         return model(x)

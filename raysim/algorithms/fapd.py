@@ -205,21 +205,21 @@ class FAPD(Algorithm):
         return out
 
     # ------------------------------------------------------------------ clients
-    def _teacher(self, meta: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The teacher tensors on the worker's device, copied once per worker (batches index them in place)."""
-        key = (id(meta.get(TEACHER_KEY)), str(device))
-        if getattr(self, "_teacher_key", None) != key:
-            self._teacher_cache = (torch.tensor(np.asarray(meta[TEACHER_KEY]), device=device),
-                                   torch.tensor(np.asarray(meta[CLASSES_KEY]), device=device))
-            self._teacher_key = key
-        return self._teacher_cache
+    @staticmethod
+    def _teacher(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teacher's features and class embeddings as tensors on the job's device, copied once per process
+        (batches index them in place)."""
+        meta = ctx.meta
+        return ctx.once(f"fapd.teacher.{id(meta.get(TEACHER_KEY))}",
+                        lambda: (torch.tensor(np.asarray(meta[TEACHER_KEY]), device=ctx.device),
+                                 torch.tensor(np.asarray(meta[CLASSES_KEY]), device=ctx.device)))
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         feats = model.features(x)
         ce = F.cross_entropy(model.head(feats), y)
         projection = ctx.payload["projection"]
-        teacher, classes = self._teacher(ctx.meta, feats.device)
+        teacher, classes = self._teacher(ctx)
         loss, parts = ce, {"ce": ce}
         if self.config.lambda_kd > 0:
             parts["kd"] = pkd_loss(feats, teacher[ctx.sample_idx.to(feats.device)], projection, self.config.kd_tau)

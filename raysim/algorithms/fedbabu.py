@@ -41,16 +41,14 @@ authors' learning-rate decay (×0.1 at 1/2 and 3/4 of the rounds) and FedBABU+ (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, is_finite, is_whole, require
 from raysim.registry import register_algorithm
 
 
@@ -61,13 +59,10 @@ class FedBABUConfig(AlgorithmConfig):
     finetune_lr: float = 0.001  # fine-tuning SGD learning rate (analysis.ipynb)
 
     def validate(self) -> None:
-        if isinstance(self.finetune_epochs, bool) or not isinstance(self.finetune_epochs, int) \
-                or self.finetune_epochs < 0:
-            raise ConfigError(f"config key 'algorithm.finetune_epochs': must be an integer >= 0, "
-                              f"got {self.finetune_epochs}")
-        if not (isinstance(self.finetune_lr, (int, float)) and 0 < self.finetune_lr < math.inf):
-            raise ConfigError(f"config key 'algorithm.finetune_lr': must be a finite number > 0, "
-                              f"got {self.finetune_lr}")
+        require(is_whole(self.finetune_epochs), "algorithm.finetune_epochs",
+                f"must be an integer >= 0, got {self.finetune_epochs}")
+        require(is_finite(self.finetune_lr, 0, strict=True), "algorithm.finetune_lr",
+                f"must be a finite number > 0, got {self.finetune_lr}")
 
 
 def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, momentum: float,
@@ -110,13 +105,13 @@ class FedBABU(Algorithm):
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple[list[nn.Parameter], int]]:
         return [(list(model.backbone.parameters()), self.cfg.train.local_epochs)]  # the head is never trained
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         return {}  # the head is h^0 on every client: nothing personal to keep
 
-    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                   ctx: Optional[ClientContext] = None) -> None:
-        self.client_setup(model, None, payload, ctx)  # (θ^{t+1}, h^0): the global model
-        if self.config.finetune_epochs > 0 and ctx is not None and ctx.train_data is not None:
+    def eval_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        if ctx.payload.get("model"):  # (θ^{t+1}, h^0): the global model, whatever the client kept
+            model.load_state_dict(ctx.payload["model"], strict=False)
+        if self.config.finetune_epochs > 0 and ctx.train_data is not None:
             x, y, _ = ctx.train_data
             fine_tune(model, x, y, self.config.finetune_epochs, self.config.finetune_lr,
                       self.cfg.train.momentum, self.cfg.train.batch_size)

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from raysim.algorithms.base import Algorithm, ClientUpdate, ServerContext, weighted_average
-from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.config import AlgorithmConfig, ExperimentConfig, is_whole, require
 from raysim.registry import register_algorithm
 
 
@@ -57,11 +57,9 @@ class FedCDAConfig(AlgorithmConfig):
     def validate(self) -> None:
         for key, low in (("memory_size", 1), ("client_batch", 1), ("warmup_rounds", 0)):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"config key 'algorithm.{key}': must be an integer >= {low}, got {value}")
-        if self.client_batch > 12:
-            raise ConfigError(f"config key 'algorithm.client_batch': at most 12 (K^B combinations per step), "
-                              f"got {self.client_batch}")
+            require(is_whole(value, low), f"algorithm.{key}", f"must be an integer >= {low}, got {value}")
+        require(self.client_batch <= 12, "algorithm.client_batch",
+                f"at most 12 (K^B combinations per step), got {self.client_batch}")
 
 
 def squared_distances(models: Sequence[dict], device: Any = "cpu") -> np.ndarray:

@@ -261,10 +261,10 @@ class FedGen(Algorithm):
         return {f"generator/{k}": v for k, v in server_state.get("generator_stats", {}).items()}
 
     # ------------------------------------------------------------------ clients
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
-        super().client_setup(model, state, payload, ctx)
-        if ctx is not None and payload.get("generator") is not None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        super().client_setup(model, ctx)
+        payload = ctx.payload
+        if payload.get("generator") is not None:
             gen = make_generator(ctx.num_classes, self.cfg.model.feature_dim, self.config).to(ctx.device)
             gen.load_state_dict(payload["generator"])
             gen.eval()  # userpFedGen.train: self.generative_model.eval(); clients never step it
@@ -292,7 +292,7 @@ class FedGen(Algorithm):
         loss = ce + ratio * alpha * gen_ce + beta * latent
         return loss, {"ce": ce, "gen": gen_ce, "latent": latent}
 
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The shared weights and the client's training-label counts (the generator's per-label teacher weights)."""
         labels = ctx.train_data[1]
         return {"model": split_state(model, self.is_shared),

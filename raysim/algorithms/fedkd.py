@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, split_state
-from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.config import AlgorithmConfig, ExperimentConfig, require
 from raysim.data.base import FederatedData
 from raysim.errors import UserError
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX, ClassifierModel, init_seed
@@ -86,14 +86,13 @@ class MentorConfig:
 
     def validate(self) -> None:
         key = "algorithm.mentor."
-        if self.name is not None and not (isinstance(self.name, str) and self.name):
-            raise ConfigError(f"config key '{key}name': must be a model name or null, got {self.name!r}")
+        require(self.name is None or (isinstance(self.name, str) and bool(self.name)), f"{key}name",
+                f"must be a model name or null, got {self.name!r}")
         for name in ("width", "feature_dim"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"config key '{key}{name}': must be >= 1 or null, got {value}")
-        if self.hidden is not None and not all(h >= 1 for h in self.hidden):
-            raise ConfigError(f"config key '{key}hidden': widths must be >= 1, got {list(self.hidden)}")
+            require(value is None or value >= 1, f"{key}{name}", f"must be >= 1 or null, got {value}")
+        require(self.hidden is None or all(h >= 1 for h in self.hidden), f"{key}hidden",
+                f"widths must be >= 1, got {list(self.hidden or [])}")
 
 
 @dataclass
@@ -106,13 +105,11 @@ class FedKDConfig(AlgorithmConfig):
     mentor: MentorConfig = field(default_factory=MentorConfig)
 
     def validate(self) -> None:
-        if not 0.0 < self.t_start <= 1.0:
-            raise ConfigError(f"config key 'algorithm.t_start': must be in (0, 1], got {self.t_start}")
-        if not self.t_start <= self.t_end <= 1.0:
-            raise ConfigError(f"config key 'algorithm.t_end': must be in [algorithm.t_start, 1], got {self.t_end}")
-        if self.predict not in PREDICTS:
-            raise ConfigError(f"config key 'algorithm.predict': must be one of {', '.join(PREDICTS)}, "
-                              f"got {self.predict!r}")
+        require(0.0 < self.t_start <= 1.0, "algorithm.t_start", f"must be in (0, 1], got {self.t_start}")
+        require(self.t_start <= self.t_end <= 1.0, "algorithm.t_end",
+                f"must be in [algorithm.t_start, 1], got {self.t_end}")
+        require(self.predict in PREDICTS, "algorithm.predict",
+                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
         self.mentor.validate()
 
 
@@ -300,11 +297,10 @@ class FedKD(Algorithm):
                 "svd_rank_down": int(sum(ranks))}
 
     # ------------------------------------------------------------------ client side
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """Load the private mentor and maps, then bring the mentee to the server's version: the dense mentee if
         sent, else the kept one plus the downloaded update (nothing in round 1)."""
-        state = state or {}
+        state, payload = ctx.state, ctx.payload
         if state.get("private"):
             model.load_state_dict(state["private"], strict=False)
         held = int(state.get("version", 0))
@@ -314,12 +310,11 @@ class FedKD(Algorithm):
             base, version = {k: v.detach().cpu().clone() for k, v in payload["model"].items()}, payload["version"]
         elif "update" in payload:
             if held != payload["from"]:
-                raise RuntimeError(f"fedkd: client {ctx.client_id if ctx else '?'} holds mentee version {held}, but "
+                raise RuntimeError(f"fedkd: client {ctx.client_id} holds mentee version {held}, but "
                                    f"the update applies to version {payload['from']} (and no dense mentee was sent)")
             base, version = apply_update(base, payload["update"]), payload["version"]
         model.load_state_dict(base, strict=False)
-        if ctx is not None:
-            ctx.state["_base"], ctx.state["_version"] = base, version
+        ctx.scratch["base"], ctx.scratch["version"] = base, version
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -331,27 +326,26 @@ class FedKD(Algorithm):
         return mutual_distillation_loss(mentor_logits, mentee_logits, y, hidden)
 
     @torch.no_grad()
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The mentee's update since the version it started from, every matrix as truncated-SVD factors."""
         energy = energy_threshold(ctx.round, ctx.total_rounds, self.config.t_start, self.config.t_end)
-        base = ctx.state["_base"]
+        base = ctx.scratch["base"]
         now = split_state(model, self.is_shared)
         return {"delta": {k: compress(now[k] - base[k], energy) for k in base}}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The mentee the client started from (the update comes next round), its version, and the private mentor."""
-        return {"mentee": ctx.state["_base"], "version": int(ctx.state["_version"]),
+        return {"mentee": ctx.scratch["base"], "version": int(ctx.scratch["version"]),
                 "private": split_state(model, lambda k: not self.is_shared(k))}
 
-    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                   ctx: Optional[ClientContext] = None) -> None:
+    def eval_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         if self.config.predict == "mentor":
-            if state and state.get("private"):
-                model.load_state_dict(state["private"], strict=False)
+            if ctx.state.get("private"):
+                model.load_state_dict(ctx.state["private"], strict=False)
         else:
-            self.client_setup(model, state, payload, ctx)
+            self.client_setup(model, ctx)
 
-    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
         return model.mentor(x) if self.config.predict == "mentor" else model(x)
 
 

@@ -59,7 +59,6 @@ global body, s and W.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -68,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, average_updates, split_state
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.registry import register_algorithm
 
 PROTO_KEY = "head.prototype"
@@ -85,15 +84,14 @@ class FedNHConfig(AlgorithmConfig):
     clip_grad: float = 10.0  # max gradient norm per local step (FedUHClient.training); 0 disables clipping
 
     def validate(self) -> None:
-        if not (isinstance(self.rho, (int, float)) and 0 <= self.rho <= 1):
-            raise ConfigError(f"config key 'algorithm.rho': must be in [0, 1], got {self.rho}")
-        if not (isinstance(self.scale, (int, float)) and 0 < self.scale < math.inf):
-            raise ConfigError(f"config key 'algorithm.scale': must be a finite number > 0, got {self.scale}")
-        if not isinstance(self.learn_scale, bool):
-            raise ConfigError(f"config key 'algorithm.learn_scale': must be true or false, got {self.learn_scale!r}")
-        if not (isinstance(self.clip_grad, (int, float)) and 0 <= self.clip_grad < math.inf):
-            raise ConfigError(f"config key 'algorithm.clip_grad': must be a finite number >= 0 (0: no clipping), "
-                              f"got {self.clip_grad}")
+        require(isinstance(self.rho, (int, float)) and 0 <= self.rho <= 1, "algorithm.rho",
+                f"must be in [0, 1], got {self.rho}")
+        require(is_finite(self.scale, 0, strict=True), "algorithm.scale",
+                f"must be a finite number > 0, got {self.scale}")
+        require(isinstance(self.learn_scale, bool), "algorithm.learn_scale",
+                f"must be true or false, got {self.learn_scale!r}")
+        require(is_finite(self.clip_grad, 0), "algorithm.clip_grad",
+                f"must be a finite number >= 0 (0: no clipping), got {self.clip_grad}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -175,7 +173,7 @@ class FedNH(Algorithm):
 
     # ------------------------------------------------------------------ client side
     @torch.no_grad()
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The trained body and s, and this client's count-scaled prototypes from its whole training split."""
         x, y, _ = ctx.train_data
         feats = eval_features(model, x, _CHUNK)

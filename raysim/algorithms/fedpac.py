@@ -213,14 +213,13 @@ class FedPAC(Algorithm):
         return {"fedpac/self_weight": server_state["self_weight"]} if "self_weight" in server_state else {}
 
     # ------------------------------------------------------------------ client side
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
-        if state:
-            model.load_state_dict(state, strict=False)
-        model.load_state_dict(payload["model"], strict=False)
-        if payload.get("head") is not None:
-            model.load_state_dict(payload["head"], strict=False)
-        if ctx is not None and ctx.round >= 1 and ctx.train_data is not None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        if ctx.state:
+            model.load_state_dict(ctx.state, strict=False)
+        model.load_state_dict(ctx.payload["model"], strict=False)
+        if ctx.payload.get("head") is not None:
+            model.load_state_dict(ctx.payload["head"], strict=False)
+        if ctx.round >= 1 and ctx.train_data is not None:
             x, y, _ = ctx.train_data  # statistics of the model as received, before training
             pre = feature_statistics(eval_features(model, x), y, ctx.num_classes)
             pre["own"] = pre["means"].to(ctx.device, torch.float32)  # alignment fallback, on the batches' device
@@ -247,7 +246,7 @@ class FedPAC(Algorithm):
         align = F.mse_loss(feats, target)
         return ce + self.config.lam * align, {"ce": ce, "align": align}
 
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         x, y, _ = ctx.train_data
         post = feature_statistics(eval_features(model, x), y, ctx.num_classes)
         pre = ctx.payload[PRE_KEY]
@@ -256,5 +255,5 @@ class FedPAC(Algorithm):
                 "means": post["means"].float().cpu(), "counts": post["counts"].float().cpu(),
                 "v": pre["v"].float().cpu().reshape(1), "h": pre["h"].float().cpu()}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         return split_state(model, lambda k: k.startswith(HEAD_PREFIX))

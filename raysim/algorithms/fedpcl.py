@@ -76,7 +76,7 @@ from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
-from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, require
 from raysim.data.base import FederatedData, is_indexed
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
@@ -99,14 +99,10 @@ class PretrainConfig:
 
     def validate(self) -> None:
         key = "algorithm.pretrain."
-        if not 0.0 < self.fraction < 1.0:
-            raise ConfigError(f"config key '{key}fraction': must be in (0, 1), got {self.fraction}")
-        if self.epochs < 1:
-            raise ConfigError(f"config key '{key}epochs': must be >= 1, got {self.epochs}")
-        if not self.lr > 0 or self.lr == float("inf"):
-            raise ConfigError(f"config key '{key}lr': must be a finite number > 0, got {self.lr}")
-        if self.batch_size < 2:
-            raise ConfigError(f"config key '{key}batch_size': must be >= 2, got {self.batch_size}")
+        require(0.0 < self.fraction < 1.0, f"{key}fraction", f"must be in (0, 1), got {self.fraction}")
+        require(self.epochs >= 1, f"{key}epochs", f"must be >= 1, got {self.epochs}")
+        require(is_finite(self.lr, 0, strict=True), f"{key}lr", f"must be a finite number > 0, got {self.lr}")
+        require(self.batch_size >= 2, f"{key}batch_size", f"must be >= 2, got {self.batch_size}")
         if self.cache_dir is not None:
             self.cache_dir = os.path.abspath(os.path.expanduser(str(self.cache_dir)))
 
@@ -123,13 +119,11 @@ class FedPCLConfig(AlgorithmConfig):
     def validate(self) -> None:
         for name in ("tau", "base_tau"):
             value = getattr(self, name)
-            if not value > 0 or value == float("inf"):
-                raise ConfigError(f"config key 'algorithm.{name}': must be a finite number > 0, got {value}")
-        if self.proj_dim < 1:
-            raise ConfigError(f"config key 'algorithm.proj_dim': must be >= 1, got {self.proj_dim}")
-        if not self.global_weight >= 0 or self.global_weight == float("inf"):
-            raise ConfigError(f"config key 'algorithm.global_weight': must be a finite number >= 0, "
-                              f"got {self.global_weight}")
+            require(is_finite(value, 0, strict=True), f"algorithm.{name}",
+                    f"must be a finite number > 0, got {value}")
+        require(self.proj_dim >= 1, "algorithm.proj_dim", f"must be >= 1, got {self.proj_dim}")
+        require(is_finite(self.global_weight, 0), "algorithm.global_weight",
+                f"must be a finite number >= 0, got {self.global_weight}")
         self.pretrain.validate()
 
 
@@ -267,19 +261,16 @@ class FedPCL(Algorithm):
         return {"proto_classes": int((counts > 0).sum()) if counts is not None else 0}
 
     # ------------------------------------------------------------------ client side
-    def _load_backbone(self, model: nn.Module, ctx: Optional[ClientContext]) -> None:
+    def _load_backbone(self, model: nn.Module, ctx: ClientContext) -> None:
         """The client's stand-in backbone (``model.weights`` ones are in the model since it was built)."""
-        if ctx is None:
-            return
         group = ctx.meta.get(GROUP_KEY, {}).get(ctx.client_id)
         if group is not None:
             model.backbone.frozen.load_state_dict(ctx.meta[BACKBONES_KEY][group])
 
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         self._load_backbone(model, ctx)
-        if state and state.get("model"):
-            model.load_state_dict(state["model"], strict=False)
+        if ctx.state.get("model"):
+            model.load_state_dict(ctx.state["model"], strict=False)
 
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
         return [(list(model.backbone.proj.parameters()), self.cfg.train.local_epochs)]
@@ -311,26 +302,22 @@ class FedPCL(Algorithm):
         return loss, {"con": loss}
 
     @torch.no_grad()
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         """This client's local prototypes: mean projected feature per class over its whole training split."""
         x, y, _ = ctx.train_data
         feats = eval_features(model, x, _CHUNK)
         protos, counts = class_prototypes(feats, y, ctx.num_classes)
-        ctx.state["_protos"] = (protos, counts)
+        ctx.scratch["protos"] = (protos, counts)
         return {"protos": protos, "counts": counts}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The projection (and the untrained decision layer) and the client's own prototypes, to predict with."""
-        protos, counts = ctx.state["_protos"]
+        protos, counts = ctx.scratch["protos"]
         return {"model": split_state(model, self._trainable), "protos": protos, "counts": counts}
 
-    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                   ctx: Optional[ClientContext] = None) -> None:
-        self.client_setup(model, state, payload, ctx)
-
-    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
         z = model.features(x)
-        state = ctx.state if ctx is not None else {}
+        state = ctx.state
         if "protos" not in state:  # a client that never trained holds no prototypes
             return z.new_zeros(len(z), model.head.out_features)
         return own_prototype_logits(z, state["protos"], state["counts"])

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.registry import register_algorithm
 
 PREDICTS = ("classifier", "prototype")
@@ -58,11 +58,9 @@ class FedProtoConfig(AlgorithmConfig):
     predict: str = "classifier"  # classifier (own head) | prototype (nearest global prototype, the paper's inference)
 
     def validate(self) -> None:
-        if not self.ld >= 0 or self.ld == float("inf"):
-            raise ConfigError(f"config key 'algorithm.ld': must be a finite number >= 0, got {self.ld}")
-        if self.predict not in PREDICTS:
-            raise ConfigError(f"config key 'algorithm.predict': must be one of {', '.join(PREDICTS)}, "
-                              f"got {self.predict!r}")
+        require(is_finite(self.ld, 0), "algorithm.ld", f"must be a finite number >= 0, got {self.ld}")
+        require(self.predict in PREDICTS, "algorithm.predict",
+                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -140,11 +138,10 @@ class FedProto(Algorithm):
         return {"proto_classes": int((counts > 0).sum()) if counts is not None else 0}
 
     # ------------------------------------------------------------------ client side
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """The whole model is the client's own; the payload holds prototypes only (read in the loss)."""
-        if state:
-            model.load_state_dict(state)
+        if ctx.state:
+            model.load_state_dict(ctx.state)
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -164,18 +161,18 @@ class FedProto(Algorithm):
         return ctx.payload["_dense"]
 
     @torch.no_grad()
-    def client_upload(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
         """This client's class prototypes, from its trained model (eval mode) over its whole training split."""
         x, y, _ = ctx.train_data
         feats = eval_features(model, x, _CHUNK)
         protos, counts = class_prototypes(feats, y, ctx.num_classes)
         return {"protos": protos, "counts": counts}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         """Everything stays on the client: backbone and head."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
-    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
         if self.config.predict == "classifier" or ctx is None or "protos" not in ctx.payload:
             return model(x)
         return prototype_logits(model.features(x), *self._dense_payload(ctx),

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.registry import register_algorithm
 
 
@@ -46,8 +46,7 @@ class FedProxConfig(AlgorithmConfig):
     mu: float = 0.01  # proximal weight (authors' flearn/optimizer/pgd.py default); 0 is FedAvg
 
     def validate(self) -> None:
-        if not self.mu >= 0:  # also refuses NaN
-            raise ConfigError(f"config key 'algorithm.mu': must be >= 0, got {self.mu}")
+        require(self.mu >= 0, "algorithm.mu", f"must be >= 0, got {self.mu}")  # also refuses NaN
 
 
 def proximal_term(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], mu: float) -> torch.Tensor:

@@ -43,20 +43,16 @@ others). Logged loss parts: ``loss_ce``, ``loss_scl``, ``loss_div`` (before thei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.config import AlgorithmConfig, ExperimentConfig, is_whole, require
 from raysim.data.base import FederatedData
 from raysim.registry import register_algorithm
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @dataclass
@@ -72,25 +68,20 @@ class FedRCLConfig(AlgorithmConfig):
     clip_grad_norm: Optional[float] = 10.0  # gradient-norm clip per step (RCLClient.local_train); null: none
 
     def validate(self) -> None:
-        if not self.tau > 0:
-            raise ConfigError(f"config key 'algorithm.tau': must be > 0, got {self.tau}")
-        if not -1 <= self.threshold <= 1:
-            raise ConfigError(f"config key 'algorithm.threshold': must be a cosine similarity in [-1, 1], "
-                              f"got {self.threshold}")
+        require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
+        require(-1 <= self.threshold <= 1, "algorithm.threshold",
+                f"must be a cosine similarity in [-1, 1], got {self.threshold}")
         for key in ("scl_weight", "penalty_weight"):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"config key 'algorithm.{key}': must be >= 0, got {getattr(self, key)}")
+            require(getattr(self, key) >= 0, f"algorithm.{key}", f"must be >= 0, got {getattr(self, key)}")
         for key in ("topk_pos", "topk_neg"):
-            if not _positive_int(getattr(self, key)):
-                raise ConfigError(f"config key 'algorithm.{key}': must be an integer >= 1, got {getattr(self, key)}")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ConfigError(f"config key 'algorithm.clip_grad_norm': must be > 0 or null, got {self.clip_grad_norm}")
+            require(is_whole(getattr(self, key), 1), f"algorithm.{key}",
+                    f"must be an integer >= 1, got {getattr(self, key)}")
+        require(self.clip_grad_norm is None or self.clip_grad_norm > 0, "algorithm.clip_grad_norm",
+                f"must be > 0 or null, got {self.clip_grad_norm}")
         if self.stages is not None:
             stages = list(self.stages)
-            if not stages or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in stages) \
-                    or len(set(stages)) != len(stages):
-                raise ConfigError(f"config key 'algorithm.stages': must be null (all) or a list of distinct stage "
-                                  f"indices >= 0, got {stages}")
+            require(bool(stages) and all(is_whole(s) for s in stages) and len(set(stages)) == len(stages),
+                    "algorithm.stages", f"must be null (all) or a list of distinct stage indices >= 0, got {stages}")
 
 
 def _rows_loss(pos: torch.Tensor, neg: torch.Tensor, tau: float) -> torch.Tensor:

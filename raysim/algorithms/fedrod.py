@@ -41,14 +41,13 @@ Bytes: up and down = body + generic head; the personal head stays on the client.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, ConfigError
+from raysim.config import AlgorithmConfig, require
 from raysim.registry import register_algorithm
 
 PHEAD_PREFIX = "phead."
@@ -62,9 +61,8 @@ class FedRoDConfig(AlgorithmConfig):
     predict: str = "personal"  # personal: generic + personal logits (acc_mean); generic: the global model (acc_global)
 
     def validate(self) -> None:
-        if self.predict not in PREDICTS:
-            raise ConfigError(f"config key 'algorithm.predict': must be one of {', '.join(PREDICTS)}, "
-                              f"got {self.predict!r}")
+        require(self.predict in PREDICTS, "algorithm.predict",
+                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -116,7 +114,7 @@ class FedRoD(Algorithm):
         personal = F.cross_entropy(generic.detach() + model.phead(feats.detach()), y)
         return bsm + personal, {"bsm": bsm, "personal": personal}
 
-    def predict(self, model: nn.Module, x: torch.Tensor, ctx: Optional[ClientContext] = None) -> torch.Tensor:
+    def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
         feats = model.features(x)
         logits = model.head(feats)
         return logits if self.config.predict == "generic" else logits + model.phead(feats)

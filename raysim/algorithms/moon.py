@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, split_state
-from raysim.config import AlgorithmConfig, ConfigError, ExperimentConfig
+from raysim.config import AlgorithmConfig, is_whole, require
 from raysim.registry import register_algorithm
 
 
@@ -68,16 +68,11 @@ class MOONConfig(AlgorithmConfig):
     model_buffer_size: int = 1  # previous local models contrasted against (authors' --model_buffer_size)
 
     def validate(self) -> None:
-        if not self.mu >= 0:
-            raise ConfigError(f"config key 'algorithm.mu': must be >= 0, got {self.mu}")
-        if not self.tau > 0:
-            raise ConfigError(f"config key 'algorithm.tau': must be > 0, got {self.tau}")
-        if isinstance(self.out_dim, bool) or not isinstance(self.out_dim, int) or self.out_dim < 1:
-            raise ConfigError(f"config key 'algorithm.out_dim': must be an integer >= 1, got {self.out_dim}")
-        if isinstance(self.model_buffer_size, bool) or not isinstance(self.model_buffer_size, int) \
-                or self.model_buffer_size < 1:
-            raise ConfigError(f"config key 'algorithm.model_buffer_size': must be an integer >= 1, "
-                              f"got {self.model_buffer_size}")
+        require(self.mu >= 0, "algorithm.mu", f"must be >= 0, got {self.mu}")
+        require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
+        require(is_whole(self.out_dim, 1), "algorithm.out_dim", f"must be an integer >= 1, got {self.out_dim}")
+        require(is_whole(self.model_buffer_size, 1), "algorithm.model_buffer_size",
+                f"must be an integer >= 1, got {self.model_buffer_size}")
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prevs: Sequence[torch.Tensor],
@@ -123,12 +118,6 @@ class MOON(Algorithm):
     Config = MOONConfig
     shared = "all"
 
-    def __init__(self, cfg: ExperimentConfig):
-        super().__init__(cfg)
-        self._twins: dict[int, list[nn.Module]] = {}  # per model object: frozen copies, reused job after job
-        self._glob: Optional[nn.Module] = None  # this job's frozen global model
-        self._prevs: list[nn.Module] = []  # this job's frozen previous local models
-
     # ------------------------------------------------------------------ model
     def adapt_model(self, model: nn.Module) -> nn.Module:
         feature_dim, num_classes = model.head.in_features, model.head.out_features
@@ -143,47 +132,47 @@ class MOON(Algorithm):
             return {}
         return {"prev": [split_state(model, lambda k: True)], "initial": True}
 
-    def _twin(self, model: nn.Module, slot: int) -> nn.Module:
-        twins = self._twins.setdefault(id(model), [])
-        while len(twins) <= slot:
-            twins.append(_frozen(model))
-        return twins[slot]
+    @staticmethod
+    def _twin(model: nn.Module, slot: int, ctx: ClientContext) -> nn.Module:
+        """A frozen copy of ``model``'s architecture, built once per process and slot and reused job after job
+        (its weights are loaded anew by every job)."""
+        return ctx.once(f"moon.twin.{id(model)}.{slot}", lambda: _frozen(model))
 
-    def client_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
-        model.load_state_dict(payload["model"])
-        self._glob, self._prevs = None, []
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        """The global model into the model and a frozen twin; the client's previous models into frozen twins
+        (``ctx.scratch``: this job's ``glob`` and ``prevs``)."""
+        model.load_state_dict(ctx.payload["model"])
         if self.config.mu == 0:
             return
-        self._glob = self._twin(model, 0)
-        self._glob.load_state_dict(payload["model"])
-        for i, prev in enumerate((state or {}).get("prev", [])):
-            twin = self._twin(model, i + 1)
+        glob = self._twin(model, 0, ctx)
+        glob.load_state_dict(ctx.payload["model"])
+        prevs = []
+        for i, prev in enumerate(ctx.state.get("prev", [])):
+            twin = self._twin(model, i + 1, ctx)
             twin.load_state_dict(prev)
-            self._prevs.append(twin)
+            prevs.append(twin)
+        ctx.scratch["glob"], ctx.scratch["prevs"] = glob, prevs
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         z = model.features(x)
         ce = F.cross_entropy(model.head(z), y)
-        if self._glob is None:  # mu == 0
+        if "glob" not in ctx.scratch:  # mu == 0
             return ce, {"ce": ce}
         with torch.no_grad():
-            z_glob = self._glob.features(x)
-            z_prevs = [prev.features(x) for prev in self._prevs]
+            z_glob = ctx.scratch["glob"].features(x)
+            z_prevs = [prev.features(x) for prev in ctx.scratch["prevs"]]
         con = model_contrastive_loss(z, z_glob, z_prevs, self.config.tau)
         return ce + self.config.mu * con, {"ce": ce, "con": con}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> dict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
         """The client's previous-model pool for next time: its older trained models, then this round's."""
-        self._glob, self._prevs = None, []
         if self.config.mu == 0:
             return {}
-        state = ctx.state if ctx is not None else {}
+        state = ctx.state
         older = [] if state.get("initial") else [_cpu(sd) for sd in state.get("prev", [])]
         pool = older + [split_state(model, lambda k: True)]
         return {"prev": pool[-self.config.model_buffer_size:]}
 
-    def eval_setup(self, model: nn.Module, state: Optional[dict], payload: dict,
-                   ctx: Optional[ClientContext] = None) -> None:
-        model.load_state_dict(payload["model"])  # the global model; the pool plays no part in prediction
+    def eval_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        model.load_state_dict(ctx.payload["model"])  # the global model; the pool plays no part in prediction

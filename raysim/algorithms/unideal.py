@@ -90,11 +90,10 @@ class Unideal(Algorithm):
         return self.config.kd_norm
 
     # ------------------------------------------------------------------ client side
-    def client_setup(self, model: nn.Module, state: Optional[TensorDict], payload: dict,
-                     ctx: Optional[ClientContext]) -> None:
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """Backbone and local head come from the client's own state; the global head stays in the payload."""
-        if state:
-            model.load_state_dict(state, strict=False)
+        if ctx.state:
+            model.load_state_dict(ctx.state, strict=False)
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -105,7 +104,7 @@ class Unideal(Algorithm):
         kd = clkd_loss(teacher, student, self.fraction(ctx), self.metric, self.kd_norm)
         return ce + self.config.alpha * kd, {"ce": ce, "clkd": kd}
 
-    def client_keep(self, model: nn.Module, ctx: Optional[ClientContext]) -> TensorDict:
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> TensorDict:
         """Everything stays: the backbone and the local head (only a copy of the head is uploaded)."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 

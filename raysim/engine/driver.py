@@ -1,8 +1,10 @@
-"""The driver actor and the one round loop of raysim.
+"""The driver and the one round loop of raysim.
 
-Each round: sample clients -> dispatch their jobs to the pool -> aggregate through the algorithm's hooks ->
-evaluate -> server-side curriculum (``on_round_end``) -> log -> checkpoint. ``run()`` is a Ray streaming generator
-that yields each round's metrics, so the CLI prints progress and a Tune trial reports every round.
+Each round: sample clients -> dispatch their jobs to the executor -> aggregate through the algorithm's hooks ->
+evaluate -> server-side curriculum (``on_round_end``) -> log -> checkpoint. ``run()`` yields each round's metrics,
+so the CLI prints progress and a Tune trial reports every round. With ``engine.backend=ray`` the driver is a Ray
+actor (``run()`` a streaming generator) and its jobs run on a pool of worker actors; with ``inline`` it is a plain
+object in the calling process and its jobs run there too (``raysim.engine.executor``).
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
-import ray
 import torch
 
 from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
+from raysim.engine.core import nbytes
+from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
-from raysim.engine.pool import Job, WorkerPool
 from raysim.engine.state import ClientHistoryStore, ClientStateStore, read_checkpoint
-from raysim.engine.worker import nbytes
 from raysim.errors import RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
@@ -73,21 +74,25 @@ def _update(result: TrainResult) -> ClientUpdate:
 
 
 class Driver:
-    """The actor body; ``ray.remote`` is applied by the runner (it pins the driver to the caller's node)."""
+    """The round loop. Under Ray it is an actor body (``ray.remote`` is applied by the runner, which pins it to the
+    caller's node); in-process (``inline=True``) a plain object whose jobs run in the same process."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: str, resume: bool, placement_group: Any = None):
+    def __init__(self, cfg: ExperimentConfig, run_dir: str, resume: bool, placement_group: Any = None, *,
+                 inline: bool = False, device: str = "cpu"):
         # Ray reports an exception raised in an actor's __init__ as a bare ActorDiedError (the cause is lost), so
         # setup errors (missing data, damaged checkpoint) are kept and raised from the first method call instead.
         self._setup_error: Optional[BaseException] = None
-        self.pool: Optional[WorkerPool] = None  # made by start(), with the workers the host created
         self._stop = threading.Event()
         self._placement_group = placement_group
+        self._started = False
         try:
-            self._setup(cfg, run_dir, resume)
+            self._setup(cfg, run_dir, resume, inline, device)
         except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start()
+            if inline:
+                raise
             self._setup_error = exc
 
-    def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool) -> None:
+    def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool, inline: bool, device: str) -> None:
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg
@@ -95,10 +100,12 @@ class Driver:
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
         self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
-        self.data_ref = ray.put(self.data)  # once per run; jobs carry client ids, never samples
+        self.executor: Executor = (InlineExecutor(cfg, self.data, device) if inline
+                                   else RayExecutor(cfg, self.data, self._placement_group))
         self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the sampled clients
-        self.states = ClientStateStore()
-        self.history = ClientHistoryStore(self.algorithm.server_history)  # server_keep's per-client window
+        self.states = ClientStateStore(self.executor)
+        # server_keep's per-client window
+        self.history = ClientHistoryStore(self.algorithm.server_history, self.executor)
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
         self._checkpointed = 0  # the round of the checkpoint on disk
@@ -123,16 +130,18 @@ class Driver:
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
-        """Take the workers (created by the host beside this actor, or here when None), send them the data, and
-        return the round the run continues after. A setup error is raised here, with its own message."""
+        """Get the executor ready (under Ray: take the workers created by the host beside this actor, or create
+        them when None, and send them the data), and return the round the run continues after. A setup error is
+        raised here, with its own message."""
         if self._setup_error is not None:
             raise self._setup_error
-        if self.pool is None:
-            self.pool = WorkerPool(self.cfg, self.data_ref, self._placement_group, workers)
+        if not self._started:
+            self.executor.start(workers)
+            self._started = True
         return self.round
 
     def worker_info(self) -> list[dict]:
-        return self.pool.info()
+        return self.executor.info()
 
     def footprint(self) -> dict[str, int]:
         """Sizes of the driver's per-client bookkeeping, which must follow the clients that were sampled or hold
@@ -146,14 +155,16 @@ class Driver:
 
     def progress(self) -> tuple[int, int, int, str]:
         """(round in progress, jobs done, jobs in this phase, "train" | "evaluate"): for a live progress line."""
-        done, total, kind = getattr(self.pool, "progress", (0, 0, ""))
+        executor = getattr(self, "executor", None)
+        done, total, kind = executor.progress if executor is not None else (0, 0, "")
         return self.round + 1, done, total, kind
 
     def shutdown(self) -> None:
         """Release the workers now (an interrupted ``run()`` generator may never reach its ``finally``)."""
         self._stop.set()
-        if self.pool is not None:
-            self.pool.shutdown()
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.shutdown()
 
     def request_stop(self) -> None:
         """Finish the current round, checkpoint, and end ``run()`` (Ctrl-C)."""
@@ -179,7 +190,7 @@ class Driver:
                 if not failing:  # else the first error is the one to report
                     raise
             finally:
-                self.pool.shutdown()
+                self.executor.shutdown()
 
     @contextlib.contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -228,21 +239,15 @@ class Driver:
         for cid in clients:
             personal = self.algorithm.client_payload(self.server_state, cid, rnd)
             if personal is not None:
-                own[cid] = ray.put(personal)
+                own[cid] = self.executor.put(personal)
                 total += nbytes(personal)
-        return ray.put(shared), own, int(total)
+        return self.executor.put(shared), own, int(total)
 
     def _train_clients(self, sampled: list[int], rnd: int) -> tuple[int, dict[int, Any]]:
-        """Dispatch the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state ref)})."""
+        """Run the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state handle)})."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
-
-        def job(cid: int) -> Job:
-            work = TrainJob(client_id=cid, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(cid))
-            state = self.states.get(cid)
-            return Job(key=cid, submit=lambda w: w.train.remote(work, state), clients=[cid], round=rnd,
-                       batch=(work, state))
-
-        return bytes_down, self.pool.run([job(c) for c in sampled])
+        jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c)) for c in sampled]
+        return bytes_down, self.executor.train(jobs, [self.states.get(c) for c in sampled])
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -269,7 +274,7 @@ class Driver:
         for u in updates:
             kept = self.algorithm.server_keep(u, rnd)
             if kept is not None:
-                self.history.push(u.client_id, rnd, ray.put(kept))
+                self.history.push(u.client_id, rnd, self.executor.put(kept))
 
     def _aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:
         """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker."""
@@ -277,12 +282,11 @@ class Driver:
             return
         self.server_state = self.algorithm.server_aggregate(updates, self.server_state, rnd)
         if self.algorithm.trains_on_server:
-            work = ServerTrainJob(round=rnd, state_ref=ray.put(self.server_state), updates_ref=ray.put(updates),
+            put = self.executor.put
+            work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(updates),
                                   history_refs={u.client_id: self.history.refs(u.client_id) for u in updates
                                                 if self.history.refs(u.client_id)})
-            done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(work), clients=[], round=rnd,
-                                     kind="server")])
-            self.server_state = done[0]
+            self.server_state = self.executor.server_train(work)
 
     def _round_metrics(self, rnd: int, sampled: list[int], results: list[TrainResult], skipped: list[int],
                        bytes_down: int) -> dict[str, Any]:
@@ -326,8 +330,8 @@ class Driver:
     def _finish_round(self, rnd: int, metrics: dict[str, Any], client_counts: dict[int, tuple[int, int]],
                       start: float) -> None:
         """Totals, log, checkpoint."""
-        if self.pool.replacements:
-            metrics["workers_replaced"] = self.pool.replacements  # cumulative, this invocation
+        if self.executor.replacements:
+            metrics["workers_replaced"] = self.executor.replacements  # cumulative, this invocation
         self.round = rnd
         metrics["wall_s"] = time.perf_counter() - start
         self.totals["bytes_up_total"] += metrics["bytes_up"]
@@ -346,15 +350,9 @@ class Driver:
         shared_ref, own, _ = self._downloads(clients, -1)
         n_chunks = max(1, min(len(clients), self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker))
         chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]
-
-        def job(i: int, chunk: list[int]) -> Job:
-            work = EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
-                           own_payload_refs=[own.get(c) for c in chunk] if own else None)
-            states = [self.states.get(c) for c in chunk]
-            return Job(key=i, submit=lambda w: w.evaluate.remote(work, states), clients=chunk, round=rnd,
-                       kind="evaluate")
-
-        done = self.pool.run([job(i, chunk) for i, chunk in enumerate(chunks)])
+        jobs = [EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
+                        own_payload_refs=[own.get(c) for c in chunk] if own else None) for chunk in chunks]
+        done = self.executor.evaluate(jobs, [[self.states.get(c) for c in chunk] for chunk in chunks])
         rows = [row for i in sorted(done) for row in done[i]]
         counts = {r.client_id: (r.correct, r.total) for r in rows}
         total = sum(r.total for r in rows)
@@ -365,10 +363,8 @@ class Driver:
         """Accuracy on the official test split of the model a client without personal state would use after this
         round (the global model): one evaluation job for the pseudo-client ``data.server_client_id``."""
         work = EvalJob(client_ids=[self.data.server_client_id], round=rnd,
-                       payload_ref=ray.put(self.algorithm.eval_payload(self.server_state)))
-        done = self.pool.run([Job(key=0, submit=lambda w: w.evaluate.remote(work, [None]), clients=[], round=rnd,
-                                  kind="evaluate")])
-        row = done[0][0]
+                       payload_ref=self.executor.put(self.algorithm.eval_payload(self.server_state)))
+        row = self.executor.evaluate([work], [[None]])[0][0]
         return row.correct / row.total if row.total else None
 
     def checkpoint(self) -> None:

@@ -94,7 +94,7 @@ class TrialHost:
             out.put(row)
 
         def on_start(info: dict) -> None:
-            self._driver = info["driver"]
+            self._driver = info["control"]
             if self._stopped.is_set():
                 raise TrialStopped
 
@@ -118,12 +118,9 @@ class TrialHost:
     def stop(self, timeout: float = 30.0) -> None:
         """End the run: its driver is shut down (the runner then ends its workers and tidies the run directory)."""
         self._stopped.set()
-        driver = self._driver
-        if driver is not None:
-            with contextlib.suppress(Exception):
-                ray.get(driver.shutdown.remote(), timeout=timeout)
-            with contextlib.suppress(Exception):
-                ray.kill(driver, no_restart=True)
+        control = self._driver
+        if control is not None:
+            control.shutdown(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
 

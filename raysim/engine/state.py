@@ -1,8 +1,9 @@
 """Client state and checkpoints.
 
-Per-client state (personalised parameters, whatever an algorithm keeps) lives in the Ray object store, referenced
-by the driver, never inside a worker: a dead worker loses nothing, and the store spills to disk past its memory
-budget. Checkpoints are written atomically and read with ``torch.load(weights_only=True)`` (no pickled code runs).
+Per-client state (personalised parameters, whatever an algorithm keeps) lives in the executor's object store (Ray's,
+or private snapshots in-process), referenced by the driver, never inside a worker: a dead worker loses nothing, and
+Ray's store spills to disk past its memory budget. Checkpoints are written atomically and read with
+``torch.load(weights_only=True)`` (no pickled code runs).
 
 Checkpoint layout (``RUN_DIR/checkpoint``)::
 
@@ -21,9 +22,8 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-import ray
 import torch
 
 from raysim.errors import UserError
@@ -85,6 +85,14 @@ def safe_load(path: Path) -> Any:
                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
+class Objects(Protocol):
+    """Where objects live: ``put`` returns a handle, ``get`` the values of handles (an executor)."""
+
+    def put(self, obj: Any) -> Any: ...
+
+    def get(self, handles: list) -> list: ...
+
+
 class ClientStateStore:
     """Every client's kept state (``Algorithm.client_keep``), held by the driver as object references.
 
@@ -94,22 +102,20 @@ class ClientStateStore:
     back and removes what no checkpoint names (files of rounds after a crash, temporary files).
     """
 
-    def __init__(self) -> None:
-        from raysim.engine.worker import enable_fast_tensor_serialization
-
-        enable_fast_tensor_serialization()  # states put back on resume take the fast tensor path too
-        self._refs: dict[int, ray.ObjectRef] = {}
+    def __init__(self, objects: Objects) -> None:
+        self._objects = objects
+        self._refs: dict[int, Any] = {}
         self._dirty: set[int] = set()
         self._file_round: dict[int, int] = {}  # client -> round of its state file in the last checkpoint
 
     def __len__(self) -> int:
         return len(self._refs)
 
-    def get(self, client_id: int) -> Optional[ray.ObjectRef]:
-        """The client's state reference, or None for a client that has not trained yet (initial weights)."""
+    def get(self, client_id: int) -> Optional[Any]:
+        """The client's state handle, or None for a client that has not trained yet (initial weights)."""
         return self._refs.get(client_id)
 
-    def put(self, client_id: int, ref: ray.ObjectRef) -> None:
+    def put(self, client_id: int, ref: Any) -> None:
         self._refs[client_id] = ref
         self._dirty.add(client_id)
 
@@ -121,7 +127,7 @@ class ClientStateStore:
         dirty = sorted(self._dirty)
         for start in range(0, len(dirty), _SAVE_CHUNK):  # one object-store round trip and one fsync batch a chunk
             chunk = dirty[start:start + _SAVE_CHUNK]
-            states = ray.get([self._refs[cid] for cid in chunk])
+            states = self._objects.get([self._refs[cid] for cid in chunk])
             save_all_durably([(st, clients_dir / f"c{cid:06d}_r{round:05d}.pt") for cid, st in zip(chunk, states)])
             new_rounds.update({cid: round for cid in chunk})
         atomic_save({"format": FORMAT_VERSION, "round": round, "client_files": new_rounds, **server},
@@ -137,7 +143,7 @@ class ClientStateStore:
         """Put every client's checkpointed state back into the object store; remove files no checkpoint names."""
         clients_dir = ckpt_dir / "clients"
         for cid, rnd in sorted(client_files.items()):
-            self._refs[int(cid)] = ray.put(safe_load(clients_dir / f"c{int(cid):06d}_r{int(rnd):05d}.pt"))
+            self._refs[int(cid)] = self._objects.put(safe_load(clients_dir / f"c{int(cid):06d}_r{int(rnd):05d}.pt"))
         self._file_round = {int(c): int(r) for c, r in client_files.items()}
         self._dirty.clear()
         if clients_dir.is_dir():
@@ -158,19 +164,20 @@ class ClientHistoryStore:
 
     SUBDIR = "history"
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, objects: Objects) -> None:
         self.limit = int(limit)
-        self._entries: dict[int, list[tuple[int, ray.ObjectRef]]] = {}  # client -> [(round, ref)], oldest first
+        self._objects = objects
+        self._entries: dict[int, list[tuple[int, Any]]] = {}  # client -> [(round, ref)], oldest first
         self._on_disk: set[tuple[int, int]] = set()  # (client, round) files written by earlier checkpoints
 
-    def push(self, client_id: int, round: int, ref: ray.ObjectRef) -> None:
+    def push(self, client_id: int, round: int, ref: Any) -> None:
         if self.limit < 1:
             return
         entries = self._entries.setdefault(client_id, [])
         entries.append((round, ref))
         del entries[:-self.limit]
 
-    def refs(self, client_id: int) -> list[ray.ObjectRef]:
+    def refs(self, client_id: int) -> list[Any]:
         return [ref for _, ref in self._entries.get(client_id, [])]
 
     def index(self) -> dict[int, list[int]]:
@@ -183,7 +190,7 @@ class ClientHistoryStore:
                if (cid, r) not in self._on_disk]
         for start in range(0, len(new), _SAVE_CHUNK):
             chunk = new[start:start + _SAVE_CHUNK]
-            objs = ray.get([ref for _, _, ref in chunk])
+            objs = self._objects.get([ref for _, _, ref in chunk])
             save_all_durably([(obj, ckpt_dir / self.SUBDIR / f"c{cid:06d}_r{r:05d}.pt")
                               for (cid, r, _), obj in zip(chunk, objs)])
             self._on_disk.update((cid, r) for cid, r, _ in chunk)
@@ -199,7 +206,7 @@ class ClientHistoryStore:
     def load(self, ckpt_dir: Path, index: dict[int, list[int]]) -> None:
         """Put the checkpointed entries back into the object store; remove files the checkpoint does not name."""
         folder = ckpt_dir / self.SUBDIR
-        self._entries = {int(cid): [(int(r), ray.put(safe_load(folder / f"c{int(cid):06d}_r{int(r):05d}.pt")))
+        self._entries = {int(cid): [(int(r), self._objects.put(safe_load(folder / f"c{int(cid):06d}_r{int(r):05d}.pt")))
                                     for r in rounds][-self.limit:] if self.limit else []
                          for cid, rounds in sorted(index.items())}
         self._on_disk = {(cid, r) for cid, entries in self._entries.items() for r, _ in entries}
@@ -208,6 +215,15 @@ class ClientHistoryStore:
                 m = _CLIENT_FILE.match(f.name)
                 if f.name.startswith(".") or (m and (int(m.group(1)), int(m.group(2))) not in self._on_disk):
                     f.unlink(missing_ok=True)
+
+
+def checkpoint_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / "checkpoint"
+
+
+def has_checkpoint(run_dir: Path | str) -> bool:
+    """Whether ``run_dir`` holds a checkpoint to resume from (its ``server.pt``, written last, exists)."""
+    return (checkpoint_dir(run_dir) / "server.pt").is_file()
 
 
 def read_checkpoint(run_dir: Path) -> dict:

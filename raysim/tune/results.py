@@ -32,7 +32,12 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
     """One row per trial from Tune's experiment state and the trial's run directory, best first."""
     from raysim.runlog import read_metrics
 
-    trials = _tune_trials(sweep_dir / "tune")
+    if spec.naming == "seed" and not (sweep_dir / "tune").is_dir():  # a seed set run in-process: no Tune state
+        from raysim.tune.seeds import seed_trials
+
+        trials = seed_trials(spec, sweep_dir)
+    else:
+        trials = _tune_trials(sweep_dir / "tune")
     rows = []
     for trial in trials:
         values = {k: trial["config"].get(k) for k in spec.space}

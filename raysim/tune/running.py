@@ -44,7 +44,15 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
 
     The sweep directory is locked while this runs (``raysim.dirlock``): a second sweep into it, or a ``--resume``
     of it while it runs, is refused; a lock left by a killed sweep is gone with its process."""
+    from raysim.engine.executor import choose_backend
+
     first = validate_sweep(spec)
+    # a seed set whose runs would be in-process (engine.backend inline, or auto resolving to it) runs them in turn
+    # in this process; a sweep always runs on Ray Tune, its trials each on Ray
+    in_process = spec.naming == "seed" and choose_backend(first.engine) == "inline"
+    if spec.naming != "seed" and first.engine.backend == "inline":
+        raise SweepError("config key 'engine.backend': a sweep runs its trials on Ray Tune; engine.backend=inline is "
+                         "for single runs and seed sets (use auto or ray)")
     sweep_dir = Path(sweep_dir or spec.dir or default_sweep_dir(spec)).resolve()
     key = spec.names.dir_key
     if resume and not sweep_dir.is_dir():
@@ -57,11 +65,19 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     # claimed before it is checked: of two sweeps started together into one directory, one runs, one is refused
     with DirLock(sweep_dir, key=key):
         try:
+            if in_process and not resume and (sweep_dir / "sweep.yaml").is_file():
+                raise SweepError(f"{sweep_dir} already holds a seed set; continue it with --resume {sweep_dir} "
+                                 f"or choose another directory")
             resume = _check_sweep_dir(spec, sweep_dir, resume)
         except BaseException:
             if created:
                 shutil.rmtree(sweep_dir, ignore_errors=True)
             raise
+        if in_process:
+            from raysim.tune.seeds import run_seeds_in_process
+
+            run_seeds_in_process(spec, first, sweep_dir, quiet=quiet, out=out)
+            return finish_sweep(spec, sweep_dir)
         try:
             return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out)
         except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from conftest import context
 from raysim.algorithms.base import weighted_average
 from raysim.config import load_config
 from raysim.models import build_model
@@ -31,7 +32,7 @@ def test_shared_parts():
     for name, expect_up in [("fedavg", keys), ("local", set()),
                             ("partialavg", {k for k in keys if k.startswith("head.")})]:
         algo = get_algorithm(name)(load_config(None, [f"algorithm.name={name}"]))
-        up, keep = algo.client_upload(model, None), algo.client_keep(model, None)
+        up, keep = algo.client_upload(model, context()), algo.client_keep(model, context())
         assert set(up) == expect_up, name
         assert set(up) | set(keep) == keys and not set(up) & set(keep), name
 
@@ -40,10 +41,10 @@ def test_partialavg_setup_replaces_only_the_head():
     cfg = load_config(None, ["algorithm.name=partialavg"])
     algo = get_algorithm("partialavg")(cfg)
     own, other = _model(cfg, 0.0), _model(cfg, 1.0)
-    state = algo.client_keep(own, None)
-    payload = {"model": algo.client_upload(other, None)}
+    state = algo.client_keep(own, context())
+    payload = {"model": algo.client_upload(other, context())}
     fresh = _model(cfg, 5.0)
-    algo.client_setup(fresh, state, payload, None)
+    algo.client_setup(fresh, context(state=state, payload=payload))
     for k, v in fresh.state_dict().items():
         src = other if k.startswith("head.") else own
         assert torch.equal(v, src.state_dict()[k]), k

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 
@@ -28,50 +27,45 @@ def test_cli_bad_finetune_epochs_exits_2_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-def test_head_is_frozen_in_training_and_fine_tuned_at_evaluation(ray_cluster, tmp_path):
+def test_head_is_frozen_in_training_and_fine_tuned_at_evaluation(tmp_path):
     """Real worker jobs in this process: after a client job the live head equals h^0 bit for bit and the upload is
     the body alone; evaluation with fine-tuning moves the head (and is reproducible), without it leaves it."""
     from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
     from raysim.engine.jobs import EvalJob, TrainJob
-    from raysim.engine.worker import ClientWorker
     from raysim.models import model_key
 
-    def worker_for(finetune_epochs: int):
+    def jobs_for(finetune_epochs: int):
         cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="fedbabu", train__local_epochs=2,
                                                algorithm__finetune_epochs=finetune_epochs))
-        worker = ClientWorker(cfg)
-        worker.attach(data)
-        return cfg, worker
+        return cfg, ClientJobs(cfg, data)  # the client-job core, in this process
 
     cfg0 = load_config(None, tiny_overrides(tmp_path, algorithm__name="fedbabu"))
     data = build_federated_data(cfg0)
-    threads = torch.get_num_threads()
-    try:
-        cfg, worker = worker_for(5)
-        algo = get_algorithm("fedbabu")(cfg)
-        initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
-        payload = algo.server_payload(algo.init_server_state(initial), 1)
-        result, state = worker.train(TrainJob(client_id=0, round=1, payload_ref=ray.put(payload)), None)
-        live = worker._models[model_key(cfg, data, 0)][0].state_dict()
-        trained_head = {k: live[k].clone() for k in HEAD_KEYS}
-        assert all(torch.equal(trained_head[k], initial[k]) for k in HEAD_KEYS)  # h^0, bit for bit
-        assert not torch.equal(live["backbone.1.weight"], initial["backbone.1.weight"])  # the body did train
-        assert set(result.upload) == {k for k in initial if k.startswith("backbone.")} and state is None
+    cfg, jobs = jobs_for(5)
+    algo = get_algorithm("fedbabu")(cfg)
+    initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
+    payload = algo.server_payload(algo.init_server_state(initial), 1)
+    result, state = jobs.train(TrainJob(client_id=0, round=1, payload_ref=None), payload, None, None)
+    live = jobs._models[model_key(cfg, data, 0)][0].state_dict()
+    trained_head = {k: live[k].clone() for k in HEAD_KEYS}
+    assert all(torch.equal(trained_head[k], initial[k]) for k in HEAD_KEYS)  # h^0, bit for bit
+    assert not torch.equal(live["backbone.1.weight"], initial["backbone.1.weight"])  # the body did train
+    assert set(result.upload) == {k for k in initial if k.startswith("backbone.")} and state is None
 
-        new_body = algo.server_aggregate([_update(result)], algo.init_server_state(initial), 1)
-        eval_ref = ray.put(algo.eval_payload(new_body))
-        accs = [worker.evaluate(EvalJob(client_ids=[0], round=1, payload_ref=eval_ref), [None])[0] for _ in range(2)]
-        tuned = worker._models[model_key(cfg, data, 0)][0].state_dict()
-        assert not torch.equal(tuned["head.weight"], initial["head.weight"])  # fine-tuning trains the head too
-        assert accs[0] == accs[1]  # seeded per (seed, client, round): the same fine-tuning each time
+    new_body = algo.server_aggregate([_update(result)], algo.init_server_state(initial), 1)
+    eval_payload = algo.eval_payload(new_body)
+    job = EvalJob(client_ids=[0], round=1, payload_ref=None)
+    accs = [jobs.evaluate(job, eval_payload, [None], [None])[0] for _ in range(2)]
+    tuned = jobs._models[model_key(cfg, data, 0)][0].state_dict()
+    assert not torch.equal(tuned["head.weight"], initial["head.weight"])  # fine-tuning trains the head too
+    assert accs[0] == accs[1]  # seeded per (seed, client, round): the same fine-tuning each time
 
-        cfg_no, worker_no = worker_for(0)
-        worker_no.evaluate(EvalJob(client_ids=[0], round=1, payload_ref=eval_ref), [None])
-        untuned = worker_no._models[model_key(cfg_no, data, 0)][0].state_dict()
-        assert all(torch.equal(untuned[k], initial[k]) for k in HEAD_KEYS)
-        assert all(torch.equal(untuned[k], new_body["model"][k]) for k in new_body["model"])
-    finally:
-        torch.set_num_threads(threads)
+    cfg_no, jobs_no = jobs_for(0)
+    jobs_no.evaluate(job, eval_payload, [None], [None])
+    untuned = jobs_no._models[model_key(cfg_no, data, 0)][0].state_dict()
+    assert all(torch.equal(untuned[k], initial[k]) for k in HEAD_KEYS)
+    assert all(torch.equal(untuned[k], new_body["model"][k]) for k in new_body["model"])
 
 
 def _update(result):

@@ -111,12 +111,12 @@ def test_client_objective_and_where_its_gradients_go():
     x, y = torch.randn(4, 5), torch.tensor([0, 1, 2, 0])
 
     ctx = _ctx(1, dict(payload), y)
-    algo.client_setup(model, None, ctx.payload, ctx)
+    algo.client_setup(model, ctx)
     loss, parts = algo.client_loss(model, x, y, ctx)  # round 1: plain CE
     assert set(parts) == {"ce"} and loss.item() == pytest.approx(F.cross_entropy(model(x), y).item())
 
     ctx = _ctx(3, dict(payload), y)
-    algo.client_setup(model, None, ctx.payload, ctx)
+    algo.client_setup(model, ctx)
     torch.manual_seed(7)
     loss, parts = algo.client_loss(model, x, y, ctx)
     # the same draws again, by hand: ε for G(y), then ŷ from the labels {0, 2}, then ε for G(ŷ)

@@ -15,7 +15,7 @@ from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedkd import (apply_update, compress, energy_rank, energy_threshold, mutual_distillation_loss,
                                      reconstruct, stage_pairs)
 from raysim.config import ConfigError, load_config
-from raysim.engine.worker import nbytes
+from raysim.engine.core import nbytes
 from raysim.models import build_model
 from raysim.registry import get_algorithm
 
@@ -104,7 +104,7 @@ def _ctx(cid: int, rnd: int, payload: dict, state: dict, x, y) -> ClientContext:
 
 def _train_client(algo, model, cid, rnd, payload, state, x, y):
     ctx = _ctx(cid, rnd, payload, dict(state), x, y)
-    algo.client_setup(model, ctx.state, payload, ctx)
+    algo.client_setup(model, ctx)
     loss, _ = algo.client_loss(model, x, y, ctx)
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=0.5).step()
@@ -124,7 +124,7 @@ def test_hooks_mentor_factors_and_mentee_versions():
     torch.manual_seed(1)
     x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
     ctx = _ctx(0, 1, {}, {}, x, y)
-    algo.client_setup(model, ctx.state, {}, ctx)
+    algo.client_setup(model, ctx)
     loss, parts = algo.client_loss(model, x, y, ctx)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters()) and parts["hidden"].item() > 0
@@ -163,7 +163,7 @@ def test_hooks_mentor_factors_and_mentee_versions():
     assert set(payload) == {"update", "from", "version"} and algo.client_payload(state, 0, 2) is None
     m2 = build()
     ctx = _ctx(0, 2, payload, dict(keeps[0]), x, y)
-    algo.client_setup(m2, ctx.state, payload, ctx)
+    algo.client_setup(m2, ctx)
     assert all(torch.equal(m2.state_dict()[k], state["model"][k]) for k in shared)
     assert torch.equal(m2.mentor.head.weight, keeps[0]["private"]["mentor.head.weight"])
     # a client that missed round 1's update (held 0) while the server moved on twice gets the dense mentee
@@ -172,9 +172,9 @@ def test_hooks_mentor_factors_and_mentee_versions():
     assert algo.client_payload(state, 0, 3) is None
     assert set(algo.client_payload(state, 1, 3)) == {"model", "version"}
     # prediction: the mentor by default (no acc_global), the mentee on request
-    assert not algo.has_global_model and torch.equal(algo.predict(m2, x), m2.mentor(x))
+    assert not algo.has_global_model and torch.equal(algo.predict(m2, x, ctx), m2.mentor(x))
     _, mentee_algo, _ = _setup("algorithm.predict=mentee")
-    assert mentee_algo.has_global_model and torch.equal(mentee_algo.predict(m2, x), m2(x))
+    assert mentee_algo.has_global_model and torch.equal(mentee_algo.predict(m2, x, ctx), m2(x))
 
 
 def test_apply_update_keeps_dtypes():

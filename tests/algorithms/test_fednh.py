@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 
@@ -75,25 +74,19 @@ def test_cli_bad_rho_exits_2_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-def test_worker_clips_gradients_and_uploads_prototypes(ray_cluster, tmp_path):
+def test_worker_clips_gradients_and_uploads_prototypes(tmp_path):
     """A real client job in this process: with clip_grad tiny, every SGD step moves the trained parameters by at
     most lr * clip, so the body stays (almost) where it was; the upload carries body, s, prototypes and counts."""
     from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
     from raysim.engine.jobs import TrainJob
-    from raysim.engine.worker import ClientWorker
 
     cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="fednh", algorithm__clip_grad=1e-9))
     data = build_federated_data(cfg)
-    threads = torch.get_num_threads()
-    try:
-        worker = ClientWorker(cfg)
-        worker.attach(data)
-        algo = get_algorithm("fednh")(cfg)
-        initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
-        payload = algo.server_payload(algo.init_server_state(initial), 1)
-        result, state = worker.train(TrainJob(client_id=0, round=1, payload_ref=ray.put(payload)), None)
-    finally:
-        torch.set_num_threads(threads)
+    algo = get_algorithm("fednh")(cfg)
+    initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
+    payload = algo.server_payload(algo.init_server_state(initial), 1)
+    result, state = ClientJobs(cfg, data).train(TrainJob(client_id=0, round=1, payload_ref=None), payload, None, None)
     up = result.upload
     assert set(up) == {"model", "protos", "counts"} and PROTO_KEY not in up["model"] and SCALE_KEY in up["model"]
     assert state is None  # everything the client trains is shared

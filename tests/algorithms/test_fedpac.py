@@ -152,8 +152,9 @@ def test_client_hooks_load_own_head_and_align_with_fallback(tmp_path):
     present[0] = True  # only class 0 was reported last round: classes 1 and 2 align to the client's own means
     payload = {"model": backbone, "head": head, "centroids": cent, "present": present}
     ctx = ClientContext(client_id=0, round=2, total_rounds=3, epoch=1, num_epochs=2, payload=payload,
-                        num_classes=10, train_data=(x, y, torch.arange(12)))
-    algo.client_setup(model, {"head.weight": torch.zeros(10, 16), "head.bias": torch.ones(10)}, payload, ctx)
+                        num_classes=10, train_data=(x, y, torch.arange(12)),
+                        state={"head.weight": torch.zeros(10, 16), "head.bias": torch.ones(10)})
+    algo.client_setup(model, ctx)
     assert torch.equal(model.head.weight, head["head.weight"]) and torch.equal(model.head.bias, head["head.bias"])
     with torch.no_grad():
         feats = model.features(x)
@@ -168,8 +169,9 @@ def test_client_hooks_load_own_head_and_align_with_fallback(tmp_path):
     assert set(algo.client_keep(model, ctx)) == {"head.weight", "head.bias"}
     # evaluation: the combined head on the averaged backbone, no statistics pass
     ev = ClientContext(client_id=0, round=-1, total_rounds=3, epoch=0, num_epochs=0, payload={"model": backbone,
-                       "head": head}, num_classes=10)
-    algo.eval_setup(model, {"head.weight": torch.zeros(10, 16), "head.bias": torch.ones(10)}, ev.payload, ev)
+                       "head": head}, num_classes=10,
+                       state={"head.weight": torch.zeros(10, 16), "head.bias": torch.ones(10)})
+    algo.eval_setup(model, ev)
     assert torch.equal(model.head.weight, head["head.weight"]) and PRE_KEY not in ev.payload
 
 def test_config_defaults_and_errors(tmp_path):

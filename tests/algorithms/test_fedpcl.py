@@ -160,7 +160,7 @@ def test_stand_in_backbone_is_pretrained_on_carved_data_and_cached(tmp_path, cap
                              state=state, meta=data.meta, num_classes=10, train_data=(x, y, idx[:40]))
 
     c1 = ctx({}, {}, 1)
-    algo.client_setup(model, c1.state, {}, c1)
+    algo.client_setup(model, c1)
     assert all(torch.equal(model.backbone.frozen.state_dict()[k], sd[k]) for k in sd)  # the stand-in is loaded
     model.train()
     assert not model.backbone.frozen.training  # the frozen backbone stays in eval mode
@@ -183,7 +183,7 @@ def test_stand_in_backbone_is_pretrained_on_carved_data_and_cached(tmp_path, cap
     assert len(payload["local_protos"]) == 2 and torch.equal(payload["local_protos"][1], other["protos"])
     # round 2: the loss is the sum of the contrast with each client's (filled) prototypes; only the projection learns
     c2 = ctx(dict(payload), dict(keep), 2)
-    algo.client_setup(model, c2.state, payload, c2)
+    algo.client_setup(model, c2)
     loss, parts = algo.client_loss(model, x, y, c2)
     z = model.features(x).detach()
     views = torch.stack([z, z], 1)
@@ -196,7 +196,7 @@ def test_stand_in_backbone_is_pretrained_on_carved_data_and_cached(tmp_path, cap
     assert all(p.grad is None for p in model.backbone.frozen.parameters())
     # prediction: the nearest of the client's own prototypes (kept in its state)
     c3 = ctx({}, dict(keep), -1)
-    algo.eval_setup(model, c3.state, {}, c3)
+    algo.eval_setup(model, c3)
     assert torch.equal(algo.predict(model, x, c3), own_prototype_logits(model.features(x), keep["protos"],
                                                                         keep["counts"]))
 

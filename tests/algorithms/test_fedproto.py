@@ -12,7 +12,7 @@ import ray
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import ROOT, context, read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedproto import (aggregate_prototypes, class_prototypes, dense_prototypes, prototype_logits,
                                         proto_regulariser)
@@ -112,7 +112,7 @@ def test_client_loss_upload_and_keep():
     assert model.training  # mode restored
     assert set(up) == {"protos", "counts"} and up["counts"].tolist() == [2, 1, 1]
     assert torch.allclose(up["protos"][0], f[[0, 3]].mean(0)) and torch.allclose(up["protos"][2], f[2])
-    assert set(algo.client_keep(model, None)) == set(model.state_dict())  # the whole model stays
+    assert set(algo.client_keep(model, context())) == set(model.state_dict())  # the whole model stays
 
 
 def test_prototype_prediction_by_hand():

@@ -42,7 +42,7 @@ def _setup(mu: float):
     global_model = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
     ctx = ClientContext(client_id=0, round=1, total_rounds=1, epoch=0, num_epochs=1,
                         payload={"model": {k: v.clone() for k, v in global_model.items()}})
-    algo.client_setup(model, None, ctx.payload, ctx)
+    algo.client_setup(model, ctx)
     return algo, model, ctx, global_model
 
 

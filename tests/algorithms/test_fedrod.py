@@ -74,9 +74,9 @@ def test_the_two_terms_train_disjoint_parts_and_predict_adds_the_heads():
     assert model.phead.weight.grad is None and model.head.weight.grad is not None
     # prediction: generic + personal logits; predict=generic: the generic model alone
     with torch.no_grad():
-        assert torch.allclose(algo.predict(model, x), model.head(feats) + model.phead(feats))
+        assert torch.allclose(algo.predict(model, x, ctx), model.head(feats) + model.phead(feats))
         generic = get_algorithm("fedrod")(load_config(None, ["algorithm.name=fedrod", "algorithm.predict=generic"]))
-        assert torch.allclose(generic.predict(model, x), model(x))
+        assert torch.allclose(generic.predict(model, x, ctx), model(x))
     assert not algo.has_global_model and generic.has_global_model
 
 

@@ -37,14 +37,12 @@ def test_every_hook_of_the_contract_with_one_and_two_workers(ray_cluster, tmp_pa
         assert r["bytes_up"] == len(sampled) * (HEAD_BYTES + 8 + 10 * 8)  # head, visit count, label counts
 
 
-def test_payload_changed_in_place_does_not_reach_the_next_job(ray_cluster, tmp_path):
-    """In-process worker: two jobs of one round on one worker share the cached payload object."""
-    import ray
-
+def test_payload_changed_in_place_does_not_reach_the_next_job(tmp_path):
+    """The client-job core in this process: two jobs of one round share the round's payload object."""
     from raysim.algorithms.base import Algorithm
     from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
     from raysim.engine.jobs import TrainJob
-    from raysim.engine.worker import ClientWorker
     from raysim.registry import register_algorithm
 
     @register_algorithm("scribbler")
@@ -55,19 +53,14 @@ def test_payload_changed_in_place_does_not_reach_the_next_job(ray_cluster, tmp_p
             return super().client_loss(model, x, y, ctx)
 
     cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="scribbler"))
-    threads = torch.get_num_threads()
-    try:
-        worker = ClientWorker(cfg)
-        worker.attach(build_federated_data(cfg))
-        from raysim.models import build_model
+    from raysim.models import build_model
 
-        initial = build_model(cfg, "mlp", worker.data.input_shape(0), 10).state_dict()
-        payload = {"model": {k: v.clone() for k, v in initial.items()}}
-        ref = ray.put(payload)
-        first, _ = worker.train(TrainJob(client_id=0, round=1, payload_ref=ref), None)
-        again, _ = worker.train(TrainJob(client_id=0, round=1, payload_ref=ref), None)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(worker._payload["model"]["head.bias"], initial["head.bias"]) and "extra" not in worker._payload
+    jobs = ClientJobs(cfg, build_federated_data(cfg))
+    initial = build_model(cfg, "mlp", jobs.data.input_shape(0), 10).state_dict()
+    payload = {"model": {k: v.clone() for k, v in initial.items()}}
+    job = TrainJob(client_id=0, round=1, payload_ref=None)
+    first, _ = jobs.train(job, payload, None, None)
+    again, _ = jobs.train(job, payload, None, None)
+    assert torch.equal(payload["model"]["head.bias"], initial["head.bias"]) and "extra" not in payload
     assert first.loss == again.loss  # the same job twice on one worker: the same numbers
     assert all(torch.equal(first.upload[k], again.upload[k]) for k in first.upload)

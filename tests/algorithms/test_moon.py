@@ -89,7 +89,7 @@ def test_loss_contrasts_with_the_download_and_the_kept_model():
     glob = {k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()}
     prev = {k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()}
     ctx = _ctx({"model": {k: v.clone() for k, v in glob.items()}}, {"prev": [prev]})
-    algo.client_setup(model, ctx.state, ctx.payload, ctx)
+    algo.client_setup(model, ctx)
     assert all(torch.equal(v, glob[k]) for k, v in model.state_dict().items())  # training starts from w^t
     with torch.no_grad():  # step away from w^t, so z differs from z_glob
         for p in model.parameters():
@@ -108,7 +108,8 @@ def test_loss_contrasts_with_the_download_and_the_kept_model():
     assert loss.item() == pytest.approx(ce.item() + 2 * con.item(), rel=1e-6)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
-    assert all(p.grad is None and not p.requires_grad for t in [algo._glob, *algo._prevs] for p in t.parameters())
+    frozen = [ctx.scratch["glob"], *ctx.scratch["prevs"]]
+    assert all(p.grad is None and not p.requires_grad for t in frozen for p in t.parameters())
 
 
 def test_pool_drops_the_initial_model_and_is_fifo():
@@ -116,8 +117,8 @@ def test_pool_drops_the_initial_model_and_is_fifo():
     payload = {"model": model.state_dict()}
     first = algo.init_client_state(model, _ctx(payload, {}, rnd=1))
     ctx = _ctx(payload, first, rnd=1)
-    algo.client_setup(model, first, payload, ctx)
-    assert len(algo._prevs) == 1
+    algo.client_setup(model, ctx)
+    assert len(ctx.scratch["prevs"]) == 1
     kept1 = algo.client_keep(model, ctx)
     assert len(kept1["prev"]) == 1 and "initial" not in kept1  # the client's own model only
     m2 = {k: v + 1 for k, v in model.state_dict().items()}

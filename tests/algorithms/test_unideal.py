@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, context, read_rows, strip_timing, tiny_overrides
 
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
 from raysim.engine.jobs import TrainJob
-from raysim.engine.worker import ClientWorker, nbytes
+from raysim.engine.core import nbytes
+from raysim.engine.core import ClientJobs
 from raysim.errors import UserError
 from raysim.models import build_model
 from raysim.registry import get_algorithm
@@ -84,42 +84,37 @@ def test_local_head_stays_and_only_the_head_is_uploaded():
     cfg, algo, model = _tiny("unideal")
     state = {k: v + 1.0 for k, v in model.state_dict().items()}
     payload = {"model": {"head.weight": torch.zeros(3, 6), "head.bias": torch.zeros(3)}}
-    algo.client_setup(model, state, payload, None)
+    algo.client_setup(model, context(state=state, payload=payload))
     assert torch.equal(model.head.weight, state["head.weight"])  # the global head is not loaded into the model
-    assert set(algo.client_upload(model, None)) == HEAD_KEYS
-    assert set(algo.client_keep(model, None)) == set(model.state_dict())  # backbone and local head stay
-    algo.eval_setup(model, state, payload)
+    assert set(algo.client_upload(model, context())) == HEAD_KEYS
+    assert set(algo.client_keep(model, context())) == set(model.state_dict())  # backbone and local head stay
+    algo.eval_setup(model, context(round=-1, state=state, payload=payload))
     assert torch.equal(model.head.bias, state["head.bias"])  # evaluation uses the local head
 
 
 def test_fedrep_phases_head_then_body_and_shares_the_backbone():
     cfg, algo, model = _tiny("fedrep", "algorithm.head_epochs=2")
-    (head, e1), (body, e2) = algo.local_phases(model, None)
+    (head, e1), (body, e2) = algo.local_phases(model, context())
     assert (e1, e2) == (2, 3)
     assert {id(p) for p in head} == {id(p) for p in model.head.parameters()}
     assert {id(p) for p in body} == {id(p) for p in model.backbone.parameters()}
-    assert all(k.startswith("backbone.") for k in algo.client_upload(model, None))
-    assert set(algo.client_keep(model, None)) == HEAD_KEYS
+    assert all(k.startswith("backbone.") for k in algo.client_upload(model, context()))
+    assert set(algo.client_keep(model, context())) == HEAD_KEYS
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-def test_worker_uploads_resnet18_head_only(ray_cluster, tmp_path):
+def test_worker_uploads_resnet18_head_only(tmp_path):
     """What the driver receives from a real worker job: the two head tensors, 5,130 float32s, and nothing else."""
     cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="unideal", model__name="resnet18",
                                            model__feature_dim=512, clients__num=6, train__batch_size=64))
     from raysim.data import build_federated_data
 
     data = build_federated_data(cfg)
-    threads = torch.get_num_threads()
-    try:  # the worker body, run in this process: exactly what an actor would send back to the driver
-        worker = ClientWorker(cfg)
-        worker.attach(data)
-        algo = get_algorithm("unideal")(cfg)
-        initial = build_model(cfg, "resnet18", data.input_shape(0), 10).state_dict()
-        payload = algo.server_payload(algo.init_server_state(initial), 1)
-        result, state = worker.train(TrainJob(client_id=0, round=1, payload_ref=ray.put(payload)), None)
-    finally:
-        torch.set_num_threads(threads)
+    # the client-job core, in this process: exactly what a worker's job sends back to the driver
+    algo = get_algorithm("unideal")(cfg)
+    initial = build_model(cfg, "resnet18", data.input_shape(0), 10).state_dict()
+    payload = algo.server_payload(algo.init_server_state(initial), 1)
+    result, state = ClientJobs(cfg, data).train(TrainJob(client_id=0, round=1, payload_ref=None), payload, None, None)
     assert set(result.upload) == HEAD_KEYS
     assert nbytes(result.upload) == 5130 * 4 and nbytes(payload) == 5130 * 4
     assert set(state) == set(initial)  # the whole model stays on the client

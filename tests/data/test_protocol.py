@@ -64,13 +64,11 @@ def test_cifar_official_test_split_and_augmentation_deterministic_for_any_worker
     assert one[-1]["acc_global"] == pytest.approx(correct / 13)
 
 
-def test_worker_augments_training_batches_reproducibly(ray_cluster, tmp_path):
+def test_worker_augments_training_batches_reproducibly(tmp_path):
     """A real client job in this process: data.augment changes what the client trains on, and the same job gives the
     same upload twice (its draws come from (seed, client, round), not from the worker)."""
-    import ray
-
+    from raysim.engine.core import ClientJobs
     from raysim.engine.jobs import TrainJob
-    from raysim.engine.worker import ClientWorker
 
     _tiny_cifar10(tmp_path / "data")
     cfg = load_config(None, tiny_overrides(tmp_path, data__name="cifar10", data__root=str(tmp_path / "data"),
@@ -79,18 +77,13 @@ def test_worker_augments_training_batches_reproducibly(ray_cluster, tmp_path):
     data = build_federated_data(cfg)
     algo = get_algorithm("fedavg")(cfg)
     initial = build_model(cfg, "mlp", data.input_shape(0), 10, algorithm=algo).state_dict()
-    payload = ray.put(algo.server_payload(algo.init_server_state(initial), 1))
+    payload = algo.server_payload(algo.init_server_state(initial), 1)
     uploads = {}
-    threads = torch.get_num_threads()
-    try:
-        worker = ClientWorker(cfg)
-        worker.attach(data)
-        for augment in (False, True, True):
-            worker.cfg.data.augment = augment
-            result, _ = worker.train(TrainJob(client_id=1, round=1, payload_ref=payload), None)
-            uploads.setdefault(augment, []).append(result.upload["head.weight"])
-    finally:
-        torch.set_num_threads(threads)
+    jobs = ClientJobs(cfg, data)  # the client-job core, in this process
+    for augment in (False, True, True):
+        jobs.cfg.data.augment = augment
+        result, _ = jobs.train(TrainJob(client_id=1, round=1, payload_ref=None), payload, None, None)
+        uploads.setdefault(augment, []).append(result.upload["head.weight"])
     assert torch.equal(uploads[True][0], uploads[True][1])
     assert not torch.equal(uploads[True][0], uploads[False][0])
 

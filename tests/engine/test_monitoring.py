@@ -42,25 +42,20 @@ def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(unideal_run):
     assert charts["accuracy"] == ["acc/mean", "acc/global"] and charts["curriculum p"] == ["curriculum/p"]
 
 
-def test_live_round_line_shows_clients_done_and_clears(monkeypatch):
+def test_live_round_line_shows_clients_done_and_clears():
     import io
     import time
 
-    import ray
-
+    from raysim.engine.runner import RunControl
     from raysim.runlog import LiveRound
 
-    class FakeDriver:  # what Driver.progress returns: (round, jobs done, jobs in this phase, kind)
-        class progress:  # noqa: N801 - mimics an actor method handle
-            @staticmethod
-            def remote():
-                return (4, 7, 20, "train")
+    class FakeDriver:  # an in-process driver in the middle of round 4
+        def progress(self):  # (round, jobs done, jobs in this phase, kind), as Driver.progress
+            return (4, 7, 20, "train")
 
-    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as in a run (alone, this test has no Ray session)
     out = io.StringIO()
     live = LiveRound(rounds=10, stream=out, every_s=0.01)
-    live.start(FakeDriver())
+    live.start(RunControl(FakeDriver(), remote=False))
     deadline = time.monotonic() + 5
     while "7/20" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -2,7 +2,8 @@
 
 import torch
 
-from raysim.engine.worker import all_finite, batch_bounds, job_seed, nbytes
+from raysim.engine.core import all_finite, job_seed, nbytes
+from raysim.engine.epochs import batch_bounds
 
 
 def test_batch_bounds_cover_every_sample_and_never_leave_a_single_one():

@@ -35,9 +35,9 @@ class HookProbe(Algorithm):
     def init_client_state(self, model, ctx):
         return {"visits": torch.zeros((), dtype=torch.int64)}
 
-    def client_setup(self, model, state, payload, ctx):
-        model.load_state_dict({k: v for k, v in state.items() if k != "visits"}, strict=False)
-        model.load_state_dict(payload["model"], strict=False)
+    def client_setup(self, model, ctx):
+        model.load_state_dict({k: v for k, v in ctx.state.items() if k != "visits"}, strict=False)
+        model.load_state_dict(ctx.payload["model"], strict=False)
 
     def client_loss(self, model, x, y, ctx):
         own = ctx.payload["own"]

@@ -1,0 +1,227 @@
+"""Executors: how a run's jobs run. The round loop (``raysim.engine.driver``) does not know which.
+
+- :class:`InlineExecutor` (``engine.backend=inline``) runs every job in the calling process, one after another,
+  with no Ray: notebooks, debuggers (a ``breakpoint()`` in a hook stops in your terminal) and fast tests.
+- :class:`RayExecutor` (``engine.backend=ray``) runs them on a :class:`~raysim.engine.pool.WorkerPool` of Ray
+  actors, on CPUs or fractional GPUs of any node, re-running the jobs of a worker that dies.
+
+Both hand the same typed jobs to the same core (``raysim.engine.core.ClientJobs``), so they give the same numbers.
+An executor also owns the run's objects: ``put`` returns a handle (a Ray object reference, or a private snapshot
+in-process) that jobs and the client-state stores carry, and ``get`` returns the values of handles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import torch
+
+from raysim.engine.core import ClientJobs, copy_tree, threads_for
+from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
+
+BACKENDS = ("auto", "ray", "inline")
+
+
+def _recorded_ray_cluster() -> bool:
+    """Whether ``ray start`` recorded a cluster on this machine (the file ``ray.init()`` with no address reads),
+    found without importing Ray (~1 s): ``$RAY_TMPDIR``, else ``$TMPDIR``, else /tmp, then ``ray/ray_current_cluster``
+    (as ``ray._common.utils.get_ray_address_file``)."""
+    tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or os.path.join(os.sep, "tmp")
+    return os.path.isfile(os.path.join(tmp, "ray", "ray_current_cluster"))
+
+
+def choose_backend(engine: Any) -> str:
+    """``engine.backend`` resolved: ``ray`` or ``inline``.
+
+    ``auto`` is ``inline`` for a run that Ray would give nothing: one worker (``engine.num_workers=1``), no GPU
+    share, no object-store budget (``engine.state_memory_gb``), and no Ray cluster in sight (``engine.address``
+    null or ``local``, no ``RAY_ADDRESS``, no cluster recorded by ``ray start``, no Ray already initialised in this
+    process, such as a notebook's own ``ray.init()`` or a test session's). Everything else is ``ray``."""
+    if engine.backend != "auto":
+        return engine.backend
+    if engine.num_workers > 1 or engine.gpus_per_worker > 0 or engine.state_memory_gb is not None:
+        return "ray"
+    if engine.address not in (None, "local"):
+        return "ray"
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return "ray"
+    if engine.address is None and (os.environ.get("RAY_ADDRESS") or _recorded_ray_cluster()):
+        return "ray"
+    return "inline"
+
+
+def inline_device(engine: Any) -> str:
+    """The in-process executor's device: the CPU, or CUDA for ``engine.gpus_per_worker > 0`` (a one-line error
+    where this process cannot use CUDA)."""
+    if engine.gpus_per_worker <= 0:
+        return "cpu"
+    from raysim.errors import UserError
+
+    if not torch.cuda.is_available():
+        raise UserError(f"config key 'engine.gpus_per_worker': {engine.gpus_per_worker:g} GPU asked for, but CUDA "
+                        f"is not usable in this process (engine.backend=inline); set engine.gpus_per_worker=0")
+    return "cuda"
+
+
+class Executor:
+    """The verbs the round loop uses; results come back keyed by client id (training) or job index."""
+
+    replacements: int = 0  # workers replaced after dying, this invocation (Ray only)
+    progress: tuple[int, int, str] = (0, 0, "")  # (jobs done, jobs in this phase, "train" | "evaluate" | "server")
+
+    def put(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def get(self, handles: list) -> list:
+        raise NotImplementedError
+
+    def start(self, workers: Optional[list[Any]] = None) -> None:
+        """Get ready to run jobs (the Ray executor takes or creates its workers here)."""
+
+    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
+        """Train every job's client; returns {client id: (result, handle of its new state)}."""
+        raise NotImplementedError
+
+    def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
+        """Evaluate every job's clients (``states[i]``: their state handles); returns {job index: rows}."""
+        raise NotImplementedError
+
+    def server_train(self, job: ServerTrainJob) -> dict:
+        raise NotImplementedError
+
+    def info(self) -> list[dict]:
+        return []
+
+    def shutdown(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------- in-process
+class InlineExecutor(Executor):
+    """Every job in this process, one after another, on ``engine.cpus_per_worker`` torch threads.
+
+    Handles are private snapshots: what is put (a payload, a kept state, an upload) is copied, and every job gets
+    its own copy of the states it reads, so a hook that changes a tensor in place changes nothing anyone else sees,
+    exactly as when the objects cross Ray's object store."""
+
+    def __init__(self, cfg: ExperimentConfig, data: Any, device: torch.device | str = "cpu"):
+        self.cfg = cfg
+        self.jobs = ClientJobs(cfg, data, device)
+
+    def put(self, obj: Any) -> Any:
+        return copy_tree(obj)
+
+    def get(self, handles: list) -> list:
+        return list(handles)
+
+    @contextlib.contextmanager
+    def _threads(self) -> Iterator[None]:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(threads_for(self.cfg.engine.cpus_per_worker))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(saved)
+
+    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
+        out: dict[int, tuple[TrainResult, Any]] = {}
+        self.progress = (0, len(jobs), "train")
+        with self._threads():
+            for job, state in zip(jobs, states):
+                result, keep = self.jobs.train(job, job.payload_ref, job.own_payload_ref, copy_tree(state))
+                result.upload = copy_tree(result.upload)  # a snapshot: nothing of the job's model stays shared
+                out[job.client_id] = (result, copy_tree(keep))
+                self.progress = (len(out), len(jobs), "train")
+        return out
+
+    def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
+        out: dict[int, list[ClientAccuracy]] = {}
+        self.progress = (0, len(jobs), "evaluate")
+        with self._threads():
+            for i, (job, chunk_states) in enumerate(zip(jobs, states)):
+                owns = job.own_payload_refs or [None] * len(job.client_ids)
+                out[i] = self.jobs.evaluate(job, job.payload_ref, owns, [copy_tree(s) for s in chunk_states])
+                self.progress = (len(out), len(jobs), "evaluate")
+        return out
+
+    def server_train(self, job: ServerTrainJob) -> dict:
+        self.progress = (0, 1, "server")
+        with self._threads():
+            history = {cid: copy_tree(list(objs)) for cid, objs in job.history_refs.items()}
+            return self.jobs.server_train(job.round, job.state_ref, job.updates_ref, history)
+
+
+# ---------------------------------------------------------------------------------------------------- Ray
+class RayExecutor(Executor):
+    """Jobs on a pool of ``ClientWorker`` actors (``raysim.engine.pool``); objects in Ray's object store."""
+
+    def __init__(self, cfg: ExperimentConfig, data: Any, placement_group: Any = None):
+        import ray
+
+        from raysim.engine.worker import enable_fast_tensor_serialization
+
+        enable_fast_tensor_serialization()  # the driver's payload puts and result gets
+        self.cfg = cfg
+        self._ray = ray
+        self._data_ref = ray.put(data)  # once per run; jobs carry client ids, never samples
+        self._placement_group = placement_group
+        self.pool: Any = None
+
+    @property
+    def replacements(self) -> int:  # type: ignore[override]
+        return self.pool.replacements if self.pool is not None else 0
+
+    @property
+    def progress(self) -> tuple[int, int, str]:  # type: ignore[override]
+        return getattr(self.pool, "progress", (0, 0, ""))
+
+    def put(self, obj: Any) -> Any:
+        return self._ray.put(obj)
+
+    def get(self, handles: list) -> list:
+        return self._ray.get(list(handles)) if handles else []
+
+    def start(self, workers: Optional[list[Any]] = None) -> None:
+        from raysim.engine.pool import WorkerPool
+
+        if self.pool is None:
+            self.pool = WorkerPool(self.cfg, self._data_ref, self._placement_group, workers)
+
+    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
+        from raysim.engine.pool import Job
+
+        def job(work: TrainJob, state: Any) -> Job:
+            return Job(key=work.client_id, submit=lambda w: w.train.remote(work, state), clients=[work.client_id],
+                       round=work.round, batch=(work, state))
+
+        return self.pool.run([job(w, s) for w, s in zip(jobs, states)])
+
+    def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
+        from raysim.engine.pool import Job
+
+        def job(i: int, work: EvalJob, chunk_states: list) -> Job:
+            return Job(key=i, submit=lambda w: w.evaluate.remote(work, chunk_states), clients=work.client_ids,
+                       round=work.round, kind="evaluate")
+
+        return self.pool.run([job(i, w, s) for i, (w, s) in enumerate(zip(jobs, states))])
+
+    def server_train(self, job: ServerTrainJob) -> dict:
+        from raysim.engine.pool import Job
+
+        done = self.pool.run([Job(key=0, submit=lambda w: w.server_train.remote(job), clients=[], round=job.round,
+                                  kind="server")])
+        return done[0]
+
+    def info(self) -> list[dict]:
+        return self.pool.info() if self.pool is not None else []
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
