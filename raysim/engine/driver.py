@@ -119,7 +119,7 @@ class Driver:
             from raysim.tboard import write_run_header
 
             with self._writing("TensorBoard's events"):
-                write_run_header(self.run_dir, cfg)
+                write_run_header(self.run_dir, cfg, self.algorithm.tensorboard_charts)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
