@@ -28,7 +28,8 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     from raysim.algorithms.base import ClientContext, eval_features
     from raysim.config import load_config
     from raysim.data import build_federated_data
-    from raysim.engine.state import read_checkpoint, safe_load
+    from raysim.engine.state import (checkpoint_dir, client_file, has_checkpoint, read_checkpoint, safe_load,
+                                     server_file)
     from raysim.engine.worker import EVAL_STREAM, job_seed
     from raysim.models import build_model, model_key
     from raysim.registry import get_algorithm, import_plugins
@@ -36,8 +37,8 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"--tsne: {run_dir} is not a run directory (no config.yaml)")
-    if not (run_dir / "checkpoint" / "server.pt").is_file():
-        raise UserError(f"--tsne: {run_dir} has no checkpoint (checkpoint/server.pt): no round completed")
+    if not has_checkpoint(run_dir):
+        raise UserError(f"--tsne: {run_dir} has no checkpoint ({server_file(run_dir)}): no round completed")
     cfg = load_config(run_dir / "config.yaml")
     import_plugins(cfg.plugins)
     algorithm = get_algorithm(cfg.algorithm.name)(cfg)
@@ -54,8 +55,7 @@ def export_features(run_dir: Path) -> dict[str, Any]:
         own = algorithm.client_payload(server_state, cid, -1)
         if own:
             payload.update(own)
-        state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{client_files[cid]:05d}.pt")
-                 if cid in client_files else None)
+        state = safe_load(client_file(checkpoint_dir(run_dir), cid, client_files[cid])) if cid in client_files else None
         # as a worker's evaluation does it: build (seeded initial weights), seed the job, set up, predict
         model = build_model(cfg, model_key(cfg, data, cid)[0], data.input_shape(cid), data.num_classes, cid,
                             algorithm)

@@ -21,7 +21,7 @@ from raysim.dirlock import DirLock
 from raysim.engine.driver import Driver
 from raysim.engine.pool import kill_quietly, spawn_workers
 from raysim.engine.resources import check_resources, ray_session
-from raysim.engine.state import read_checkpoint
+from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file
 from raysim.errors import RunStopped, UserError, find_user_error
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
@@ -41,8 +41,8 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
     if resume:
         lock = DirLock(run_dir).acquire() if run_dir.is_dir() else DirLock(run_dir)
         try:
-            if not (run_dir / "checkpoint" / "server.pt").is_file():
-                raise UserError(f"{run_dir} holds no checkpoint to resume (expected {run_dir}/checkpoint/server.pt)")
+            if not has_checkpoint(run_dir):
+                raise UserError(f"{run_dir} holds no checkpoint to resume (expected {server_file(run_dir)})")
             saved = load_config(run_dir / "config.yaml")
             differ = [k for k, v in to_flat_dict(saved).items()
                       if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
@@ -62,7 +62,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
     lock = DirLock(run_dir).acquire()  # refused: another process claimed it first, and its files are its own
     try:
-        if any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
+        if (run_dir / "metrics.jsonl").exists() or checkpoint_dir(run_dir).exists():
             raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
                             f"or choose another log.dir")
         _check_writable(run_dir)
@@ -140,7 +140,7 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
         found = find_user_error(exc)
         if isinstance(found, RunStopped):
             found.run_dir = run_dir  # for the resume hint
-        if created and not (run_dir / "checkpoint").exists():
+        if created and not checkpoint_dir(run_dir).exists():
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
         raise
     return run_dir, rows, stop_requested.is_set() and (not rows or rows[-1]["round"] < cfg.rounds)
