@@ -34,7 +34,7 @@ def test_teacher_features_are_cached_under_raysim_cache(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "offline teacher" in err and f"{accuracy:.4f}" in err  # trained; the accuracy it printed is returned
     assert 0.0 <= accuracy <= 1.0
-    files = list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))
+    files = list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))
     assert len(files) == 1 and not (tmp_path / "xdg").exists()
     assert first.shape == (len(data.domains[0].y), 16) and first.dtype == np.float32
     again, accuracy_again = offline_teacher_features(cfg, data, calibration)
@@ -55,7 +55,7 @@ def test_a_larger_teacher_keeps_the_feature_width_and_has_its_own_cache_entry(tm
     f_small, _ = offline_teacher_features(small, data, calibration)
     f_large, _ = offline_teacher_features(large, data, calibration)
     assert f_large.shape == f_small.shape and not np.allclose(f_large, f_small)
-    assert len(list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))) == 2
+    assert len(list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))) == 2
 
 
 class _Recorder(nn.Module):
