@@ -157,8 +157,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_dir = getattr(found, "run_dir", None) or (_RUN_DIR[0] if _RUN_DIR else None)
             hint = ""
             if run_dir is not None:
+                from raysim.engine.state import has_checkpoint
+
                 hint = (f"; resume with: raysim run --resume {run_dir}"
-                        if (Path(run_dir) / "checkpoint" / "server.pt").is_file()
+                        if has_checkpoint(Path(run_dir))
                         else "; no round was checkpointed: start the run again")
             print(f"raysim: stopped: {found}{hint}", file=sys.stderr)
             return EXIT_STOPPED

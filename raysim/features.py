@@ -31,14 +31,14 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     from raysim.data import build_federated_data
     from raysim.engine.core import ClientJobs
     from raysim.engine.epochs import torch_threads
-    from raysim.engine.state import read_checkpoint, safe_load
+    from raysim.engine.state import checkpoint_dir, client_file, has_checkpoint, read_checkpoint, safe_load, server_file
     from raysim.registry import get_algorithm, import_plugins
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"--tsne: {run_dir} is not a run directory (no config.yaml)")
-    if not (run_dir / "checkpoint" / "server.pt").is_file():
-        raise UserError(f"--tsne: {run_dir} has no checkpoint (checkpoint/server.pt): no round completed")
+    if not has_checkpoint(run_dir):
+        raise UserError(f"--tsne: {run_dir} has no checkpoint ({server_file(run_dir)}): no round completed")
     cfg = load_config(run_dir / "config.yaml")
     import_plugins(cfg.plugins)
     algorithm = get_algorithm(cfg.algorithm.name)(cfg)
@@ -54,7 +54,7 @@ def export_features(run_dir: Path) -> dict[str, Any]:
             if len(data.clients[cid].test) == 0:
                 continue
             own = algorithm.client_payload(server_state, cid, -1)
-            state = (safe_load(run_dir / "checkpoint" / "clients" / f"c{cid:06d}_r{client_files[cid]:05d}.pt")
+            state = (safe_load(client_file(checkpoint_dir(run_dir), cid, client_files[cid]))
                      if cid in client_files else None)
             with torch.no_grad():
                 model, ctx = jobs.eval_model(cid, rnd, shared, own, state)

@@ -34,7 +34,7 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
-from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs, write_target_plot
+from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
@@ -536,6 +536,51 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
         files[name] = out / name
         plt.close(fig)
     return files
+
+
+def write_target_plot(report: Report, out: Path) -> dict[str, Path]:
+    """UNIDEAL's Fig. 1: for every method, the traffic (up + down) and the wall-clock time it took to reach the
+    report's target accuracy (mean ± std over the seeds that reached it), one panel per setting, one point per method;
+    methods that never reached it are listed under the panel. Nothing is drawn when no method reached the target."""
+    stats = {s: [(g, comm_stats(g, report.metric, report.target)) for g in report.groups if g.setting == s]
+             for s in report.settings}
+    settings = [s for s in report.settings if any(c["reached"] for _, c in stats[s])]
+    if not settings:
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    labels = plot_labels(report)
+    cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
+    colours = {m: cmap(i % cmap.N) for i, m in enumerate(report.methods)}
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.4), squeeze=False, layout="constrained")
+    for ax, setting in zip(axes[0], settings):
+        missed = []
+        for g, c in sorted(stats[setting], key=lambda gc: gc[0].method):
+            if not c["reached"]:
+                missed.append(labels[g.method])
+                continue
+            (mb, mb_sd), (sec, sec_sd) = c["mb_to_target"], c["wall_s_to_target"]
+            ax.errorbar(max(mb, 1e-6), sec, xerr=mb_sd, yerr=sec_sd, fmt="o", color=colours[g.method], capsize=3)
+            ax.annotate(f"{labels[g.method]} ({c['reached']}/{c['runs']})", (max(mb, 1e-6), sec), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+        ax.set_xscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")  # "6", not "6×10⁰": within a decade the minor ticks carry labels
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
+        ax.set_xlabel(f"MB (up + down) to {report.metric} ≥ {report.target:g}")
+        ax.set_ylabel("seconds to target")
+        ax.set_title(setting, fontsize=10)
+        ax.grid(alpha=0.3)
+        if missed:
+            ax.text(0.0, -0.22, "never reached: " + ", ".join(missed), transform=ax.transAxes, fontsize=7, va="top")
+    path = out / "to_target.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return {path.name: path}
 
 
 def format_console(report: Report, out: Path) -> str:

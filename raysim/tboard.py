@@ -1,19 +1,17 @@
-"""What every run directory gives TensorBoard besides its scalars: HParams and a custom-scalars layout.
+"""What TensorBoard gets besides a run's scalars: HParams and a custom-scalars layout.
 
 HParams hold the run's resolved config (so ``tensorboard --logdir runs/`` compares any runs, not only sweep trials;
-a sweep later replaces a trial's HParams with its searched keys and best metric). The custom-scalars layout puts
-accuracy beside the curriculum on one page: ``k`` for FAPD, ``p`` for UNIDEAL.
+a sweep later replaces a trial's HParams with its searched keys and best metric, :func:`write_hparams`). The
+custom-scalars layout puts accuracy on one page beside the charts the algorithm declares
+(``Algorithm.tensorboard_charts``: FAPD's curriculum dimension, UNIDEAL's distilled share).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from raysim.config import ExperimentConfig, to_flat_dict
-
-# the curriculum scalar an algorithm logs (metrics.jsonl key -> TensorBoard tag), for the layout
-CURRICULUM_TAGS = {"k": "curriculum/k", "p": "curriculum/p"}
 
 
 def run_hparams(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -26,32 +24,53 @@ def run_hparams(cfg: ExperimentConfig) -> dict[str, Any]:
     return out
 
 
-def layout(curriculum: str | None) -> dict:
-    charts = {"accuracy": ["Multiline", ["acc/mean", "acc/global"]]}
-    if curriculum:
-        charts[f"curriculum {curriculum}"] = ["Multiline", [CURRICULUM_TAGS[curriculum]]]
-    charts["loss and its parts"] = ["Multiline", [r"loss/.*"]]
-    charts["bytes per round"] = ["Multiline", ["comm/bytes_up", "comm/bytes_down"]]
-    return {"raysim": charts}
+def layout(charts: Mapping[str, Sequence[str]] = {}) -> dict:  # noqa: B006 - read only
+    """The custom-scalars page: accuracy, then ``charts`` (title -> tags, one multi-line chart each), loss, bytes."""
+    page = {"accuracy": ["Multiline", ["acc/mean", "acc/global"]]}
+    page.update({title: ["Multiline", list(tags)] for title, tags in charts.items()})
+    page["loss and its parts"] = ["Multiline", [r"loss/.*"]]
+    page["bytes per round"] = ["Multiline", ["comm/bytes_up", "comm/bytes_down"]]
+    return {"raysim": page}
 
 
-def curriculum_of(algorithm: str) -> str | None:
-    if algorithm == "fapd":
-        return "k"
-    if algorithm == "unideal":
-        return "p"
-    return None
-
-
-def write_run_header(run_dir: Path, cfg: ExperimentConfig) -> None:
-    """HParams of the whole config and the custom-scalars layout, in ``events.*.hparams`` of the run directory."""
+def write_run_header(run_dir: Path, cfg: ExperimentConfig, charts: Mapping[str, Sequence[str]] = {}) -> None:  # noqa: B006
+    """HParams of the whole config and the custom-scalars layout (with the algorithm's own ``charts``), in
+    ``events.*.hparams`` / ``events.*.layout`` of the run directory."""
     from torch.utils.tensorboard import SummaryWriter
-
-    from raysim.tune import write_hparams
 
     write_hparams(run_dir, run_hparams(cfg), {})
     writer = SummaryWriter(str(run_dir), filename_suffix=".layout")
     try:
-        writer.add_custom_scalars(layout(curriculum_of(cfg.algorithm.name)))
+        writer.add_custom_scalars(layout(charts))
+    finally:
+        writer.close()
+
+
+def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
+    """TensorBoard HParams for one run or trial, in its run directory: ``tensorboard --logdir SWEEP_DIR`` compares
+    trials.
+
+    Besides the given summary metrics, the run's own ``acc/mean`` / ``acc/global`` curves are listed as metrics.
+    A rewrite (after --resume) replaces the earlier HParams file.
+    """
+    if not run_dir.is_dir() or not hparams:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+    for old in run_dir.glob("events.out.tfevents.*.hparams"):
+        old.unlink()
+    clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
+             if v is not None}
+    values = {k: float(v) for k, v in metrics.items() if v is not None}
+    names = {**values, "acc/mean": 0.0, "acc/global": 0.0}
+    exp, ssi, sei = hparams_summary(clean, names)
+    writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
+    try:
+        fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
+        for summary in (exp, ssi, sei):
+            fw.add_summary(summary)
+        for key, value in values.items():
+            writer.add_scalar(key, value, 0)
     finally:
         writer.close()

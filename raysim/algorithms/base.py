@@ -145,10 +145,18 @@ class Algorithm:
     eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
     clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
     server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
+    # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
+    tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         self.config: Any = cfg.algorithm  # the algorithm's own Config dataclass (FAPDConfig, ...)
+
+    @classmethod
+    def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
+        """Settings this algorithm runs but that mean less than they seem (UNIDEAL: a p-schedule that cannot move):
+        one message each, printed as a ``raysim: warning:`` line whenever such a config is loaded to run."""
+        return []
 
     # ----------------------------------------------------------------- which tensors cross the network
     @property

@@ -113,6 +113,7 @@ class FAPD(Algorithm):
 
     Config = FAPDConfig
     shared = "all"
+    tensorboard_charts = {"curriculum k": ["curriculum/k"]}  # the curriculum dimension beside accuracy
 
     # ------------------------------------------------------------------ driver: data, teacher, PCA
     def prepare_data(self, data: FederatedData) -> FederatedData:

@@ -60,8 +60,6 @@ data, so FedPCL's numbers with it are not the paper's regime; say so wherever th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import sys
 import time
@@ -78,12 +76,15 @@ from raysim.algorithms.base import Algorithm, eval_features, ClientContext, Clie
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, require
 from raysim.data.base import FederatedData, is_indexed
+from raysim.engine.central import cached, derived_seed, recipe_key, require_finite, train_classifier
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 BACKBONES_KEY = "fedpcl.backbones"  # data.meta: group name -> stand-in backbone state dict
 GROUP_KEY = "fedpcl.client_group"  # data.meta: client id -> group name (None: model.weights, or none needed)
-CACHE_VERSION = 2  # 2: a trailing one-sample batch is trained (merged, as the workers do); v1 skipped it
+# 2: a trailing one-sample batch is trained (merged, as the workers do); v1 skipped it. 3: keyed by
+# raysim.engine.central.recipe_key (dtypes and shapes hashed too), without the device
+CACHE_VERSION = 3
 _CHUNK = 1024
 
 
@@ -379,9 +380,7 @@ def _cache_root(cfg: ExperimentConfig) -> Path:
 def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[int],
                       pretrain: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
     """Pre-train one backbone centrally on its clients' carved-out samples; returns its state dict (cached)."""
-    from raysim.engine.epochs import fit_classifier, torch_threads
-    from raysim.fsutil import atomic_writer
-    from raysim.models import ClassifierModel
+    from raysim.engine.epochs import torch_threads
     from raysim.registry import get_model
 
     p = cfg.algorithm.pretrain
@@ -397,43 +396,37 @@ def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[
         xs.append(x)
         ys.append(y)
     x, y = torch.cat(xs), torch.cat(ys)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    h = hashlib.blake2b(digest_size=16)
     recipe = {"v": CACHE_VERSION, "arch": arch, "shape": list(shape), "client": first,
               "model": {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("name", "weights")},
               "epochs": p.epochs, "lr": p.lr, "batch_size": p.batch_size, "seed": cfg.seed,
-              "classes": data.num_classes, "device": device.type, "torch": torch.__version__}
-    h.update(json.dumps(recipe, sort_keys=True, default=str).encode())
-    h.update(x.numpy().tobytes())
-    h.update(y.numpy().tobytes())
-    path = _cache_root(cfg) / f"{arch}-{h.hexdigest()}.pt"
-    seed = int(np.random.SeedSequence([cfg.seed, first, 0xFED9C1]).generate_state(1)[0])
-    torch.manual_seed(seed)
-    backbone = get_model(arch)(input_shape=shape, cfg=cfg.model, client_id=first, seed=cfg.seed)
-    if path.is_file():
+              "classes": data.num_classes}
+    path = _cache_root(cfg) / f"{arch}-{recipe_key(recipe, (x, y))}.pt"
+    seed = derived_seed(cfg.seed, first, 0xFED9C1)
+
+    def build() -> nn.Module:
+        return get_model(arch)(input_shape=shape, cfg=cfg.model, client_id=first, seed=cfg.seed)
+
+    def fits(entry: dict[str, torch.Tensor]) -> bool:
+        torch.manual_seed(seed)  # as for training (building draws initial weights from the global RNG)
         try:
-            cached = torch.load(path, map_location="cpu", weights_only=True)
-            backbone.load_state_dict(cached)  # raises on any key or shape mismatch: train again
-            return {k: v.detach().cpu() for k, v in backbone.state_dict().items()}
-        except Exception:  # noqa: BLE001 - a damaged or foreign file: train again and overwrite it
-            pass
-    start = time.perf_counter()
-    with torch_threads(cfg.engine.cpus_per_worker):
-        model = ClassifierModel(backbone, cfg.model.feature_dim, data.num_classes).to(device)
-        fit_classifier(model, x.to(device), y.to(device), epochs=p.epochs, lr=p.lr, batch_size=p.batch_size,
-                       generator=torch.Generator().manual_seed(seed))
-        out = {k: v.detach().cpu().clone() for k, v in model.backbone.state_dict().items()}
-    if not all(bool(torch.isfinite(v).all()) for v in out.values() if v.is_floating_point()):
-        raise UserError("config key 'algorithm.pretrain.lr': the offline stand-in backbone diverged (NaN weights); "
-                        "lower algorithm.pretrain.lr")
-    print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} carved-out samples of clients "
-          f"{members}, {p.epochs} epochs) pre-trained in {time.perf_counter() - start:.1f}s; it stands in for a "
-          f"public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_writer(path, fsync=False) as fh:  # no fsync: a cache entry lost to a power cut is trained again
-            torch.save(out, fh)
-    except OSError as exc:
-        print(f"raysim: fedpcl: warning: could not cache the stand-in backbone in {path.parent} ({exc.strerror}); "
-              f"set algorithm.pretrain.cache_dir", file=sys.stderr, flush=True)
-    return out
+            build().load_state_dict(entry)  # raises on any key or shape mismatch: train again
+        except RuntimeError:
+            return False
+        return True
+
+    def train() -> dict[str, torch.Tensor]:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # issue 30: a reserved job will choose
+        start = time.perf_counter()
+        with torch_threads(cfg.engine.cpus_per_worker):
+            model = train_classifier(build, x, y, feature_dim=cfg.model.feature_dim, num_classes=data.num_classes,
+                                     epochs=p.epochs, lr=p.lr, batch_size=p.batch_size, seed=seed, device=device)
+            out = {k: v.detach().cpu().clone() for k, v in model.backbone.state_dict().items()}
+        require_finite(out.values(), key="algorithm.pretrain.lr",
+                       what="the offline stand-in backbone diverged (NaN weights)")
+        print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} carved-out samples of "
+              f"clients {members}, {p.epochs} epochs) pre-trained in {time.perf_counter() - start:.1f}s; it stands in "
+              f"for a public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)
+        return out
+
+    return cached(path, train, accept=fits, who="fedpcl", what="the stand-in backbone",
+                  dir_key="algorithm.pretrain.cache_dir")

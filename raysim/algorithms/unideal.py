@@ -18,7 +18,7 @@ from torch import nn
 from torch.func import functional_call
 
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
-from raysim.config import AlgorithmConfig, require
+from raysim.config import AlgorithmConfig, ExperimentConfig, require
 from raysim.curriculum.clkd import METRICS, NORMS, OVERS, SHAPES, clkd_loss, p_schedule
 from raysim.models import HEAD_PREFIX
 from raysim.registry import register_algorithm
@@ -72,6 +72,19 @@ class Unideal(Algorithm):
 
     Config = UnidealConfig
     shared = "head"
+    tensorboard_charts = {"curriculum p": ["curriculum/p"]}  # the distilled share beside accuracy
+
+    @classmethod
+    def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
+        """A p-schedule over the local epochs cannot move with one local epoch: p stays at its end value."""
+        schedule = getattr(cfg.algorithm, "schedule", None)  # PartialKD has none
+        if (schedule is not None and schedule.over == "local_epochs" and cfg.train.local_epochs == 1
+                and schedule.shape != "constant"):
+            exact = " (exactly PartialKD)" if schedule.end == 1.0 else ""
+            return [f"unideal's p-schedule runs over the local epochs, and with train.local_epochs=1 a single epoch "
+                    f"counts as the last: p stays at algorithm.schedule.end={schedule.end} every round{exact}, the "
+                    f"curriculum never moves (raise train.local_epochs, or set algorithm.schedule.over=rounds)"]
+        return []
 
     # ------------------------------------------------------------------ the curriculum
     def fraction(self, ctx: ClientContext) -> float:
@@ -128,6 +141,7 @@ class PartialKD(Unideal):
     """UNIDEAL's ablation: the same distillation from the global head, on every sample from the start."""
 
     Config = PartialKDConfig
+    tensorboard_charts = {}  # p is 1 throughout: no curriculum to chart
 
     def fraction(self, ctx: ClientContext) -> float:
         return 1.0

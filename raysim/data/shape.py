@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from raysim.data.base import Domain, FederatedData
+from raysim.data.base import Domain, FederatedData, channel_stats
 from raysim.errors import UserError
 
 _CHUNK = 4096  # images converted at once (bounds the float copies resize makes)
@@ -41,8 +41,6 @@ def reshape_images(x: np.ndarray, size: Optional[int], channels: Optional[int]) 
 
 def _stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if x.dtype == np.uint8:
-        from raysim.data.digits import channel_stats
-
         return channel_stats(x)
     flat = x.transpose(1, 0, 2, 3).reshape(x.shape[1], -1).astype(np.float64)
     return flat.mean(axis=1).astype(np.float32), np.maximum(flat.std(axis=1), 1e-6).astype(np.float32)

@@ -25,7 +25,7 @@ from raysim.data import build_federated_data
 from raysim.engine.core import nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
-from raysim.engine.state import ClientHistoryStore, ClientStateStore, read_checkpoint
+from raysim.engine.state import ClientHistoryStore, ClientStateStore, checkpoint_dir, read_checkpoint
 from raysim.errors import RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
@@ -117,8 +117,8 @@ class Driver:
             self.round = self._checkpointed = int(ckpt["round"])
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
-            self.states.load(self.run_dir / "checkpoint", ckpt["client_files"])
-            self.history.load(self.run_dir / "checkpoint", ckpt.get("history", {}))
+            self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"])
+            self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}))
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -126,7 +126,7 @@ class Driver:
             from raysim.tboard import write_run_header
 
             with self._writing("TensorBoard's events"):
-                write_run_header(self.run_dir, cfg)
+                write_run_header(self.run_dir, cfg, self.algorithm.tensorboard_charts)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
@@ -368,8 +368,8 @@ class Driver:
         return row.correct / row.total if row.total else None
 
     def checkpoint(self) -> None:
-        history = self.history.save(self.run_dir / "checkpoint")  # new entries' files, before server.pt names them
-        self.states.save(self.run_dir / "checkpoint", self.round,
+        history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
+        self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history})
-        self.history.prune(self.run_dir / "checkpoint")
+        self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round

@@ -36,7 +36,7 @@ def epoch_batches(n: int, batch_size: int, generator: Optional[torch.Generator],
 def fit_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, batch_size: int,
                    generator: torch.Generator) -> None:
     """Central training with the workers' batches: cross-entropy, SGD with momentum 0.9, in place (the offline
-    teacher and FedPCL's stand-in backbones, trained by the driver)."""
+    teacher and FedPCL's stand-in backbones, through :func:`raysim.engine.central.train_classifier`)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model.train()
     for _ in range(epochs):

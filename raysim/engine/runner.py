@@ -19,7 +19,7 @@ import yaml
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
 from raysim.engine.executor import choose_backend
-from raysim.engine.state import has_checkpoint, read_checkpoint
+from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file
 from raysim.errors import RunStopped, UserError, find_user_error
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
@@ -39,8 +39,8 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
     if resume:
         lock = DirLock(run_dir).acquire() if run_dir.is_dir() else DirLock(run_dir)
         try:
-            if not (run_dir / "checkpoint" / "server.pt").is_file():
-                raise UserError(f"{run_dir} holds no checkpoint to resume (expected {run_dir}/checkpoint/server.pt)")
+            if not has_checkpoint(run_dir):
+                raise UserError(f"{run_dir} holds no checkpoint to resume (expected {server_file(run_dir)})")
             saved = load_config(run_dir / "config.yaml")
             differ = [k for k, v in to_flat_dict(saved).items()
                       if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
@@ -60,7 +60,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
     lock = DirLock(run_dir).acquire()  # refused: another process claimed it first, and its files are its own
     try:
-        if any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoint")):
+        if (run_dir / "metrics.jsonl").exists() or checkpoint_dir(run_dir).exists():
             raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
                             f"or choose another log.dir")
         _check_writable(run_dir)

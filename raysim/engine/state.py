@@ -30,8 +30,50 @@ from raysim.errors import UserError
 from raysim.fsutil import atomic_writer
 
 FORMAT_VERSION = 1
-_CLIENT_FILE = re.compile(r"c(\d+)_r(\d+)\.pt$")
 _SAVE_CHUNK = 256  # client states fetched and written per batch (bounds the driver's memory at checkpoint time)
+
+# the checkpoint's layout (see the module docstring): its names are spelled here and nowhere else
+CHECKPOINT_DIR = "checkpoint"
+SERVER_FILE = "server.pt"
+CLIENTS_DIR = "clients"
+HISTORY_DIR = "history"
+_ENTRY_FILE = re.compile(r"c(\d+)_r(\d+)\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """``RUN_DIR/checkpoint``: everything a resumed run restarts from."""
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def server_file(run_dir: Path) -> Path:
+    """``RUN_DIR/checkpoint/server.pt``, the commit point: a round counts as checkpointed once it is written."""
+    return checkpoint_dir(run_dir) / SERVER_FILE
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a checkpoint to resume (at least one round completed and saved)."""
+    return server_file(run_dir).is_file()
+
+
+def entry_name(client_id: int, round: int) -> str:
+    """The file name of a client's entry as of a round: ``c000042_r00007.pt``."""
+    return f"c{int(client_id):06d}_r{int(round):05d}.pt"
+
+
+def parse_entry_name(name: str) -> Optional[tuple[int, int]]:
+    """(client, round) of an entry's file name, or None for any other name."""
+    m = _ENTRY_FILE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def client_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
+    """The file holding ``client_id``'s kept state as of ``round``, in the checkpoint directory ``ckpt_dir``."""
+    return Path(ckpt_dir) / CLIENTS_DIR / entry_name(client_id, round)
+
+
+def history_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
+    """The file holding what the server kept of ``client_id``'s update of ``round`` (``Algorithm.server_keep``)."""
+    return Path(ckpt_dir) / HISTORY_DIR / entry_name(client_id, round)
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -122,34 +164,33 @@ class ClientStateStore:
     # ------------------------------------------------------------------ checkpoints
     def save(self, ckpt_dir: Path, round: int, server: dict) -> None:
         """Write changed client states, then ``server.pt`` (the commit point), then drop superseded files."""
-        clients_dir = ckpt_dir / "clients"
         new_rounds = dict(self._file_round)
         dirty = sorted(self._dirty)
         for start in range(0, len(dirty), _SAVE_CHUNK):  # one object-store round trip and one fsync batch a chunk
             chunk = dirty[start:start + _SAVE_CHUNK]
             states = self._objects.get([self._refs[cid] for cid in chunk])
-            save_all_durably([(st, clients_dir / f"c{cid:06d}_r{round:05d}.pt") for cid, st in zip(chunk, states)])
+            save_all_durably([(st, client_file(ckpt_dir, cid, round)) for cid, st in zip(chunk, states)])
             new_rounds.update({cid: round for cid in chunk})
         atomic_save({"format": FORMAT_VERSION, "round": round, "client_files": new_rounds, **server},
-                    ckpt_dir / "server.pt")
+                    ckpt_dir / SERVER_FILE)
         for cid in self._dirty:
             old = self._file_round.get(cid)
             if old is not None and old != round:
-                (clients_dir / f"c{cid:06d}_r{old:05d}.pt").unlink(missing_ok=True)
+                client_file(ckpt_dir, cid, old).unlink(missing_ok=True)
         self._file_round = new_rounds
         self._dirty.clear()
 
     def load(self, ckpt_dir: Path, client_files: dict[int, int]) -> None:
         """Put every client's checkpointed state back into the object store; remove files no checkpoint names."""
-        clients_dir = ckpt_dir / "clients"
+        clients_dir = Path(ckpt_dir) / CLIENTS_DIR
         for cid, rnd in sorted(client_files.items()):
-            self._refs[int(cid)] = self._objects.put(safe_load(clients_dir / f"c{int(cid):06d}_r{int(rnd):05d}.pt"))
+            self._refs[int(cid)] = self._objects.put(safe_load(client_file(ckpt_dir, cid, rnd)))
         self._file_round = {int(c): int(r) for c, r in client_files.items()}
         self._dirty.clear()
         if clients_dir.is_dir():
             for f in clients_dir.iterdir():
-                m = _CLIENT_FILE.match(f.name)
-                if f.name.startswith(".") or (m and self._file_round.get(int(m.group(1))) != int(m.group(2))):
+                entry = parse_entry_name(f.name)
+                if f.name.startswith(".") or (entry and self._file_round.get(entry[0]) != entry[1]):
                     f.unlink(missing_ok=True)
 
 
@@ -161,8 +202,6 @@ class ClientHistoryStore:
     once kept, so a checkpoint writes each entry once (``history/cCLIENT_rROUND.pt``), and files of entries that
     dropped out of the window are deleted after the new ``server.pt`` names the remaining ones.
     """
-
-    SUBDIR = "history"
 
     def __init__(self, limit: int, objects: Objects) -> None:
         self.limit = int(limit)
@@ -191,8 +230,7 @@ class ClientHistoryStore:
         for start in range(0, len(new), _SAVE_CHUNK):
             chunk = new[start:start + _SAVE_CHUNK]
             objs = self._objects.get([ref for _, _, ref in chunk])
-            save_all_durably([(obj, ckpt_dir / self.SUBDIR / f"c{cid:06d}_r{r:05d}.pt")
-                              for (cid, r, _), obj in zip(chunk, objs)])
+            save_all_durably([(obj, history_file(ckpt_dir, cid, r)) for (cid, r, _), obj in zip(chunk, objs)])
             self._on_disk.update((cid, r) for cid, r, _ in chunk)
         return self.index()
 
@@ -200,34 +238,25 @@ class ClientHistoryStore:
         """Delete the files of entries that are no longer kept (after ``server.pt`` has been replaced)."""
         live = {(cid, r) for cid, rounds in self.index().items() for r in rounds}
         for cid, r in sorted(self._on_disk - live):
-            (ckpt_dir / self.SUBDIR / f"c{cid:06d}_r{r:05d}.pt").unlink(missing_ok=True)
+            history_file(ckpt_dir, cid, r).unlink(missing_ok=True)
         self._on_disk &= live
 
     def load(self, ckpt_dir: Path, index: dict[int, list[int]]) -> None:
         """Put the checkpointed entries back into the object store; remove files the checkpoint does not name."""
-        folder = ckpt_dir / self.SUBDIR
-        self._entries = {int(cid): [(int(r), self._objects.put(safe_load(folder / f"c{int(cid):06d}_r{int(r):05d}.pt")))
+        folder = Path(ckpt_dir) / HISTORY_DIR
+        self._entries = {int(cid): [(int(r), self._objects.put(safe_load(history_file(ckpt_dir, cid, r))))
                                     for r in rounds][-self.limit:] if self.limit else []
                          for cid, rounds in sorted(index.items())}
         self._on_disk = {(cid, r) for cid, entries in self._entries.items() for r, _ in entries}
         if folder.is_dir():
             for f in folder.iterdir():
-                m = _CLIENT_FILE.match(f.name)
-                if f.name.startswith(".") or (m and (int(m.group(1)), int(m.group(2))) not in self._on_disk):
+                entry = parse_entry_name(f.name)
+                if f.name.startswith(".") or (entry and entry not in self._on_disk):
                     f.unlink(missing_ok=True)
 
 
-def checkpoint_dir(run_dir: Path | str) -> Path:
-    return Path(run_dir) / "checkpoint"
-
-
-def has_checkpoint(run_dir: Path | str) -> bool:
-    """Whether ``run_dir`` holds a checkpoint to resume from (its ``server.pt``, written last, exists)."""
-    return (checkpoint_dir(run_dir) / "server.pt").is_file()
-
-
 def read_checkpoint(run_dir: Path) -> dict:
-    ckpt = safe_load(run_dir / "checkpoint" / "server.pt")
+    ckpt = safe_load(server_file(run_dir))
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "round" not in ckpt:
-        raise UserError(f"{run_dir / 'checkpoint' / 'server.pt'} is not a raysim checkpoint of format {FORMAT_VERSION}")
+        raise UserError(f"{server_file(run_dir)} is not a raysim checkpoint of format {FORMAT_VERSION}")
     return ckpt

@@ -25,7 +25,7 @@ from raysim.tables import markdown_table
 from raysim.tune.naming import SeedNaming, TrialNaming, naming
 from raysim.tune.progress import _Progress, _progress_callback
 from raysim.tune.results import (SweepResult, collect_trials, finish_sweep, trial_error, trial_run_dir,
-                                 write_atomically, write_best_config, write_hparams)
+                                 write_atomically, write_best_config)
 from raysim.tune.running import _scheduler, _searcher, _tune_state_restorable, run_sweep
 from raysim.tune.seeds import parse_seeds, run_seeds, seeds_spec
 from raysim.tune.spec import (DISTRIBUTIONS, RUN_METRICS, SCHEDULER_KEYS, SCHEDULERS, SEARCHERS, SWEEP_KEYS,
@@ -41,5 +41,5 @@ __all__ = [
     "check_cluster", "check_spec", "collect_trials", "default_sweep_dir", "finish_sweep", "flatten_space",
     "load_sweep", "markdown_table", "naming", "one_line_cause", "parse_seeds", "run_seeds", "run_sweep",
     "run_trial", "seeds_spec", "spec_from_yaml", "spec_to_yaml", "trial_bundles", "trial_error", "trial_run_dir",
-    "validate_sweep", "write_atomically", "write_best_config", "write_hparams",
+    "validate_sweep", "write_atomically", "write_best_config",
 ]

@@ -16,6 +16,7 @@ import yaml
 from raysim.config import load_config, to_yaml
 from raysim.fsutil import atomic_write_text
 from raysim.tables import markdown_table, metric_cell, short_value
+from raysim.tboard import write_hparams
 from raysim.tune.spec import SweepSpec
 from raysim.tune.trials import ERROR_FILE
 
@@ -155,32 +156,3 @@ def write_atomically(path: Path, text: str) -> None:
     """A kill while a table is written leaves the old file or the new one, never half of one; fsync, since the
     sweep's files (sweep.yaml above all, which --resume reads back) are its record once Tune is done."""
     atomic_write_text(path, text, fsync=True)
-
-
-def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
-    """TensorBoard HParams for one trial, in its run directory: ``tensorboard --logdir SWEEP_DIR`` compares trials.
-
-    Besides the given summary metrics, the run's own ``acc/mean`` / ``acc/global`` curves are listed as metrics.
-    A rewrite (after --resume) replaces the earlier HParams file.
-    """
-    if not run_dir.is_dir() or not hparams:
-        return
-    from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams as hparams_summary
-
-    for old in run_dir.glob("events.out.tfevents.*.hparams"):
-        old.unlink()
-    clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
-             if v is not None}
-    values = {k: float(v) for k, v in metrics.items() if v is not None}
-    names = {**values, "acc/mean": 0.0, "acc/global": 0.0}
-    exp, ssi, sei = hparams_summary(clean, names)
-    writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
-    try:
-        fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
-        for summary in (exp, ssi, sei):
-            fw.add_summary(summary)
-        for key, value in values.items():
-            writer.add_scalar(key, value, 0)
-    finally:
-        writer.close()

@@ -76,6 +76,7 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
     """
     from raysim.engine.placement import TrialStopped
     from raysim.engine.runner import run_experiment
+    from raysim.engine.state import has_checkpoint
     from raysim.runlog import read_metrics
 
     with contextlib.suppress(OSError):
@@ -83,7 +84,7 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
     run_dir = setup.run_dir(values, trial_id)
     try:
         cfg = setup.config(values, run_dir)
-        resume = (run_dir / "checkpoint" / "server.pt").is_file()
+        resume = has_checkpoint(run_dir)
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
         (run_dir / ERROR_FILE).unlink(missing_ok=True)

@@ -166,7 +166,7 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
     ctrl = ConsensusController(k0, delta_k, epsilon, window, dim)
     ctrl.load_state_dict(saved["curriculum"])
     assert ctrl.k == logged[-1]["curriculum/k_next"] and ctrl.history == accs[-window:]
-    teacher = np.load(next((tmp_path / "cache").glob("*.npy")))
+    teacher = torch.load(next((tmp_path / "cache").glob("*.pt")), weights_only=True)["features"].numpy()
     calibration = carve_calibration(build_federated_data(cfg), cfg.algorithm.teacher.calibration_fraction, cfg.seed)
     assert torch.allclose(saved["rotation"], fit_pca(teacher[calibration])[0])
 

@@ -34,7 +34,7 @@ def test_teacher_features_are_cached_under_raysim_cache(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "offline teacher" in err and f"{accuracy:.4f}" in err  # trained; the accuracy it printed is returned
     assert 0.0 <= accuracy <= 1.0
-    files = list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))
+    files = list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))
     assert len(files) == 1 and not (tmp_path / "xdg").exists()
     assert first.shape == (len(data.domains[0].y), 16) and first.dtype == np.float32
     again, accuracy_again = offline_teacher_features(cfg, data, calibration)
@@ -55,7 +55,7 @@ def test_a_larger_teacher_keeps_the_feature_width_and_has_its_own_cache_entry(tm
     f_small, _ = offline_teacher_features(small, data, calibration)
     f_large, _ = offline_teacher_features(large, data, calibration)
     assert f_large.shape == f_small.shape and not np.allclose(f_large, f_small)
-    assert len(list((tmp_path / "rc" / "fapd-teacher").glob("*.npy"))) == 2
+    assert len(list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))) == 2
 
 
 class _Recorder(nn.Module):
@@ -74,3 +74,18 @@ def test_central_training_merges_a_trailing_single_sample_like_the_workers():
     x, y = torch.randn(9, 3), torch.randint(0, 2, (9,))
     fit_classifier(model, x, y, epochs=2, lr=0.1, batch_size=4, generator=torch.Generator().manual_seed(0))
     assert model.batches == [4, 5, 4, 5]  # 9 = 4 + 4 + 1: the lone sample joins the batch before, none is skipped
+
+
+def test_the_device_is_not_part_of_the_cache_identity(tmp_path, monkeypatch, capsys):
+    """Features trained on the CPU are the teacher's on a GPU node too: the same entry is read, nothing retrained."""
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
+    cfg = load_config(None, ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4",
+                             "model.feature_dim=16", "model.hidden=[32]", "algorithm.teacher.epochs=1"])
+    data = build_federated_data(cfg)
+    calibration = carve_calibration(data, cfg.algorithm.teacher.calibration_fraction, cfg.seed)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu, _ = offline_teacher_features(cfg, data, calibration)
+    assert "offline teacher" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # would train on "cuda" on a miss, and fail here
+    on_gpu_node, _ = offline_teacher_features(cfg, data, calibration)
+    assert capsys.readouterr().err == "" and np.array_equal(on_cpu, on_gpu_node)

@@ -68,3 +68,21 @@ def test_a_damaged_checkpoint_is_one_user_error(tmp_path):
     torch.save({"round": 1}, tmp_path / "checkpoint" / "server.pt")  # no format version
     with pytest.raises(UserError, match=f"not a raysim checkpoint of format {FORMAT_VERSION}"):
         read_checkpoint(tmp_path)
+
+
+def test_the_checkpoint_layout_is_named_in_one_place(tmp_path):
+    """The on-disk names the module docstring documents, from the functions every caller uses."""
+    from raysim.engine.state import (checkpoint_dir, client_file, has_checkpoint, history_file, parse_entry_name,
+                                     server_file)
+
+    assert checkpoint_dir(tmp_path) == tmp_path / "checkpoint"
+    assert server_file(tmp_path) == tmp_path / "checkpoint" / "server.pt"
+    assert client_file(checkpoint_dir(tmp_path), 42, 7) == tmp_path / "checkpoint" / "clients" / "c000042_r00007.pt"
+    assert history_file(checkpoint_dir(tmp_path), 42, 7) == tmp_path / "checkpoint" / "history" / "c000042_r00007.pt"
+    assert parse_entry_name("c000042_r00007.pt") == (42, 7)
+    assert parse_entry_name(".c000042_r00007.pt.1.ab.tmp") is None and parse_entry_name("server.pt") is None
+    assert not has_checkpoint(tmp_path)
+    checkpoint_dir(tmp_path).mkdir()
+    assert not has_checkpoint(tmp_path)  # a directory alone is no checkpoint: server.pt is the commit point
+    server_file(tmp_path).write_bytes(b"")
+    assert has_checkpoint(tmp_path)
