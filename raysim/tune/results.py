@@ -34,8 +34,6 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
     from raysim.runlog import read_metrics
 
     if spec.naming == "seed" and not (sweep_dir / "tune").is_dir():  # a seed set run in-process: no Tune state
-        from raysim.tune.seeds import seed_trials
-
         trials = seed_trials(spec, sweep_dir)
     else:
         trials = _tune_trials(sweep_dir / "tune")
@@ -65,6 +63,35 @@ def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
                      "run_dir": str(run_dir)})
     spec.names.sort(rows, spec.metric, spec.mode)
     return rows
+
+
+def seed_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
+    """The trials of a seed set run in-process (no Tune state to read): one per seed, its status read from its
+    run directory (``TERMINATED``: all rounds done; ``ERROR``: an ``error.txt``; else ``PENDING``)."""
+    from raysim.runlog import read_metrics
+
+    out = []
+    for seed in spec.space["seed"]["grid"]:
+        run_dir = spec.trials_dir(sweep_dir) / f"seed-{seed}"
+        rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+        rounds = _configured_rounds(run_dir)
+        if (run_dir / ERROR_FILE).is_file():
+            status = "ERROR"
+        elif rows and rounds is not None and rows[-1]["round"] >= rounds:
+            status = "TERMINATED"
+        else:
+            status = "PENDING"
+        out.append({"trial_id": f"seed-{seed}", "status": status, "config": {"seed": seed}})
+    return out
+
+
+def _configured_rounds(run_dir: Path) -> Optional[int]:
+    import yaml
+
+    try:
+        return int((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("rounds", 0)) or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def trial_run_dir(spec: SweepSpec, sweep_dir: Path, trial_id: str, config: dict) -> Path:

@@ -74,7 +74,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
                 shutil.rmtree(sweep_dir, ignore_errors=True)
             raise
         if in_process:
-            from raysim.tune.seeds import run_seeds_in_process
+            from raysim.tune.inprocess import run_seeds_in_process
 
             run_seeds_in_process(spec, first, sweep_dir, quiet=quiet, out=out)
             return finish_sweep(spec, sweep_dir)
