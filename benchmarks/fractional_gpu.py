@@ -55,7 +55,6 @@ def gpu_name() -> str:
 
 
 def one_run(fraction: float, args: argparse.Namespace) -> dict[str, Any]:
-    import ray
 
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
@@ -74,7 +73,7 @@ def one_run(fraction: float, args: argparse.Namespace) -> dict[str, Any]:
 
     def on_start(info: dict) -> None:
         probe["stamps"].append(time.perf_counter())
-        winfo = ray.get(info["driver"].worker_info.remote())
+        winfo = info["control"].worker_info()
         probe["pids"] = [w["pid"] for w in winfo]
         probe["devices"] = sorted({w["device"] for w in winfo})
 

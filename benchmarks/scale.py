@@ -79,7 +79,6 @@ def round_samples(cfg: Any) -> list[int]:
 
 
 def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
-    import ray
 
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
@@ -91,7 +90,7 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
     def on_start(info: dict) -> None:
         probe["stamps"].append(time.perf_counter())
         probe["driver_pid"] = (find_actor_pids("Driver") or [0])[0]
-        probe["worker_pids"] = [w["pid"] for w in ray.get(info["driver"].worker_info.remote())]
+        probe["worker_pids"] = [w["pid"] for w in info["control"].worker_info()]
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())

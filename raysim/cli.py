@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -18,6 +19,7 @@ EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
 EXIT_TRIALS_FAILED = 1  # a sweep or seed set ran to its end, but some trials failed
 EXIT_INTERRUPTED = 130
+_LAUNCHED = time.perf_counter()  # when the command started (the summary's wall time counts start-up)
 _RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for the resume hint
 
 
@@ -187,10 +189,14 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
+    from raysim.engine.executor import choose_backend
     from raysim.engine.runner import load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
     config, overrides = _split_config_and_overrides(args)
+    # the first line, before anything slow (the config's algorithm imports torch, Ray takes seconds to start)
+    print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
+          f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     if args.resume:
         run_dir = Path(args.resume)
         overrides.append(f"log.dir={run_dir}")
@@ -208,8 +214,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             live.start(info["control"])
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
+        where = ("in this process" if choose_backend(cfg.engine) == "inline"
+                 else f"{cfg.engine.num_workers} worker{'s' if cfg.engine.num_workers > 1 else ''} on Ray")
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
-              f"{cfg.engine.num_workers} workers; {what}", flush=True)
+              f"{where}; {what}", flush=True)
 
     def on_round(m: dict) -> None:
         if not args.quiet and cfg.log.progress:
@@ -228,7 +236,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
-    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
+    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED))
     if stopped:
         print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED

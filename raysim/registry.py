@@ -164,6 +164,11 @@ def names(kind: str) -> list[str]:
     return sorted(_TABLES[kind])
 
 
+def builtin_names(kind: str) -> list[str]:
+    """The names raysim itself registers (no plugins), sorted."""
+    return sorted(_BUILTINS[kind])
+
+
 def describe(kind: str) -> list[tuple[str, str]]:
     """(name, first line of its docstring) for every registered algorithm / model / dataset, plugins included."""
     table = _TABLES[kind]

@@ -174,8 +174,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f}GB"
 
 
-def summary_table(rows: list[dict], run_dir: Path) -> str:
-    """The final table printed after a run."""
+def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None) -> str:
+    """The final table printed after a run; ``elapsed``: this invocation's seconds from launch to the end, start-up
+    and shutdown included (the rounds' own time is in the metrics)."""
     if not rows:
         return f"no rounds completed; run directory: {run_dir}"
     last = rows[-1]
@@ -191,7 +192,12 @@ def summary_table(rows: list[dict], run_dir: Path) -> str:
         lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
     lines.append(("bytes up / down",
                   f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
-    lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({last['wall_s_total'] / last['round']:.2f}s per round)"))
+    per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
+    if elapsed is None:
+        lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({per_round})"))
+    else:
+        lines.append(("wall time", f"{elapsed:.1f}s from launch to the end ({last['wall_s_total']:.1f}s in rounds, "
+                                   f"{per_round})"))
     lines.append(("run directory", str(run_dir)))
     lines.append(("tensorboard", f"tensorboard --logdir {run_dir}"))
     width = max(len(k) for k, _ in lines)
@@ -246,15 +252,10 @@ class LiveRound:
 
     def start(self, control: Any) -> None:
         """Poll ``control.progress()`` (a ``raysim.engine.runner.RunControl``) in a background thread."""
-        import sys
         import threading
 
         def poll() -> None:
             while not self._stop.wait(self.every_s):
-                ray = sys.modules.get("ray")
-                # never let a late poll start a new Ray (ray.get would auto-init one)
-                if getattr(control, "remote", False) and (ray is None or not ray.is_initialized()):
-                    break
                 try:
                     rnd, done, total, kind = control.progress(timeout=5)
                 except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw

@@ -2,9 +2,9 @@
 
 Each round: sample clients -> dispatch their jobs to the executor -> aggregate through the algorithm's hooks ->
 evaluate -> server-side curriculum (``on_round_end``) -> log -> checkpoint. ``run()`` yields each round's metrics,
-so the CLI prints progress and a Tune trial reports every round. With ``engine.backend=ray`` the driver is a Ray
-actor (``run()`` a streaming generator) and its jobs run on a pool of worker actors; with ``inline`` it is a plain
-object in the calling process and its jobs run there too (``raysim.engine.executor``).
+so the CLI prints progress and a Tune trial reports every round. The driver lives in the process that launched the
+run (the CLI, a notebook, a Tune trial), on the node that holds the run directory; its jobs run on a pool of Ray
+worker actors (``engine.backend=ray``) or in the same process (``inline``): see ``raysim.engine.executor``.
 """
 
 from __future__ import annotations
@@ -74,23 +74,15 @@ def _update(result: TrainResult) -> ClientUpdate:
 
 
 class Driver:
-    """The round loop. Under Ray it is an actor body (``ray.remote`` is applied by the runner, which pins it to the
-    caller's node); in-process (``inline=True``) a plain object whose jobs run in the same process."""
+    """The round loop, in the launching process; its jobs run in that process too (``inline=True``) or on Ray
+    worker actors (the workers the runner created, in ``placement_group`` for a Tune trial)."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str, resume: bool, placement_group: Any = None, *,
                  inline: bool = False, device: str = "cpu"):
-        # Ray reports an exception raised in an actor's __init__ as a bare ActorDiedError (the cause is lost), so
-        # setup errors (missing data, damaged checkpoint) are kept and raised from the first method call instead.
-        self._setup_error: Optional[BaseException] = None
         self._stop = threading.Event()
         self._placement_group = placement_group
         self._started = False
-        try:
-            self._setup(cfg, run_dir, resume, inline, device)
-        except Exception as exc:  # noqa: BLE001 - re-raised unchanged by start()
-            if inline:
-                raise
-            self._setup_error = exc
+        self._setup(cfg, run_dir, resume, inline, device)
 
     def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool, inline: bool, device: str) -> None:
         torch.set_num_threads(1)
@@ -130,11 +122,8 @@ class Driver:
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self, workers: Optional[list[Any]] = None) -> int:
-        """Get the executor ready (under Ray: take the workers created by the host beside this actor, or create
-        them when None, and send them the data), and return the round the run continues after. A setup error is
-        raised here, with its own message."""
-        if self._setup_error is not None:
-            raise self._setup_error
+        """Get the executor ready (under Ray: take the workers the runner created, or create them when None, and
+        send them the data), and return the round the run continues after."""
         if not self._started:
             self.executor.start(workers)
             self._started = True

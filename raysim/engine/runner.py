@@ -100,55 +100,31 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
 
 
 class RunControl:
-    """What the caller of :func:`run_experiment` may ask of a running run, whichever the backend: its progress
-    (for a live line), a graceful stop (finish the round, checkpoint, end) and its workers' info."""
+    """What the caller of :func:`run_experiment` may ask of a running run (from another thread, such as a live
+    progress line or Tune's trial host): its progress, a graceful stop (finish the round, checkpoint, end), its
+    workers' info, and an immediate end."""
 
-    def __init__(self, driver: Any, remote: bool):
-        self._driver, self._remote = driver, remote
+    def __init__(self, driver: Any):
+        self._driver = driver
 
     @property
     def driver(self) -> Any:
-        """The driver itself: a Ray actor handle (``remote``) or the in-process object, for introspection."""
+        """The driver itself (``raysim.engine.driver.Driver``), for introspection."""
         return self._driver
-
-    @property
-    def remote(self) -> bool:
-        return self._remote
 
     def progress(self, timeout: float = 5.0) -> tuple[int, int, int, str]:
         """(round in progress, jobs done, jobs in this phase, "train" | "evaluate" | "server")."""
-        if not self._remote:
-            return self._driver.progress()
-        import ray
-
-        return ray.get(self._driver.progress.remote(), timeout=timeout)
+        return self._driver.progress()
 
     def request_stop(self) -> None:
-        if self._remote:
-            self._driver.request_stop.remote()
-        else:
-            self._driver.request_stop()
+        self._driver.request_stop()
 
     def worker_info(self) -> list[dict]:
-        if not self._remote:
-            return self._driver.worker_info()
-        import ray
-
-        return ray.get(self._driver.worker_info.remote())
+        return self._driver.worker_info()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """End the run now: its workers are released (a driver actor is then killed)."""
-        if not self._remote:
-            self._driver.shutdown()
-            return
-        import contextlib
-
-        import ray
-
-        with contextlib.suppress(Exception):
-            ray.get(self._driver.shutdown.remote(), timeout=timeout)
-        with contextlib.suppress(Exception):
-            ray.kill(self._driver, no_restart=True)
+        """End the run now: its workers are released, and the round in progress stops with an error."""
+        self._driver.shutdown()
 
 
 def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: bool,
@@ -196,20 +172,45 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
 
 def _run_inline(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable[[RunControl, int], Any],
                 record: Callable[[dict], None]) -> None:
-    """The whole run in this process (``engine.backend=inline``): no Ray, the user's own frames in every error.
-    torch's thread count is restored afterwards (the driver works on one thread, jobs on cpus_per_worker)."""
+    """The whole run in this process (``engine.backend=inline``): no Ray, the user's own frames in every error."""
+    from raysim.engine.executor import inline_device
+
+    _drive(cfg, run_dir, resume, started, record, inline=True, device=inline_device(cfg.engine))
+
+
+def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any,
+                started: Callable[[RunControl, int], Any], record: Callable[[dict], None]) -> None:
+    """The driver in this process, its jobs on Ray worker actors (``engine.backend=ray``). The workers are created
+    first, so that their processes start (importing torch) while the driver builds the data and the model."""
+    from raysim.engine.pool import kill_quietly, spawn_workers
+    from raysim.engine.resources import check_resources, ray_session
+
+    with ray_session(cfg.engine, cfg.plugins):
+        if placement_group is None:
+            check_resources(cfg.engine)
+        workers = spawn_workers(cfg, placement_group)
+        try:  # from here on, the workers are ended whatever happens (a setup error included)
+            _drive(cfg, run_dir, resume, started, record, placement_group=placement_group, workers=workers)
+        finally:
+            kill_quietly(workers)  # the driver's pool has ended them and its replacements; these for a setup error
+
+
+def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable[[RunControl, int], Any],
+           record: Callable[[dict], None], *, inline: bool = False, device: str = "cpu", placement_group: Any = None,
+           workers: Optional[list[Any]] = None) -> None:
+    """Make the driver, start it, stream its rounds to ``record``; restore SIGINT and torch's thread count (the
+    driver works on one thread, in-process jobs on engine.cpus_per_worker) whatever happens."""
     import torch
 
     from raysim.engine.driver import Driver
-    from raysim.engine.executor import inline_device
 
     threads = torch.get_num_threads()
     driver: Optional[Driver] = None
     previous = None
     try:
-        driver = Driver(cfg, str(run_dir), resume, inline=True, device=inline_device(cfg.engine))
-        start_round = driver.start()
-        previous = started(RunControl(driver, remote=False), start_round)
+        driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device)
+        start_round = driver.start(workers)
+        previous = started(RunControl(driver), start_round)
         for metrics in driver.run():
             record(metrics)
     finally:
@@ -218,58 +219,6 @@ def _run_inline(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Cal
         if driver is not None:
             driver.shutdown()
         torch.set_num_threads(threads)
-
-
-def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any,
-                started: Callable[[RunControl, int], Any], record: Callable[[dict], None]) -> None:
-    """The driver as a Ray actor on this node, its workers as actors (``engine.backend=ray``)."""
-    import ray
-
-    from raysim.engine.pool import spawn_workers
-    from raysim.engine.resources import check_resources, ray_session
-
-    with ray_session(cfg.engine, cfg.plugins):
-        if placement_group is None:
-            check_resources(cfg.engine)
-        # the driver first (it takes a prestarted process), then its workers: all their processes start now
-        driver = _spawn_driver(cfg, run_dir, resume, placement_group)
-        workers = spawn_workers(cfg, placement_group)
-        previous = None
-        try:  # from here on, the actors are ended whatever happens (a setup error included)
-            start_round = ray.get(driver.start.remote(workers))
-            previous = started(RunControl(driver, remote=True), start_round)
-            for ref in driver.run.options(num_returns="streaming").remote():
-                record(ray.get(ref))
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-            _kill_quietly(driver, workers)
-
-
-def _kill_quietly(driver: Any, workers: list[Any]) -> None:
-    """End the driver and the workers: those this process created and the replacements the driver created."""
-    import ray
-
-    from raysim.engine.pool import kill_quietly
-
-    try:
-        ray.get(driver.shutdown.remote(), timeout=30)
-    except Exception:  # noqa: BLE001 - a dead or hung driver is killed below all the same
-        pass
-    kill_quietly([driver, *workers])
-
-
-def _spawn_driver(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any) -> Any:
-    """The driver writes the run directory, so it runs on this node, the one that holds the directory (in a Tune
-    trial too: see ``raysim.engine.placement``); there the trial's first bundle already holds its CPUs."""
-    import ray
-
-    from raysim.engine.driver import Driver
-    from raysim.engine.placement import pinned_to, this_node
-
-    options: dict[str, Any] = {"num_cpus": cfg.engine.driver_cpus if placement_group is None else 0,
-                               "max_concurrency": 2, "max_restarts": 0, **pinned_to(this_node())}
-    return ray.remote(Driver).options(**options).remote(cfg, str(run_dir), resume, placement_group)
 
 
 def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:

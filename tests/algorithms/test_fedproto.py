@@ -8,7 +8,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 import torch.nn.functional as F
 
@@ -185,7 +184,7 @@ def slow_runs(ray_cluster, tmp_path_factory) -> dict:
     pids: list[int] = []
 
     def on_start(info):  # as engine/test_faults.py: remember the workers' pids
-        pids.extend(w["pid"] for w in ray.get(info["driver"].worker_info.remote()))
+        pids.extend(w["pid"] for w in info["control"].worker_info())
 
     def on_round(metrics):
         if metrics["round"] == 1:  # the driver is already inside round 2

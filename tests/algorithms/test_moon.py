@@ -8,7 +8,6 @@ import os
 import signal
 
 import pytest
-import ray
 import torch
 import torch.nn.functional as F
 from conftest import read_rows, refused_config, strip_timing, tiny_overrides
@@ -166,7 +165,7 @@ def test_one_worker_and_two_workers_with_one_killed_agree(ray_cluster, tmp_path)
     pids: list[int] = []
 
     def remember(info):
-        pids.extend(w["pid"] for w in ray.get(info["driver"].worker_info.remote()))
+        pids.extend(w["pid"] for w in info["control"].worker_info())
 
     def kill_after_round_one(metrics):
         if metrics["round"] == 1:  # the driver is already inside round 2

@@ -40,7 +40,7 @@ def _kill_a_worker_after_round_one(pids: list[int]):
 
 def _remember_worker_pids(pids: list[int]):
     def on_start(info):
-        pids.extend(w["pid"] for w in ray.get(info["driver"].worker_info.remote()))
+        pids.extend(w["pid"] for w in info["control"].worker_info())
     return on_start
 
 

@@ -55,7 +55,7 @@ def test_live_round_line_shows_clients_done_and_clears():
 
     out = io.StringIO()
     live = LiveRound(rounds=10, stream=out, every_s=0.01)
-    live.start(RunControl(FakeDriver(), remote=False))
+    live.start(RunControl(FakeDriver()))
     deadline = time.monotonic() + 5
     while "7/20" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
-import ray
 
 from conftest import tiny_overrides
 from raysim.config import load_config
@@ -23,9 +22,9 @@ def test_million_clients_keep_the_drivers_bookkeeping_small(ray_cluster, tmp_pat
 
     def on_round(metrics: dict) -> None:
         if metrics["round"] == 2:
-            seen.update(ray.get(seen["driver"].footprint.remote()))
+            seen.update(seen["control"].driver.footprint())
 
-    run_dir, rows, _ = run_experiment(cfg, on_start=lambda info: seen.update(driver=info["driver"]),
+    run_dir, rows, _ = run_experiment(cfg, on_start=lambda info: seen.update(control=info["control"]),
                                       on_round=on_round)
     assert [r["round"] for r in rows] == [1, 2] and all(r["clients"] == 10 for r in rows)
     assert all(0.0 <= r["acc_mean"] <= 1.0 for r in rows)

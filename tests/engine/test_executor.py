@@ -1,0 +1,118 @@
+"""The two executors: the same jobs in this process (``engine.backend=inline``) and on Ray actors give the same
+numbers, bit for bit, for every built-in algorithm; in-process, a ``breakpoint()`` in a hook stops in the user's
+terminal; wrong backends are one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE_PLUGINS, ROOT, read_rows, refused_config, strip_timing, tiny_overrides
+from raysim.config import load_config
+from raysim.engine.executor import choose_backend
+from raysim.engine.runner import run_experiment
+from raysim.registry import builtin_names
+
+# what each built-in algorithm needs on top of the tiny experiment to run small (and exercise its own parts)
+ALGORITHM_TINY: dict[str, dict] = {
+    "fapd": {"algorithm__teacher__epochs": 3, "algorithm__k0": 2, "algorithm__delta_k": 3},
+    "fedcda": {"algorithm__memory_size": 2, "algorithm__warmup_rounds": 1},
+    "fedpcl": {"algorithm__pretrain__epochs": 2, "algorithm__proj_dim": 8},
+    "fedprox": {"algorithm__mu": 0.1},
+    "moon": {"algorithm__out_dim": 16},
+}
+
+
+def _tiny(tmp_path: Path, algorithm: str, backend: str) -> list[dict]:
+    extra = {**ALGORITHM_TINY.get(algorithm, {}), "algorithm__name": algorithm, "engine__backend": backend,
+             "clients__fraction": 0.75, "data__partition": "dirichlet", "rounds": 2}
+    caches = {"fapd": "algorithm__teacher__cache_dir", "fedpcl": "algorithm__pretrain__cache_dir"}
+    if algorithm in caches:  # its central training's cache, private to this test (both backends share it)
+        extra[caches[algorithm]] = str(tmp_path / "cache")
+    cfg = load_config(None, tiny_overrides(tmp_path / backend, **extra))
+    run_dir, _, _ = run_experiment(cfg)
+    return strip_timing(read_rows(run_dir))
+
+
+def test_the_tiny_algorithm_table_names_only_built_ins():
+    assert set(ALGORITHM_TINY) <= set(builtin_names("algorithm"))
+
+
+@pytest.mark.parametrize("algorithm", builtin_names("algorithm"))
+def test_inline_and_ray_give_identical_metrics(ray_cluster, tmp_path, algorithm):
+    """Every built-in algorithm, one worker on Ray against this process: every metric of every round equal."""
+    inline = _tiny(tmp_path, algorithm, "inline")
+    on_ray = _tiny(tmp_path, algorithm, "ray")
+    assert len(inline) == 2 and inline == on_ray
+    assert inline[-1]["acc_mean"] is not None
+
+
+def test_auto_backend_is_inline_for_one_cpu_worker_without_a_cluster(monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # no `ray start` cluster recorded here
+    monkeypatch.delitem(sys.modules, "ray", raising=False)  # no Ray initialised in this process
+
+    def backend(*overrides: str) -> str:
+        return choose_backend(load_config(None, list(overrides)).engine)
+
+    assert backend("engine.num_workers=1") == "inline"
+    assert backend("engine.num_workers=1", "engine.address=local") == "inline"
+    assert backend("engine.num_workers=2") == "ray"
+    assert backend("engine.num_workers=1", "engine.gpus_per_worker=0.5") == "ray"
+    assert backend("engine.num_workers=1", "engine.state_memory_gb=1") == "ray"
+    assert backend("engine.num_workers=1", "engine.address=auto") == "ray"
+    assert backend("engine.num_workers=2", "engine.backend=inline") == "inline"  # asked for: in-process, in turn
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6379")
+    assert backend("engine.num_workers=1") == "ray"  # a `ray start` cluster on this machine: join it
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert backend("engine.num_workers=1") == "ray"
+
+
+def test_bad_backends_are_one_line(tmp_path):
+    refused_config("engine.backend", *tiny_overrides(tmp_path), "engine.backend=rayy")
+    line = refused_config("engine.backend", *tiny_overrides(tmp_path), "engine.backend=inline",
+                          "engine.address=10.0.0.1:6379")
+    assert "cannot use the cluster" in line
+    refused_config("engine.backend", *tiny_overrides(tmp_path), "engine.backend=inline", "engine.state_memory_gb=1")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_inline_with_several_workers_runs_in_this_process_with_the_same_numbers(tmp_path):
+    """engine.num_workers does not change an in-process run: the jobs run one after another, with the numbers of
+    a one-worker run."""
+    one = load_config(None, tiny_overrides(tmp_path / "one", engine__backend="inline"))
+    three = load_config(None, tiny_overrides(tmp_path / "three", engine__backend="inline", engine__num_workers=3))
+    assert strip_timing(run_experiment(one)[1]) == strip_timing(run_experiment(three)[1])
+
+
+def test_a_hook_breakpoint_stops_in_the_users_terminal(tmp_path):
+    """``breakpoint()`` in a plugin's hook, run in-process: pdb reads the user's commands from stdin, sees the
+    hook's own frame (its ``ctx``), and the run goes on to the end when told to continue."""
+    plugin = tmp_path / "stopping.py"
+    plugin.write_text(
+        "from raysim import Algorithm, register_algorithm\n\n"
+        "@register_algorithm('stopping')\n"
+        "class Stopping(Algorithm):\n"
+        "    def client_loss(self, model, x, y, ctx):\n"
+        "        if ctx.client_id == 2 and ctx.round == 2 and 'stopped' not in ctx.scratch:\n"
+        "            ctx.scratch['stopped'] = True\n"
+        "            breakpoint()\n"
+        "        return super().client_loss(model, x, y, ctx)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EXAMPLE_PLUGINS)]),
+           "PYTHONBREAKPOINT": "pdb.set_trace"}
+    env.pop("RAY_ADDRESS", None)
+    args = [sys.executable, "-m", "raysim", "run", *tiny_overrides(tmp_path), "plugins=[stopping]",
+            "algorithm.name=stopping", "engine.backend=inline", "--quiet"]
+    done = subprocess.run(args, input="p ('seen', ctx.client_id, ctx.round, len(y))\nw\nc\n", text=True,
+                          capture_output=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "(Pdb)" in done.stdout
+    assert "('seen', 2, 2, " in done.stdout  # the hook's own frame: its ctx and batch
+    assert "stopping.py" in done.stdout and "client_loss" in done.stdout  # `w`: the user's frame on the stack
+    assert len(read_rows(tmp_path / "run")) == 2  # continued: the run finished
