@@ -48,6 +48,7 @@ def test_notebook_two_runs_share_one_ray_session(tmp_path):
         sys.path.insert(0, {str(EXAMPLE_PLUGINS)!r})
         tiny = {TINY!r}
         tiny["plugins"] = ["resmlp"]
+        tiny["engine"] = {{"num_workers": 1, "backend": "ray"}}  # one worker would run in-process by default
         tiny["model"] = {{"name": "resmlp", "feature_dim": 16, "resmlp": {{"width": 16, "blocks": 1}}}}
         a = raysim.run(tiny, "rounds=1", "log.dir={tmp_path / 'a'}", progress=True)
         node = ray.get_runtime_context().get_node_id()
