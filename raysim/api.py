@@ -1,8 +1,9 @@
 """The Python API: ``raysim.run``, ``raysim.tune``, ``raysim.report`` and ``raysim.load_run``.
 
-Each verb does what the command of the same name does and returns an object instead of printing. Ray is started on
-the first call (or an already running session is used: ``ray.init(...)`` of your own, a notebook's earlier call) and
-is left running, so a notebook pays Ray's start-up (seconds) once; ``ray.shutdown()`` ends it.
+Each verb does what the command of the same name does and returns an object instead of printing. A run on the
+in-process executor (``engine.backend=inline``, or ``auto`` with one worker) starts no Ray; otherwise Ray is started
+on the first call (or an already running session is used: ``ray.init(...)`` of your own, a notebook's earlier call)
+and is left running, so a notebook pays Ray's start-up (seconds) once; ``ray.shutdown()`` ends it.
 """
 
 from __future__ import annotations
