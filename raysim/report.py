@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -34,13 +35,15 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
-from raysim.report_stats import extra_sections, final_table_rows, write_extra_csvs
+from raysim.report_stats import extra_sections, final_table_rows, format_value, write_extra_csvs
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
 from raysim.tables import mean_pm as _pm
 
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+# metrics where less is better (``--mode auto``); every other metric is best at its maximum
+LOWER_IS_BETTER = ("loss", "bytes_", "wall_s")
 LAYOUTS = ("auto", "name", "keys")
 DEFAULT_COLUMNS = ("data.", "clients.", "model.")
 ALPHA = 0.01
@@ -57,14 +60,16 @@ class Run:
     def seed(self) -> Any:
         return self.config.get("seed")
 
-    def best(self, metric: str) -> Optional[float]:
-        values = [r[metric] for r in self.rows if r.get(metric) is not None]
-        return max(values) if values else None
+    def best(self, metric: str, mode: str = "max") -> Optional[float]:
+        values = [r[metric] for r in self.rows if isinstance(r.get(metric), (int, float))]
+        return (max(values) if mode == "max" else min(values)) if values else None
 
-    def to_target(self, metric: str, target: float) -> Optional[dict]:
-        """The first round whose accuracy reaches ``target``, with the bytes and seconds spent until then."""
+    def to_target(self, metric: str, target: float, mode: str = "max") -> Optional[dict]:
+        """The first round whose metric reaches ``target`` (at or above it; at or below for ``mode="min"``), with the
+        bytes and seconds spent until then."""
         for r in self.rows:
-            if r.get(metric) is not None and r[metric] >= target:
+            value = r.get(metric)
+            if isinstance(value, (int, float)) and (value >= target if mode == "max" else value <= target):
                 return {"round": r["round"], "mb": (r["bytes_up_total"] + r["bytes_down_total"]) / MB,
                         "wall_s": r["wall_s_total"]}
         return None
@@ -100,6 +105,17 @@ class Report:
     target: float
     files: dict[str, Path]
     layout: str = "keys"  # how rows and columns were found: "name" or "keys" (see the module docstring)
+    mode: str = "max"  # "max": higher is better (accuracies); "min": lower (loss, bytes, seconds)
+    notes: list[str] = field(default_factory=list)  # why plots were left out, for the console
+
+    @property
+    def percent(self) -> bool:
+        """Accuracies are shown in %; any other metric as it is."""
+        return is_percent(self.metric)
+
+    @property
+    def unit(self) -> str:
+        return " (%)" if self.percent else ""
 
     def group(self, method: str, setting: Optional[str] = None) -> Group:
         for g in self.groups:
@@ -108,24 +124,52 @@ class Report:
         raise KeyError((method, setting))
 
 
+def metric_mode(metric: str) -> str:
+    """``--mode auto``: "min" for losses, traffic and times, "max" for everything else (accuracies, k, p ...)."""
+    return "min" if metric.startswith(LOWER_IS_BETTER) else "max"
+
+
+def is_percent(metric: str) -> bool:
+    return metric.startswith("acc")
+
+
 # ---------------------------------------------------------------------------------------------- finding runs
 
 
-def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """Run directories at or below each path (sweep and seed parents nest them)."""
-    found: list[Path] = []
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file()
+
+
+def find_runs(paths: Sequence[str | Path], *, found: Optional[list[str]] = None) -> list[Path]:
+    """Run directories at or below each path (sweep and seed parents nest them). The search does not enter run
+    directories (their checkpoints and reports hold no runs) or hidden folders. ``found`` collects one line per
+    searched folder saying how many runs it held and where, so a folder holding more than was meant (``raysim report
+    /tmp``) shows at once."""
+    import os
+
+    runs: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise UserError(f"{p} does not exist")
-        if (p / "config.yaml").is_file() and (p / "metrics.jsonl").is_file():
-            found.append(p)
+        if is_run_dir(p):
+            runs.append(p)
             continue
-        below = sorted(m.parent for m in p.rglob("metrics.jsonl") if (m.parent / "config.yaml").is_file())
+        below = []
+        for folder, dirs, _ in os.walk(p):
+            here = Path(folder)
+            if is_run_dir(here):
+                below.append(here)
+                dirs[:] = []
+                continue
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if not below:
             raise UserError(f"{p} holds no raysim run directories (none with config.yaml and metrics.jsonl)")
-        found.extend(below)
-    unique = list(dict.fromkeys(f.resolve() for f in found))
-    return unique
+        if found is not None:
+            parents = sorted({str(b.parent.relative_to(p)) for b in below})
+            where = ", ".join(parents[:3]) + (f" and {len(parents) - 3} more folders" if len(parents) > 3 else "")
+            found.append(f"{len(below)} run director{'y' if len(below) == 1 else 'ies'} under {p} (in {where})")
+        runs.extend(sorted(below))
+    return list(dict.fromkeys(f.resolve() for f in runs))
 
 
 def load_run(path: Path) -> Run:
@@ -248,13 +292,14 @@ def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
-    """Mean ± std of each group's best and final metric; each column's best tested against the others (paired on
-    shared seeds, else Welch; Holm-corrected: see ``raysim.report_stats``)."""
+def score(groups: list[Group], metric: str, alpha: float = ALPHA, mode: str = "max") -> None:
+    """Mean ± std of each group's best (the maximum, or the minimum for ``mode="min"``) and final metric; each
+    column's best tested against the others (paired on shared seeds, else Welch; Holm-corrected: see
+    ``raysim.report_stats``)."""
     from raysim.report_stats import column_tests, final_value, mean_std
 
     for g in groups:
-        bests = [(run.seed, run.best(metric)) for run in g.runs]
+        bests = [(run.seed, run.best(metric, mode)) for run in g.runs]
         g.values = [v for _, v in bests if v is not None]
         seeds = [s for s, v in bests if v is not None]
         g.by_seed = dict(zip(seeds, g.values)) if len(set(map(_hashable, seeds))) == len(seeds) else {}
@@ -267,9 +312,9 @@ def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
         column = [g for g in groups if g.setting == setting and g.mean is not None]
         if not column:
             continue
-        best = max(column, key=lambda g: g.mean)
+        best = (max if mode == "max" else min)(column, key=lambda g: g.mean)
         best.is_best = True
-        column_tests(best, [g for g in column if g is not best], alpha)
+        column_tests(best, [g for g in column if g is not best], alpha, mode)
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -277,18 +322,28 @@ def score(groups: list[Group], metric: str, alpha: float = ALPHA) -> None:
 
 def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_mean", target: float = 0.5,
                 columns: Sequence[str] = DEFAULT_COLUMNS, alpha: float = ALPHA, plots: bool = True,
-                layout: str = "auto") -> Report:
+                layout: str = "auto", mode: str = "auto", announce: bool = False) -> Report:
     """Find, group and score the runs; write report.md, table.csv, summary.csv, final_table.csv, comm.csv, clients.csv
     (when runs have client_metrics.jsonl) and the PNG plots.
-    ``layout`` says how methods (rows) and settings (columns) are found: see the module docstring."""
-    if metric not in ("acc_mean", "acc_global", "acc_weighted"):
-        raise UserError(f"--metric must be acc_mean, acc_global or acc_weighted, got {metric!r}")
-    runs = [load_run(p) for p in find_runs(paths)]
+
+    ``metric`` is any numeric key of ``metrics.jsonl``; ``mode`` says whether its best is the maximum or the minimum
+    (``auto``: minimum for losses, bytes and seconds). ``layout`` says how methods (rows) and settings (columns) are
+    found: see the module docstring. ``announce``: say on stderr what a searched folder held."""
+    if mode not in ("auto", "max", "min"):
+        raise UserError(f"--mode must be auto, max or min, got {mode!r}")
+    mode = metric_mode(metric) if mode == "auto" else mode
+    found: list[str] = []
+    runs = [load_run(p) for p in find_runs(paths, found=found)]
     runs = [r for r in runs if r.rows]
     if not runs:
         raise UserError("no run has completed a round (every metrics.jsonl is empty)")
+    check_metric(runs, metric)
+    if announce:
+        for line in found:
+            print(f"raysim: report: {line}", file=sys.stderr)
     groups, layout = _group_runs(runs, columns, layout)
-    score(groups, metric, alpha)
+    score(groups, metric, alpha, mode)
+    _warn_missing_metric(groups, metric)
     methods = sorted(dict.fromkeys(g.method for g in groups))
     settings = list(dict.fromkeys(g.setting for g in sorted(groups, key=lambda g: g.setting)))
     try:
@@ -296,22 +351,55 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     except OSError as exc:
         raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
     report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={},
-                    layout=layout)
+                    layout=layout, mode=mode)
     report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
     report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
     report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
     report.files.update(write_extra_csvs(report, out))
-    if plots:
+    if plots and _plottable(report):
         report.files.update(write_plots(report, out))
         report.files.update(write_target_plot(report, out))
     report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
     return report
 
 
-def _cell(g: Optional[Group], markdown: bool = True) -> str:
+def numeric_metrics(runs: Sequence[Run]) -> list[str]:
+    """The numeric keys the runs' ``metrics.jsonl`` rows hold (what ``--metric`` accepts)."""
+    keys = {k for run in runs for r in run.rows for k, v in r.items()
+            if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return sorted(keys)
+
+
+# what an algorithm lacks when it logs no acc_global (the usual surprise): it keeps no global model
+_NO_METRIC_WHY = {"acc_global": "it keeps no global model to evaluate"}
+
+
+def check_metric(runs: Sequence[Run], metric: str) -> None:
+    """``--metric`` must be a numeric metric some run logged; else one line naming what the runs have (and why)."""
+    if any(isinstance(r.get(metric), (int, float)) for run in runs for r in run.rows):
+        return
+    algorithms = sorted({str(run.config.get("algorithm.name")) for run in runs})
+    why = _NO_METRIC_WHY.get(metric)
+    reason = f" ({', '.join(algorithms)}: {why})" if why else ""
+    raise UserError(f"--metric {metric}: none of the {len(runs)} runs logged it{reason}; their metrics: "
+                    f"{', '.join(numeric_metrics(runs))}")
+
+
+def _warn_missing_metric(groups: list[Group], metric: str) -> None:
+    """Methods whose runs never logged the metric get '-' cells: say which, and why when it is known."""
+    missing = sorted({g.method for g in groups if g.mean is None})
+    if missing:
+        why = _NO_METRIC_WHY.get(metric, "their runs never logged it")
+        warn_stderr(f"--metric {metric}: {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no "
+                    f"{metric} ({why}); {'its' if len(missing) == 1 else 'their'} cells are '-' and "
+                    f"{'it is' if len(missing) == 1 else 'they are'} left out of the plots")
+
+
+def _cell(g: Optional[Group], markdown: bool = True, percent: bool = True) -> str:
     if g is None or g.mean is None:
         return "-"
-    text = f"{100 * g.mean:.2f} ± {100 * g.std:.2f}" if len(g.values) > 1 else f"{100 * g.mean:.2f} (n=1)"
+    mean, std = format_value(g.mean, percent), format_value(g.std or 0.0, percent)
+    text = f"{mean} ± {std}" if len(g.values) > 1 else f"{mean} (n=1)"
     if markdown and g.is_best:
         text = f"**{text}**"
     if g.beaten:
@@ -324,7 +412,8 @@ def _find(report: Report, method: str, setting: str) -> Optional[Group]:
 
 
 def main_table_rows(report: Report, markdown: bool = True) -> list[list[str]]:
-    return [[m] + [_cell(_find(report, m, s), markdown) for s in report.settings] for m in report.methods]
+    return [[m] + [_cell(_find(report, m, s), markdown, report.percent) for s in report.settings]
+            for m in report.methods]
 
 
 def _write_table_csv(report: Report, path: Path) -> Path:
@@ -348,10 +437,10 @@ def _write_summary_csv(report: Report, path: Path, alpha: float) -> Path:
     return path
 
 
-def comm_stats(g: Group, metric: str, target: float) -> dict[str, Any]:
+def comm_stats(g: Group, metric: str, target: float, mode: str = "max") -> dict[str, Any]:
     """Per-round traffic and time, and what it took to reach ``target`` (over the seeds that reached it)."""
     rows = [r for run in g.runs for r in run.rows]
-    reached = [t for t in (run.to_target(metric, target) for run in g.runs) if t is not None]
+    reached = [t for t in (run.to_target(metric, target, mode) for run in g.runs) if t is not None]
 
     def ms(values: list[float]) -> tuple[Optional[float], Optional[float]]:
         if not values:
@@ -378,7 +467,7 @@ def _write_comm_csv(report: Report, path: Path) -> Path:
                     "target", "reached", "rounds_to_target_mean", "rounds_to_target_std", "mb_to_target_mean",
                     "mb_to_target_std", "wall_s_to_target_mean", "wall_s_to_target_std"])
         for g in _ordered(report):
-            c = comm_stats(g, report.metric, report.target)
+            c = comm_stats(g, report.metric, report.target, report.mode)
             w.writerow([c["method"], c["setting"], c["runs"], f"{c['bytes_up_per_round']:.0f}",
                         f"{c['bytes_down_per_round']:.0f}", f"{c['wall_s_per_round']:.4g}", report.target,
                         c["reached"], *(_num(x) for key in ("rounds_to_target", "mb_to_target", "wall_s_to_target")
@@ -389,6 +478,10 @@ def _write_comm_csv(report: Report, path: Path) -> Path:
 def _ordered(report: Report) -> list[Group]:
     order = {s: i for i, s in enumerate(report.settings)}
     return sorted(report.groups, key=lambda g: (order[g.setting], g.method))
+
+
+def target_sign(report: Report) -> str:
+    return "≥" if report.mode == "max" else "≤"
 
 
 def _pm_bytes(pair: tuple[Optional[float], Optional[float]]) -> str:
@@ -402,7 +495,8 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
     lines = ["# raysim report", "",
              f"{sum(len(g.runs) for g in report.groups)} runs in {len(report.groups)} groups "
              f"(seeds per group: {', '.join(map(str, seeds))}).", "",
-             f"## Best `{report.metric}` (%), mean ± std over seeds", "",
+             f"## Best `{report.metric}`{report.unit}, mean ± std over seeds"
+             + ("" if report.mode == "max" else " (best: the lowest)"), "",
              markdown_table(["method"] + report.settings, main_table_rows(report)), "",
              f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
              f"(paired t-test over seeds when both ran the same seeds, else Welch's t-test; Holm-corrected over the "
@@ -411,10 +505,10 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              + ("Rows and columns come from the configs' names (`<setting>-<method>`)." if report.layout == "name"
                 else "Rows and columns come from the config keys that vary between groups."), "",
              *extra_sections(report),
-             f"## Communication and speed (target: {report.metric} ≥ {report.target:g})", ""]
+             f"## Communication and speed (target: {report.metric} {target_sign(report)} {report.target:g})", ""]
     rows = []
     for g in _ordered(report):
-        c = comm_stats(g, report.metric, report.target)
+        c = comm_stats(g, report.metric, report.target, report.mode)
         rows.append([g.method, g.setting, human_bytes(c["bytes_up_per_round"]),
                      human_bytes(c["bytes_down_per_round"]), f"{c['wall_s_per_round']:.2f}",
                      f"{c['reached']}/{c['runs']}", _pm(c["rounds_to_target"], ".1f"), _pm_bytes(c["mb_to_target"]),
@@ -431,7 +525,8 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k"),
                         ("p_vs_round.png", "UNIDEAL curriculum share p"),
-                        ("to_target.png", f"Traffic and time to {report.metric} ≥ {report.target:g}")):
+                        ("to_target.png",
+                         f"Traffic and time to {report.metric} {target_sign(report)} {report.target:g}")):
         if name in report.files:
             lines += [f"## {title}", "", f"![{title}]({name})", ""]
     path.write_text("\n".join(lines))
@@ -461,6 +556,26 @@ def _x_value(row: dict, x: str) -> float:
     if x == "mb":
         return (row["bytes_up_total"] + row["bytes_down_total"]) / MB
     return row[x]
+
+
+MAX_PANELS = 12  # settings (panels) in one figure; more make a figure nobody can read
+MAX_METHODS = 20  # methods (distinct colours) in one figure
+PANELS_PER_ROW = 4
+
+
+def _plottable(report: Report) -> bool:
+    """Plots of more settings or methods than a figure can show are left out, with the reason, instead of a
+    figure thousands of pixels wide (``raysim report`` on a folder of unrelated runs)."""
+    too_many = [f"{n} {what} (at most {cap})" for n, what, cap in
+                ((len(report.settings), "settings", MAX_PANELS), (len(report.methods), "methods", MAX_METHODS))
+                if n > cap]
+    if not too_many:
+        return True
+    note = (f"plots left out: {' and '.join(too_many)} are more than one figure shows; report fewer runs, or choose "
+            f"the setting keys with --columns")
+    report.notes.append(note)
+    warn_stderr(note)
+    return False
 
 
 LABEL_MAX = 24  # longer method labels become "<algorithm>-<n>" in plots, explained in report.md's key table
@@ -510,13 +625,16 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
         if not settings:
             continue
         n = len(settings)
+        across, down = min(n, PANELS_PER_ROW), -(-n // PANELS_PER_ROW)
         methods = [m for m in report.methods if any(g.method == m for s in settings for g, _ in curves[s])]
-        ncol = max(1, min(len(methods), int(5.0 * n // 1.6) or 1, 4))
+        ncol = max(1, min(len(methods), int(5.0 * across // 1.6) or 1, 4))
         rows = -(-len(methods) // ncol)
-        fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 3.6 + 0.28 * rows), squeeze=False,
+        fig, axes = plt.subplots(down, across, figsize=(5.0 * across, 3.6 * down + 0.28 * rows), squeeze=False,
                                  layout="constrained")
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
         handles = {}
-        for ax, setting in zip(axes[0], settings):
+        for ax, setting in zip(axes.flat, settings):
             for g, (xs, ys, sd) in curves[setting]:
                 step = "post" if y == "k" else None
                 line, = ax.plot(xs, ys, marker="o" if len(xs) < 20 else None, markersize=3, color=colours[g.method],
@@ -539,58 +657,93 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
 
 
 def write_target_plot(report: Report, out: Path) -> dict[str, Path]:
-    """UNIDEAL's Fig. 1: for every method, the traffic (up + down) and the wall-clock time it took to reach the
-    report's target accuracy (mean ± std over the seeds that reached it), one panel per setting, one point per method;
-    methods that never reached it are listed under the panel. Nothing is drawn when no method reached the target."""
-    stats = {s: [(g, comm_stats(g, report.metric, report.target)) for g in report.groups if g.setting == s]
-             for s in report.settings}
-    settings = [s for s in report.settings if any(c["reached"] for _, c in stats[s])]
-    if not settings:
+    """``to_target.png`` (see :func:`target_figure`); nothing when no method reached the target."""
+    fig = target_figure(report)
+    if fig is None:
         return {}
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
-    labels = plot_labels(report)
-    cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
-    colours = {m: cmap(i % cmap.N) for i, m in enumerate(report.methods)}
-    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.4), squeeze=False, layout="constrained")
-    for ax, setting in zip(axes[0], settings):
-        missed = []
-        for g, c in sorted(stats[setting], key=lambda gc: gc[0].method):
-            if not c["reached"]:
-                missed.append(labels[g.method])
-                continue
-            (mb, mb_sd), (sec, sec_sd) = c["mb_to_target"], c["wall_s_to_target"]
-            ax.errorbar(max(mb, 1e-6), sec, xerr=mb_sd, yerr=sec_sd, fmt="o", color=colours[g.method], capsize=3)
-            ax.annotate(f"{labels[g.method]} ({c['reached']}/{c['runs']})", (max(mb, 1e-6), sec), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
-        ax.set_xscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")  # "6", not "6×10⁰": within a decade the minor ticks carry labels
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(plain)
-        ax.set_xlabel(f"MB (up + down) to {report.metric} ≥ {report.target:g}")
-        ax.set_ylabel("seconds to target")
-        ax.set_title(setting, fontsize=10)
-        ax.grid(alpha=0.3)
-        if missed:
-            ax.text(0.0, -0.22, "never reached: " + ", ".join(missed), transform=ax.transAxes, fontsize=7, va="top")
     path = out / "to_target.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return {path.name: path}
 
 
+def target_figure(report: Report) -> Any:
+    """UNIDEAL's Fig. 1: for every method, the traffic (up + down) and the wall-clock time it took to reach the
+    report's target (mean ± std over the seeds that reached it), one panel per setting, one labelled point per
+    method; methods that never reached it are listed under the panel. None when no method reached the target.
+
+    Traffic spans decades (a head against a whole model), so the axis is logarithmic; a method that sends nothing
+    (``local``) sits at 0 on a symmetric-log axis, linear below the smallest traffic drawn. Only major ticks carry
+    labels unless the axis spans less than a decade, and a label is put left of its point in the right part of a
+    panel, so no label overlaps another or leaves the figure."""
+    stats = {s: [(g, comm_stats(g, report.metric, report.target, report.mode)) for g in report.groups
+                 if g.setting == s] for s in report.settings}
+    settings = [s for s in report.settings if any(c["reached"] for _, c in stats[s])]
+    if not settings:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    labels = plot_labels(report)
+    cmap = plt.get_cmap("tab10" if len(report.methods) <= 10 else "tab20")
+    colours = {m: cmap(i % cmap.N) for i, m in enumerate(report.methods)}
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # "6", not "6×10⁰"
+    across, down = min(len(settings), PANELS_PER_ROW), -(-len(settings) // PANELS_PER_ROW)
+    fig, axes = plt.subplots(down, across, figsize=(5.5 * across, 4.4 * down), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(settings):]:
+        ax.set_visible(False)
+    placed = []
+    for ax, setting in zip(axes.flat, settings):
+        missed, points = [], []
+        for g, c in sorted(stats[setting], key=lambda gc: gc[0].method):
+            if not c["reached"]:
+                missed.append(labels[g.method])
+                continue
+            (mb, mb_sd), (sec, sec_sd) = c["mb_to_target"], c["wall_s_to_target"]
+            ax.errorbar(mb, sec, xerr=mb_sd, yerr=sec_sd, fmt="o", color=colours[g.method], capsize=3)
+            points.append((mb, sec, f"{labels[g.method]} ({c['reached']}/{c['runs']}, {human_bytes(mb * MB)})"))
+        positive = [mb for mb, _, _ in points if mb > 0]
+        if len(positive) < len(points):  # a method that sent nothing: 0 on a symmetric-log axis
+            ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1.0, linscale=0.5)
+            ax.set_xlim(left=0)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(plain if max(positive) / min(positive) < 10 else NullFormatter())
+        ax.xaxis.set_major_formatter(plain)
+        ax.margins(x=0.08, y=0.12)
+        ax.set_xlabel(f"MB (up + down) to {report.metric} {target_sign(report)} {report.target:g}")
+        ax.set_ylabel("seconds to target")
+        ax.set_title(setting, fontsize=10)
+        ax.grid(alpha=0.3)
+        if missed:
+            ax.text(0.0, -0.22, "never reached: " + ", ".join(missed), transform=ax.transAxes, fontsize=7, va="top")
+        placed.append((ax, points))
+    fig.canvas.draw()  # final limits: labels in a panel's right third go left of their point
+    for ax, points in placed:
+        for mb, sec, text in points:
+            fx, fy = ax.transAxes.inverted().transform(ax.transData.transform((mb, sec)))
+            right = fx > 0.6
+            ax.annotate(text, (mb, sec), fontsize=7, textcoords="offset points",
+                        xytext=(-4 if right else 4, -10 if fy > 0.85 else 4), ha="right" if right else "left")
+    return fig
+
+
 def format_console(report: Report, out: Path) -> str:
     """What ``raysim report`` prints: the main table and where everything went."""
 
-    lines = [f"best {report.metric} (%), mean ± std over seeds; * = beaten by the column's best at Holm-adjusted "
-             f"p < {ALPHA:g}",
+    lines = [f"best {report.metric}{report.unit}, mean ± std over seeds"
+             f"{'' if report.mode == 'max' else ' (best: the lowest)'}; * = beaten by the column's best at "
+             f"Holm-adjusted p < {ALPHA:g}",
              markdown_table(["method"] + report.settings, main_table_rows(report, markdown=False)),
-             f"final-round {report.metric} (%), mean ± std over seeds",
+             f"final-round {report.metric}{report.unit}, mean ± std over seeds",
              markdown_table(["method"] + report.settings, final_table_rows(report)),
              f"report: {out / 'report.md'} (tables: table.csv, summary.csv, comm.csv; plots: "
              f"{', '.join(n for n in report.files if n.endswith('.png')) or 'none'})"]
+    lines += [f"raysim: {note}" for note in report.notes]
     return "\n".join(lines)

@@ -63,9 +63,10 @@ def compare(best: Sequence[float], other: Sequence[float], best_by_seed: Optiona
     return (None, kind) if math.isnan(p) else (p, kind)
 
 
-def column_tests(best: Any, others: list[Any], alpha: float) -> None:
+def column_tests(best: Any, others: list[Any], alpha: float, mode: str = "max") -> None:
     """Set ``p_vs_best``, ``test``, ``p_adjusted`` and ``beaten`` on each of ``others`` (report.Group objects)
-    against ``best``; Holm's correction runs over the comparisons that produced a p-value."""
+    against ``best``; Holm's correction runs over the comparisons that produced a p-value. ``mode="min"``: lower
+    values are better (a loss)."""
     tested = []
     for g in others:
         g.p_vs_best, g.test = compare(best.values, g.values, best.by_seed, g.by_seed)
@@ -73,7 +74,7 @@ def column_tests(best: Any, others: list[Any], alpha: float) -> None:
             tested.append(g)
     for g, p_adj in zip(tested, holm([g.p_vs_best for g in tested])):
         g.p_adjusted = p_adj
-        g.beaten = p_adj < alpha and best.mean > g.mean
+        g.beaten = p_adj < alpha and (best.mean > g.mean if mode == "max" else best.mean < g.mean)
 
 
 def final_value(rows: list[dict], metric: str) -> Optional[float]:
@@ -119,18 +120,24 @@ def group_spread(run_dirs: Sequence[Path]) -> Optional[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- report sections
 
 
-def _pct(pair: tuple[Optional[float], Optional[float]], n: int) -> str:
+def format_value(value: float, percent: bool) -> str:
+    """An accuracy in % with two decimals; any other metric with four significant digits."""
+    return f"{100 * value:.2f}" if percent else f"{value:.4g}"
+
+
+def _pct(pair: tuple[Optional[float], Optional[float]], n: int, percent: bool = True) -> str:
     mean, std = pair
     if mean is None:
         return "-"
-    return f"{100 * mean:.2f} ± {100 * std:.2f}" if n > 1 else f"{100 * mean:.2f} (n=1)"
+    m, sd = format_value(mean, percent), format_value(std or 0.0, percent)
+    return f"{m} ± {sd}" if n > 1 else f"{m} (n=1)"
 
 
 def final_table_rows(report: Any) -> list[list[str]]:
     """The main table's shape (methods x settings) with each run's last evaluated value instead of its best."""
     def cell(method: str, setting: str) -> str:
         g = next((g for g in report.groups if g.method == method and g.setting == setting), None)
-        return "-" if g is None else _pct((g.final_mean, g.final_std), len(g.final_values))
+        return "-" if g is None else _pct((g.final_mean, g.final_std), len(g.final_values), report.percent)
 
     return [[m] + [cell(m, s) for s in report.settings] for m in report.methods]
 
@@ -152,7 +159,7 @@ def extra_sections(report: Any) -> list[str]:
     from raysim.tables import markdown_table
 
     header = ["method"] + report.settings
-    lines = [f"## Final-round `{report.metric}` (%), mean ± std over seeds", "",
+    lines = [f"## Final-round `{report.metric}`{report.unit}, mean ± std over seeds", "",
              markdown_table(header, final_table_rows(report)), "",
              "The value at each run's last evaluated round: unlike the best round, not chosen on test data.", ""]
     spread = spread_rows(report)

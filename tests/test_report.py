@@ -339,3 +339,96 @@ def test_client_spread_mean_std_and_worst_ten_percent(tmp_path, capsys):
     capsys.readouterr()
     make_report([tmp_path / "runs"], tmp_path / "out", plots=False)
     assert "client_metrics.jsonl: skipped an incomplete last line" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- rough edges (#27)
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_to_target_plot_labels_neither_overlap_nor_leave_the_figure(runs, tmp_path):
+    """fedavg beside local, which sends nothing: the traffic axis once labelled every minor tick down to 1e-6 (the
+    labels lay on top of each other), and the rightmost point's label was cut at the figure's edge."""
+    import matplotlib.pyplot as plt
+
+    from raysim.report import target_figure
+
+    report = make_report([runs / "fedavg-iid", runs / "local-iid"], tmp_path / "out", target=0.5)
+    assert "to_target.png" in report.files
+    fig = target_figure(report)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        figure_box = fig.bbox
+        (ax,) = [a for a in fig.axes if a.get_visible()]
+        ticks = [t for t in ax.get_xticklabels(which="both") if t.get_visible() and t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in ticks]
+        assert len(ticks) >= 2
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not _boxes_overlap(a, b), [t.get_text() for t in ticks]
+        assert "0" in [t.get_text() for t in ticks]  # local's 0 bytes is on the axis, not at 1e-6
+        labels = [t for t in ax.texts if "(" in t.get_text()]
+        assert {t.get_text().split(" (")[0] for t in labels} == {"fedavg", "local"}
+        for t in labels:
+            box = t.get_window_extent(renderer)
+            assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1, t.get_text()
+            assert figure_box.y0 <= box.y0 and box.y1 <= figure_box.y1, t.get_text()
+    finally:
+        plt.close(fig)
+
+
+def test_report_of_a_folder_says_what_it_found_and_keeps_figures_readable(tmp_path, capsys):
+    """`raysim report /tmp` once collected every run below silently and drew one panel per setting in a row (a
+    15,400-pixel-wide PNG). Now it says how many runs it found where, and leaves out plots with more panels than a
+    figure can show, saying why."""
+    root = tmp_path / "tmp"
+    for n in range(2, 16):  # 14 settings (clients.num), unrelated runs scattered over folders
+        write_run(root / f"job{n % 3}" / f"pytest-{n}" / "run", "fedavg", "iid", 0, 0.8, workers=1)
+        cfg = load_config(root / f"job{n % 3}" / f"pytest-{n}" / "run" / "config.yaml", [f"clients.num={n}"])
+        (root / f"job{n % 3}" / f"pytest-{n}" / "run" / "config.yaml").write_text(to_yaml(cfg))
+    (root / "job0" / "pytest-3" / "run" / "report").mkdir()  # a report inside a run is not searched
+    assert main(["report", str(root), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert f"14 run directories under {root}" in captured.err
+    assert "plots left out: 14 settings (at most 12)" in captured.err
+    assert not list((tmp_path / "out").glob("*.png"))
+    assert "plots left out" in captured.out
+
+
+def test_report_grids_panels_instead_of_one_endless_row(runs, tmp_path):
+    import matplotlib.image
+
+    root = tmp_path / "six"
+    for n in range(2, 8):  # six settings: two rows of panels, at most four across
+        write_run(root / f"n{n}", "fedavg", "iid", 0, 0.8, workers=1)
+        cfg = load_config(root / f"n{n}" / "config.yaml", [f"clients.num={n}"])
+        (root / f"n{n}" / "config.yaml").write_text(to_yaml(cfg))
+    make_report([root], tmp_path / "out")
+    image = matplotlib.image.imread(tmp_path / "out" / "acc_vs_round.png")
+    assert image.shape[1] <= 4 * 5.0 * 110 + 10 and image.shape[0] > 2 * 3.6 * 110 * 0.9
+
+
+def test_report_any_metric_with_its_direction(runs, tmp_path, capsys):
+    """--metric loss was refused (only acc_* was); a loss is best at its minimum and shown as it is, not in %."""
+    assert main(["report", str(runs), "--metric", "loss", "--target", "0.6", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "best loss, mean ± std over seeds (best: the lowest)" in out
+    assert "0.3333 ± 0" in out  # each run's lowest loss is its third round's 1/3
+    report = make_report([runs], tmp_path / "o2", metric="loss", target=0.6, plots=False)
+    assert report.mode == "min" and report.group("fedavg", "partition=iid").mean == pytest.approx(1 / 3)
+    assert report.group("fedavg", "partition=iid").runs[0].to_target("loss", 0.6, "min")["round"] == 2
+    assert make_report([runs], tmp_path / "o3", metric="k", plots=False).mode == "max"
+
+
+def test_report_metric_no_run_logged_says_why(runs, tmp_path, capsys):
+    """--metric acc_global on local runs printed '-' and 'plots: none' without a word of why."""
+    assert main(["report", str(runs / "local-iid"), "--metric", "acc_global", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "--metric acc_global: none of the 3 runs logged it (local: it keeps no global model" in err
+    assert "acc_mean" in err and "loss" in err  # what they did log
+    assert main(["report", str(runs), "--metric", "acc_global", "--no-plots", "--out", str(tmp_path / "m")]) == 0
+    assert "local has no acc_global (it keeps no global model to evaluate)" in capsys.readouterr().err
+    assert main(["report", str(runs), "--metric", "nope", "--out", str(tmp_path / "n")]) == 2
+    assert "--metric nope: none of the 12 runs logged it" in capsys.readouterr().err
