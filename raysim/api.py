@@ -106,6 +106,16 @@ def run(config: ConfigLike = None, *overrides: str, progress: bool = False,
         cfg = _config(config, overrides) if config is not None else load_resume_config(Path(resume), overrides)
     else:
         cfg = _config(config, overrides)
+    if resume is not None:
+        from raysim.engine.runner import already_complete
+
+        done = already_complete(Path(resume), cfg)
+        if done is not None:  # nothing to run: the run as it is, without starting Ray
+            import warnings
+
+            warnings.warn(f"{resume} is already complete ({done} rounds run, rounds={cfg.rounds}); add "
+                          f"rounds=N with N > {done} to continue it", stacklevel=2)
+            return load_run(resume)
     line = ProgressLine(cfg.rounds) if progress else None
 
     def on_start(info: dict) -> None:
@@ -170,7 +180,8 @@ def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[st
 
 
 def report(*runs: Union[str, Path], out: Union[str, Path, None] = None, metric: str = "acc_mean",
-           target: float = 0.5, columns: Optional[Sequence[str]] = None, plots: bool = True) -> Any:
+           target: float = 0.5, columns: Optional[Sequence[str]] = None, plots: bool = True,
+           mode: str = "auto") -> Any:
     """Tables, t-tests (paired or Welch's, Holm-corrected) and plots over run directories (or folders holding them),
     like ``raysim report``.
 
@@ -182,5 +193,5 @@ def report(*runs: Union[str, Path], out: Union[str, Path, None] = None, metric: 
         raise TypeError("raysim.report needs at least one run directory")
     out_dir = Path(out) if out else (Path(runs[0]) / "report" if len(runs) == 1 else Path("report"))
     return make_report(list(runs), out_dir, metric=metric, target=target,
-                       columns=tuple(columns) if columns else DEFAULT_COLUMNS, plots=plots)
+                       columns=tuple(columns) if columns else DEFAULT_COLUMNS, plots=plots, mode=mode)
 

@@ -59,10 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run directories or folders that hold them")
     report.add_argument("--out", metavar="DIR", help="where to write (default: RUN_DIR/report for one RUN_DIR, "
                                                      "else ./report)")
-    report.add_argument("--metric", default="acc_mean", choices=("acc_mean", "acc_global", "acc_weighted"),
-                        help="accuracy to compare (default acc_mean)")
+    report.add_argument("--metric", default="acc_mean", metavar="KEY",
+                        help="any numeric metrics.jsonl key to compare: acc_mean (default), acc_global, acc_weighted, "
+                             "loss, bytes_up_total, k, p ...")
+    report.add_argument("--mode", default="auto", choices=("auto", "max", "min"),
+                        help="whether the metric's best is its maximum or its minimum (auto: min for loss*, bytes* "
+                             "and wall_s*, max for the rest)")
     report.add_argument("--target", type=float, default=0.5,
-                        help="accuracy for the rounds / MB / seconds-to-target columns (default 0.5)")
+                        help="value of the metric for the rounds / MB / seconds-to-target columns (default 0.5)")
     report.add_argument("--columns", default=",".join(DEFAULT_COLUMNS), metavar="PREFIXES",
                         help="comma-separated config-key prefixes that make the table's columns (settings); other "
                              f"varying keys make its rows (methods). Default: {','.join(DEFAULT_COLUMNS)}")
@@ -79,19 +83,24 @@ def _parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="show a resolved config, or every config key with its help",
                             epilog=_EXAMPLES["config"], formatter_class=argparse.RawDescriptionHelpFormatter)
     config_sub = config.add_subparsers(dest="config_command", required=True)
-    show = config_sub.add_parser("show", help="print the resolved YAML of CONFIG plus overrides")
+    show = config_sub.add_parser("show", help="print the resolved YAML of CONFIG plus overrides",
+                                 description="Print the resolved YAML of CONFIG plus overrides: every key filled in.",
+                                 epilog=_EXAMPLES["config show"], formatter_class=argparse.RawDescriptionHelpFormatter)
     show.add_argument("config", nargs="?", help="experiment YAML (default: the built-in defaults)")
     show.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
-    keys = config_sub.add_parser("keys", help="every key: type, default and help")
+    keys = config_sub.add_parser("keys", help="every key: type, default and help",
+                                 description="Every config key with its type, default and one-line help.",
+                                 epilog=_EXAMPLES["config keys"], formatter_class=argparse.RawDescriptionHelpFormatter)
     keys.add_argument("--algorithm", metavar="NAME", help="list this algorithm's algorithm.* keys (default fedavg)")
     keys.add_argument("--model", metavar="NAME", action="append", default=[],
                       help="add the model.<NAME>.* section a plugin model declares")
     keys.add_argument("--dataset", metavar="NAME", help="add the data.<NAME>.* section a plugin dataset declares")
     keys.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
 
-    lister = sub.add_parser("list", help="the registered algorithms, models or datasets, plugins included",
+    lister = sub.add_parser("list", help="the registered algorithms, models or datasets (plugins included), or the "
+                                         "shipped experiments",
                             epilog=_EXAMPLES["list"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    lister.add_argument("kind", choices=("algorithms", "models", "datasets"))
+    lister.add_argument("kind", choices=("algorithms", "models", "datasets", "experiments"))
     lister.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
     return p
 
@@ -117,14 +126,26 @@ _EXAMPLES = {
   raysim tune --resume runs/sweeps/smoke-lr""",
     "report": """examples:
   raysim report runs/smoke-best runs/smoke-local --out runs/smoke-report --target 0.6
-  raysim report runs/sweeps/smoke-lr --metric acc_global""",
+  raysim report runs/sweeps/smoke-lr --metric acc_global
+  raysim report runs/sweeps/smoke-lr --metric loss          lower is better for loss, bytes and seconds""",
     "config": """examples:
   raysim config show experiments/smoke.yaml rounds=3      the resolved YAML, every key filled in
   raysim config keys                                      common keys (and FedAvg's)
   raysim config keys --algorithm fapd                     plus algorithm.* of FAPD
   raysim config keys --plugins my_models --model tiny     plus a plugin model's model.tiny.* keys""",
+    "config show": """examples:
+  raysim config show experiments/smoke.yaml               the smoke experiment, every key filled in
+  raysim config show smoke rounds=3 train.lr=0.2          a shipped experiment by name, with overrides
+  raysim config show algorithm.name=fedprox               the defaults with FedProx (and its algorithm.mu)
+  raysim config show runs/mine/config.yaml > mine.yaml    a run's config, to edit and run again""",
+    "config keys": """examples:
+  raysim config keys                                      common keys (and FedAvg's)
+  raysim config keys --algorithm fedprox                  plus FedProx's algorithm.* keys
+  raysim config keys | grep '^data\\.'                     only the data.* keys
+  raysim config keys --plugins resmlp --model resmlp      plus a plugin model's model.resmlp.* keys""",
     "list": """examples:
   raysim list algorithms
+  raysim list experiments                          the shipped configs: raysim run NAME
   raysim list models --plugins my_models""",
 }
 
@@ -190,7 +211,7 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.engine.executor import choose_backend
-    from raysim.engine.runner import load_resume_config, run_experiment
+    from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
     config, overrides = _split_config_and_overrides(args)
@@ -203,6 +224,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
     else:  # without CONFIG.yaml: the defaults plus the overrides
         cfg = load_config(config, overrides)
+
+    if args.resume:
+        done = already_complete(run_dir, cfg)
+        if done is not None:
+            print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
+            print(f"raysim: {run_dir} is already complete ({done} rounds run, rounds={cfg.rounds}); nothing to run. "
+                  f"To continue it, add rounds=N with N > {done}: raysim run --resume {run_dir} rounds={2 * done}",
+                  file=sys.stderr)
+            return 0
 
     line = ProgressLine(cfg.rounds)
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
@@ -309,7 +339,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (Path(args.runs[0]) / "report" if len(args.runs) == 1 else Path("report"))
     columns = tuple(c.strip() for c in args.columns.split(",") if c.strip())
     report = make_report(args.runs, out, metric=args.metric, target=args.target, columns=columns,
-                         plots=not args.no_plots, layout=args.layout)
+                         plots=not args.no_plots, layout=args.layout, mode=args.mode, announce=True)
     print(format_console(report, out))
     return 0
 
@@ -334,11 +364,30 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     from raysim.registry import describe, import_plugins
 
-    import_plugins(list(_plugins(args.plugins)))
-    rows = describe(args.kind[:-1])
-    width = max(len(name) for name, _ in rows)
-    print("\n".join(f"{name:<{width}}  {doc}" for name, doc in rows))
+    if args.kind == "experiments":
+        from raysim.catalog import describe_experiments
+
+        rows = describe_experiments()
+    else:
+        import_plugins(list(_plugins(args.plugins)))
+        rows = describe(args.kind[:-1])
+    print(_two_columns(rows))
     return 0
+
+
+def _two_columns(rows: list[tuple[str, str]]) -> str:
+    """Names, and their descriptions wrapped to the terminal's width under a hanging indent (never cut)."""
+    import shutil
+    import textwrap
+
+    width = max(len(name) for name, _ in rows)
+    text_width = max(40, shutil.get_terminal_size((120, 24)).columns - width - 2)
+    lines = []
+    for name, doc in rows:
+        wrapped = textwrap.wrap(doc, text_width) or [""]
+        lines.append(f"{name:<{width}}  {wrapped[0]}")
+        lines.extend(" " * (width + 2) + more for more in wrapped[1:])
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,25 @@ def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     return f"config key '{key}': {text}" if key else f"config: {text}"
 
 
+def _algorithm_key_hint(exc: OmegaConfBaseException, algorithm: str) -> str:
+    """For an ``algorithm.*`` key the chosen algorithm lacks: which algorithms have it (``algorithm.mu=0.1`` with
+    fedavg: fedprox and moon do)."""
+    from omegaconf.errors import ConfigKeyError
+
+    key = str(getattr(exc, "full_key", None) or "")
+    if not isinstance(exc, ConfigKeyError) or not key.startswith("algorithm.") or key.count(".") < 1:
+        return ""
+    field_name = key.split(".")[1]
+    from raysim.registry import get_algorithm, names
+
+    owners = [n for n in names("algorithm") if n != algorithm
+              and field_name in {f.name for f in dataclasses.fields(get_algorithm(n).Config)}]
+    if not owners:
+        return ""
+    return (f"; {algorithm} has no key {field_name}, but {', '.join(owners)} "
+            f"{'does' if len(owners) == 1 else 'do'} (set algorithm.name={owners[0]})")
+
+
 def algorithm_config_class(name: str) -> type:
     from raysim.registry import get_algorithm
 
@@ -358,6 +377,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if base is not None:
         layers.append(OmegaConf.create(base) if isinstance(base, dict) else base)
     if path is not None:
+        from raysim.catalog import resolve
+
+        try:
+            path = resolve(path)  # a file, or a shipped experiment by name (raysim list experiments)
+        except UserError as exc:
+            raise ConfigError(str(exc)) from None
         layers.append(_read_yaml(Path(path)))
     for item in overrides:
         if "=" not in item:
@@ -379,7 +404,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         merged = OmegaConf.merge(schema, *layers)
         cfg: ExperimentConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
-        raise ConfigError(_omegaconf_message(exc)) from None
+        raise ConfigError(_omegaconf_message(exc) + _algorithm_key_hint(exc, str(algo_name))) from None
     if not validate:
         return cfg
     cfg.validate()

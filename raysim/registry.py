@@ -6,8 +6,11 @@ Each module registers itself with a decorator; the built-in modules are imported
 
 from __future__ import annotations
 
+import ast
 import importlib
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raysim.errors import UserError
@@ -72,7 +75,31 @@ def import_plugins(modules: list[str] | tuple[str, ...]) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise UserError(f"config key 'plugins': cannot import {module!r} ({exc})") from None
+            hint = ""
+            if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]:
+                hint = "; " + _pythonpath_hint(module)
+            raise UserError(f"config key 'plugins': cannot import {module!r} ({exc}){hint}") from None
+
+
+_SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "runs", "__pycache__", ".mypy_cache", ".pytest_cache"}
+
+
+def _pythonpath_hint(module: str, root: Optional[Path] = None, depth: int = 4) -> str:
+    """Where a plugin that cannot be imported may be: a ``<top>.py`` or ``<top>/__init__.py`` a few folders below
+    the working directory, with the ``PYTHONPATH`` that makes it importable."""
+    top = module.split(".")[0]
+    root = Path.cwd() if root is None else root
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                         and len(rel.parts) < depth)
+        if f"{top}.py" in files or (top in dirs and (Path(folder) / top / "__init__.py").is_file()):
+            where = str(rel) if rel.parts else "."
+            found = rel / (f"{top}.py" if f"{top}.py" in files else top)
+            return (f"it is not on Python's path: found {found}, so run `export PYTHONPATH={where}` "
+                    f"(or install it) first")
+    return (f"a plugin must be importable: put the folder holding {top}.py on PYTHONPATH "
+            f"(`export PYTHONPATH=DIR`) or install it")
 
 
 # hooks whose arguments changed in raysim 0.2: (hook, its parameters after self)
@@ -170,13 +197,49 @@ def builtin_names(kind: str) -> list[str]:
 
 
 def describe(kind: str) -> list[tuple[str, str]]:
-    """(name, first line of its docstring) for every registered algorithm / model / dataset, plugins included."""
+    """(name, first paragraph of its docstring) for every registered algorithm / model / dataset, plugins included.
+
+    Built-ins are described from their modules' source, without importing them: importing every model would load
+    torchvision, and every algorithm torch (seconds, for a list)."""
+    static = _static_docs(kind)
     table = _TABLES[kind]
     out = []
-    for name in names(kind):
-        obj = table[name]
-        module = sys.modules.get(getattr(obj, "__module__", ""))
-        doc = obj.__doc__ or getattr(module, "__doc__", None) or ""  # a plugin without its own: its module's
-        lines = doc.strip().splitlines()
-        out.append((name, lines[0].strip() if lines else "(no docstring)"))
+    for name in sorted(set(_BUILTINS[kind]) | set(table)):
+        if name in static and (name not in table or name in _BUILTINS[kind]):
+            doc = static[name]
+        else:
+            obj = _get(table, kind, kind, name)
+            module = sys.modules.get(getattr(obj, "__module__", ""))
+            doc = obj.__doc__ or getattr(module, "__doc__", None) or ""  # a plugin without its own: its module's
+        out.append((name, first_paragraph(doc) or "(no docstring)"))
+    return out
+
+
+def first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph as one line (the whole sentence, however it was wrapped)."""
+    paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in paragraph.splitlines() if line.strip())
+
+
+_DECORATORS = {"algorithm": "register_algorithm", "model": "register_model", "dataset": "register_dataset"}
+
+
+def _static_docs(kind: str) -> dict[str, str]:
+    """Built-in name -> its docstring, read from the source of the module that registers it (``@register_*("name")``
+    on a function or class; the module's docstring when it has none)."""
+    package = Path(__file__).resolve().parent
+    out: dict[str, str] = {}
+    for module in sorted(set(_BUILTINS[kind].values())):
+        path = package.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            for dec in node.decorator_list:
+                if (isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == _DECORATORS[kind] and dec.args
+                        and isinstance(dec.args[0], ast.Constant) and isinstance(dec.args[0].value, str)):
+                    out[dec.args[0].value] = ast.get_docstring(node) or ast.get_docstring(tree) or ""
     return out

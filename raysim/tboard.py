@@ -39,6 +39,8 @@ def write_run_header(run_dir: Path, cfg: ExperimentConfig, charts: Mapping[str, 
     from torch.utils.tensorboard import SummaryWriter
 
     write_hparams(run_dir, run_hparams(cfg), {})
+    for old in run_dir.glob("events.out.tfevents.*.layout"):  # a resumed run writes its header again
+        old.unlink()
     writer = SummaryWriter(str(run_dir), filename_suffix=".layout")
     try:
         writer.add_custom_scalars(layout(charts))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import yaml
 
-from conftest import EXAMPLE_PLUGINS, ROOT
+from conftest import EXAMPLE_PLUGINS, ROOT, refused_config
 from raysim.cli import main
 from raysim.schema import config_keys
 
@@ -79,3 +80,88 @@ def test_help_carries_examples(capsys):
         except SystemExit:
             pass
         assert "examples:" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------- rough edges (#27)
+def test_config_show_and_keys_help_carry_examples(capsys):
+    for argv in (["config", "show", "--help"], ["config", "keys", "--help"]):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+        out = capsys.readouterr().out
+        assert "examples:" in out and f"raysim config {argv[1]} " in out.split("examples:")[1]
+
+
+def test_list_descriptions_are_whole_paragraphs(capsys, monkeypatch):
+    """Descriptions were the docstring's first line, cut mid-sentence; now the whole first paragraph, wrapped."""
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out = _out(capsys, "list", "models")
+    assert code == 0
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("mobilenet_v2 "))
+    indent = lines[start].index("torchvision")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+    text = " ".join(line[indent:].strip() for line in lines[start:end])
+    assert text.endswith("and the final 1x1 convolution (1280).")
+    assert all(len(line) <= 100 for line in lines)
+
+
+@pytest.mark.parametrize("kind", ["algorithm", "model", "dataset"])
+def test_list_reads_the_same_descriptions_it_would_get_by_importing(kind):
+    """`raysim list` reads built-ins' docstrings from source (no torch, no torchvision); they are the imported
+    objects' own."""
+    from raysim import registry
+
+    registry._load_builtins(kind)
+    table = registry._TABLES[kind]
+    static = registry._static_docs(kind)
+    for name in registry._BUILTINS[kind]:
+        module = sys.modules[table[name].__module__]
+        doc = table[name].__doc__ or module.__doc__ or ""
+        assert registry.first_paragraph(static[name]) == registry.first_paragraph(doc), name
+
+
+@pytest.mark.slow
+def test_list_imports_neither_torch_nor_torchvision():
+    """`raysim list` took 2.6-5.1 s (9 s for models): it imported every module, torch and torchvision with them."""
+    import subprocess
+
+    code = ("import sys; from raysim.cli import main\n"
+            "for kind in ('algorithms', 'models', 'datasets', 'experiments'): main(['list', kind])\n"
+            "print([m for m in ('torch', 'torchvision', 'sklearn', 'ray') if m in sys.modules], file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip() == "[]"
+    assert "fedprox " in done.stdout and "resnet18 " in done.stdout and "sklearn_digits " in done.stdout
+
+
+def test_list_experiments_and_run_them_by_name(capsys, tmp_path, monkeypatch):
+    code, out = _out(capsys, "list", "experiments")
+    assert code == 0
+    names = [line.split()[0] for line in out.splitlines() if line and not line.startswith(" ")]
+    assert {"smoke", "default", "unideal/digits-niid1-cpu/unideal", "sweeps/smoke-lr"} <= set(names)
+    assert "finishes in well under a minute" in out
+    monkeypatch.chdir(tmp_path)  # anywhere: a shipped experiment is found by name
+    code, out = _out(capsys, "config", "show", "unideal/digits-niid1-cpu/unideal", "rounds=2")
+    assert code == 0 and yaml.safe_load(out)["algorithm"]["name"] == "unideal" and yaml.safe_load(out)["rounds"] == 2
+    code, out = _out(capsys, "config", "show", "experiments/smoke.yaml")  # the README's paths work too
+    assert code == 0 and yaml.safe_load(out)["name"] == "smoke"
+    assert main(["config", "show", "no-such-experiment"]) == 2
+    assert "raysim list experiments" in capsys.readouterr().err
+
+
+def test_unknown_algorithm_key_names_the_algorithms_that_have_it():
+    err = refused_config("algorithm.mu", "algorithm.mu=0.1")
+    assert "fedavg has no key mu, but fedprox, moon do (set algorithm.name=fedprox)" in err
+
+
+def test_plugin_off_the_path_gets_a_pythonpath_hint(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_plugins").mkdir()
+    (tmp_path / "my_plugins" / "fancy_avg.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "show", "plugins=[fancy_avg]"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "found my_plugins/fancy_avg.py, so run `export PYTHONPATH=my_plugins`" in err
+    assert main(["config", "show", "plugins=[nowhere_at_all]"]) == 2
+    assert "put the folder holding nowhere_at_all.py on PYTHONPATH" in capsys.readouterr().err

@@ -467,17 +467,25 @@ def digits(cfg) -> FederatedData:
     return data
 
 
-def _single(name: str) -> Callable:
-    def dataset(cfg) -> FederatedData:
-        data = federate([load_domain(name, cfg)], cfg, num_classes=10)
-        data.meta["domains"] = [name]
-        return data
-
-    dataset.__doc__ = f"The {name} domain alone, for iid/dirichlet splits."
-    dataset.__name__ = name
-    return dataset
+def _single(name: str, cfg) -> FederatedData:
+    data = federate([load_domain(name, cfg)], cfg, num_classes=10)
+    data.meta["domains"] = [name]
+    return data
 
 
-mnist = register_dataset("mnist")(_single("mnist"))
-mnistm = register_dataset("mnistm")(_single("mnistm"))
-synthdigits = register_dataset("synthdigits")(_single("synth"))
+@register_dataset("mnist")
+def mnist(cfg) -> FederatedData:
+    """The mnist domain alone, for iid/dirichlet splits."""
+    return _single("mnist", cfg)
+
+
+@register_dataset("mnistm")
+def mnistm(cfg) -> FederatedData:
+    """The mnistm domain alone, for iid/dirichlet splits."""
+    return _single("mnistm", cfg)
+
+
+@register_dataset("synthdigits")
+def synthdigits(cfg) -> FederatedData:
+    """The synth domain alone, for iid/dirichlet splits."""
+    return _single("synth", cfg)

@@ -114,7 +114,7 @@ class Driver:
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
-        if cfg.log.tensorboard and not resume:  # HParams and the custom-scalars page, for every run
+        if cfg.log.tensorboard:  # HParams and the custom-scalars page, for every run (again on resume: rounds may grow)
             from raysim.tboard import write_run_header
 
             with self._writing("TensorBoard's events"):

@@ -49,6 +49,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
                                 f"resume with the same config, or start a new run")
             _check_writable(run_dir)
             read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
+            record_resumed_config(run_dir, cfg)
         except BaseException:
             lock.release()
             raise
@@ -76,6 +77,18 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         lock.release()
         raise
     return run_dir, created, lock
+
+
+def record_resumed_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """A resume may change what the run is (``rounds``) and how it runs (``engine.*``, ``log.*``): ``config.yaml``
+    says what the run now is, so reports and ``load_run`` agree with it (the driver rewrites TensorBoard's HParams)."""
+    from raysim.fsutil import atomic_write_text
+
+    cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
+    try:
+        atomic_write_text(run_dir / "config.yaml", to_yaml(cfg), fsync=True)
+    except OSError as exc:
+        raise UserError(f"config key 'log.dir': cannot write {run_dir / 'config.yaml'} ({exc.strerror})") from None
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -219,6 +232,15 @@ def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable
         if driver is not None:
             driver.shutdown()
         torch.set_num_threads(threads)
+
+
+def already_complete(run_dir: Path, cfg: ExperimentConfig) -> Optional[int]:
+    """The checkpointed round of a run that ``--resume`` would have nothing to do for (it reached ``rounds``), so the
+    caller can say so without starting Ray; None when there is a round left to run (or no checkpoint)."""
+    from raysim.engine.state import checkpoint_round
+
+    done = checkpoint_round(run_dir)
+    return done if done is not None and done >= cfg.rounds else None
 
 
 def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:

@@ -260,3 +260,10 @@ def read_checkpoint(run_dir: Path) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "round" not in ckpt:
         raise UserError(f"{server_file(run_dir)} is not a raysim checkpoint of format {FORMAT_VERSION}")
     return ckpt
+
+
+def checkpoint_round(run_dir: Path) -> Optional[int]:
+    """The round of a run directory's checkpoint (None without one): a resume continues after it."""
+    if not has_checkpoint(run_dir):
+        return None
+    return int(read_checkpoint(Path(run_dir))["round"])

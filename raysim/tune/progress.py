@@ -49,7 +49,9 @@ class _Progress:
         if trial.trial_id in self.done and not failed:
             return  # ended before a kill that Tune's state missed: counted, and re-reported without running
         self.done.add(trial.trial_id)
-        best = self.spec.names.progress_best(self.spec.metric, self.best, self.per_trial)
+        # seeds: a mean over the seeds that ended, never one still running (its best so far is no result yet)
+        ended = {t: v for t, v in self.per_trial.items() if t in self.done}
+        best = self.spec.names.progress_best(self.spec.metric, self.best, ended)
         last = (getattr(trial, "last_result", None) or {}).get("round")
         what = ("failed" if failed else f"stopped early after round {last}" if last and last < self.rounds
                 else "finished")

@@ -36,8 +36,10 @@ def parse_seeds(text: str) -> list[int]:
 
 def seeds_spec(config: Optional[str | Path], overrides: list[str], seeds: list[int]) -> SweepSpec:
     """One config (None: the defaults) over several seeds, as a grid sweep whose trials are named seed-<n>."""
-    if config is not None and not Path(config).is_file():
-        raise UserError(f"config file not found: {config}")
+    if config is not None:
+        from raysim.catalog import resolve
+
+        config = resolve(config)  # a file, or a shipped experiment by name
     fixed = [o for o in overrides if not o.startswith("seed=")]
     base_cfg = load_config(config, fixed)
     spec = SweepSpec(base=str(Path(config).resolve()) if config else None, space={"seed": {"grid": list(seeds)}},

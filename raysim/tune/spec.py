@@ -65,9 +65,12 @@ class SweepSpec:
 
 def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepSpec:
     """Read a sweep file; ``overrides`` whose first segment is a sweep key set the sweep, the rest the experiment."""
-    path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file not found: {path}")
+    from raysim.catalog import resolve
+
+    try:
+        path = resolve(path, "sweep file")  # a file, or a shipped sweep by name (sweeps/smoke-lr)
+    except UserError as exc:
+        raise SweepError(str(exc)) from None
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:

@@ -56,3 +56,24 @@ def test_bad_seeds_are_a_user_error(tmp_path, capsys):
     config.write_text(yaml.safe_dump(TINY))
     assert main(["run", str(config), "--seeds", "5-1"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def test_seeds_done_line_averages_only_seeds_that_ended(capsys):
+    """Two seeds running side by side: when seed 0 ends, seed 1 is still running; "1/2 seeds done" must not fold
+    seed 1's best so far into the mean (it said "over 2 seeds")."""
+    from types import SimpleNamespace
+
+    from raysim.tune import _Progress, seeds_spec
+
+    spec = seeds_spec(None, ["rounds=3"], [0, 1])
+    progress = _Progress(spec, total=2, rounds=3, quiet=True)
+    seed = [SimpleNamespace(trial_id=f"t{s}", config={"seed": s}, last_result={"round": 3}) for s in (0, 1)]
+    progress.result(seed[0], {"round": 3, "acc_mean": 0.8})
+    progress.result(seed[1], {"round": 2, "acc_mean": 0.4})
+    progress.finished(seed[0], failed=False)
+    line = capsys.readouterr().out
+    assert "1/2 seeds done" in line and "so far 0.8000 ± 0.0000 over 1 seed" in line
+    progress.result(seed[1], {"round": 3, "acc_mean": 0.6})
+    progress.finished(seed[1], failed=False)
+    line = capsys.readouterr().out
+    assert "2/2 seeds done" in line and "so far 0.7000 ± 0.1414 over 2 seeds" in line
