@@ -190,6 +190,12 @@ def check_spec(spec: SweepSpec) -> None:
     if extra:
         raise SweepError(f"sweep key 'search.{extra[0]}' is unknown (known: name, seed, startup_trials)")
     if search == "optuna":
+        from raysim.extras import require_extra
+
+        try:
+            require_extra("optuna", "search.name")
+        except UserError as exc:
+            raise SweepError(str(exc).replace("config key", "sweep key", 1)) from None
         grids = [k for k, d in spec.space.items() if "grid" in d]
         if grids:
             raise SweepError(f"sweep key 'space.{grids[0]}': Optuna samples, it does not enumerate grids; use "

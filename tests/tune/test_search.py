@@ -76,3 +76,17 @@ def test_seeded_random_search_draws_the_same_trials_every_time(tmp_path):
     assert draw({"name": "random", "seed": 1}) != first
     assert len(set(first)) == 4
     assert _searcher(load_sweep(write_sweep(tmp_path, search={"name": "random"}))) is None
+
+
+def test_optuna_without_its_extra_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from raysim.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a))
+    sweep = write_sweep(tmp_path, space={"train.lr": {"loguniform": [0.01, 0.5]}})
+    assert main(["tune", str(sweep), "search.name=optuna", f"dir={tmp_path / 'sw'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'raysim[optuna]'" in err and "sweep key 'search.name'" in err
+    assert not (tmp_path / "sw").exists()
