@@ -41,7 +41,8 @@ SAMPLED = 100
 
 def overrides(num: int, rounds: int, args: argparse.Namespace) -> list[str]:
     data = (["data.name=synthetic", f"data.samples_per_domain={args.cap}"] if args.data == "synthetic" else
-            ["plugins=[bench_data]", "data.name=bench_synth", "data.partition=dirichlet", "data.alpha=0.5"])
+            # raysim's own Dirichlet split, as in RESULTS.md (the engine's scale is measured, not a partitioner's)
+            ["plugins=[bench_data]", "data.name=bench_synth", "data.partition=legacy_dirichlet", "data.alpha=0.5"])
     return [f"name=scale-{num}", "seed=0", f"rounds={rounds}", f"clients.num={num}",
             f"clients.fraction={SAMPLED / num!r}", *data, "model.name=mlp", f"model.hidden=[{args.hidden}]",
             "model.feature_dim=64",

@@ -97,6 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--dataset", metavar="NAME", help="add the data.<NAME>.* section a plugin dataset declares")
     keys.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
 
+    data = sub.add_parser("data", help="look at a federation before running it", epilog=_EXAMPLES["data"],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    data_show = data_sub.add_parser("show", help="label counts per client and a clients x classes heat map (PNG)",
+                                    description="Build CONFIG's federation as a run would (no Ray) and show what each "
+                                                "client holds: label counts per client, and a heat map PNG.",
+                                    epilog=_EXAMPLES["data"], formatter_class=argparse.RawDescriptionHelpFormatter)
+    data_show.add_argument("config", nargs="?", help="experiment YAML or a shipped experiment's name")
+    data_show.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    data_show.add_argument("--out", metavar="PNG", help="the heat map's file (default: ./<name>-partition.png)")
+    data_show.add_argument("--clients", type=int, default=50, metavar="N",
+                           help="print the first N clients (default 50; the heat map shows up to 200)")
+
     lister = sub.add_parser("list", help="the registered algorithms, models or datasets (plugins included), or the "
                                          "shipped experiments",
                             epilog=_EXAMPLES["list"], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +156,10 @@ _EXAMPLES = {
   raysim config keys --algorithm fedprox                  plus FedProx's algorithm.* keys
   raysim config keys | grep '^data\\.'                     only the data.* keys
   raysim config keys --plugins resmlp --model resmlp      plus a plugin model's model.resmlp.* keys""",
+    "data": """examples:
+  raysim data show smoke                                  the smoke experiment's Dirichlet(0.5) split
+  raysim data show smoke data.partition=pathological data.classes_per_client=2
+  raysim data show smoke data.partition=shard --out shards.png""",
     "list": """examples:
   raysim list algorithms
   raysim list experiments                          the shipped configs: raysim run NAME
@@ -168,6 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _cmd_config(args)
         if args.command == "list":
             return _cmd_list(args)
+        if args.command == "data":
+            return _cmd_data(args)
     except KeyboardInterrupt:
         print("raysim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -358,6 +377,20 @@ def _cmd_config(args: argparse.Namespace) -> int:
     from raysim.schema import config_keys, format_keys
 
     print(format_keys(config_keys(args.algorithm, tuple(args.model), args.dataset, _plugins(args.plugins))))
+    return 0
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from raysim.config import load_config
+    from raysim.data.show import show
+
+    if args.clients < 1:
+        raise UserError("--clients must be >= 1")
+    config, overrides = _split_config_and_overrides(args)
+    cfg = load_config(config, overrides)
+    table, png = show(cfg, Path(args.out) if args.out else None, clients=args.clients)
+    print(table)
+    print(f"raysim: heat map of label counts per client: {png}")
     return 0
 
 

@@ -60,6 +60,10 @@ def flatten_dict(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "natural", "linear", "square", "exponential",
+              "inner_dirichlet", "niid1", "niid2", "legacy_iid", "legacy_dirichlet")
+
+
 def _one_of(value: Any, key: str, choices: tuple) -> None:
     require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
 
@@ -79,13 +83,24 @@ class DataConfig:
     name: str = "sklearn_digits"  # dataset (raysim list datasets)
     root: Optional[str] = None  # directory holding full datasets in their native layout
     cache_dir: Optional[str] = None  # where generated datasets are cached (default: the user's cache dir)
-    partition: str = "dirichlet"  # iid | dirichlet | niid1 | niid2
+    # Flower Datasets' partitioners (raysim.data.flower): iid | dirichlet | pathological | shard | natural | linear |
+    # square | exponential | inner_dirichlet; raysim's own: niid1 | niid2 (a domain per client group); legacy_iid |
+    # legacy_dirichlet (raysim's splits before Flower's, which runs made with them keep on --resume)
+    partition: str = "dirichlet"
     # Dirichlet concentration for label skew; for synthetic, FedProx's α (spread of the clients' models, >= 0).
     # null: the dataset's default, 0.5 for a Dirichlet split, 1 for synthetic
     alpha: Optional[float] = None
     beta: Optional[float] = None  # synthetic: FedProx's β, spread of the clients' inputs (>= 0; null: 1)
     dimension: int = 60  # synthetic: input features per sample (the paper's 60)
     min_samples: int = 10  # each client holds at least this many samples (train + test)
+    self_balancing: bool = False  # dirichlet: Flower's self_balancing (no class goes to a client above the mean size)
+    classes_per_client: int = 2  # pathological: classes per client (Flower's num_classes_per_partition)
+    # pathological: how classes are given to clients: random | deterministic | first-deterministic (Flower's modes)
+    class_assignment: str = "random"
+    shards_per_client: Optional[int] = 2  # shard: shards per client (McMahan et al.'s 2); null: from data.shard_size
+    shard_size: Optional[int] = None  # shard: samples per shard (null: the split size / (clients x shards))
+    keep_incomplete_shard: bool = False  # shard: keep the last, smaller shard (Flower's keep_incomplete_shard)
+    partition_sizes: list[int] = field(default_factory=list)  # inner_dirichlet: samples per client (empty: equal)
     test_fraction: float = 0.2  # per-client held-out share
     domains: list[str] = field(default_factory=list)  # digits: subset of mnist, mnistm, synth (empty = all)
     clients_per_domain: int = 1  # niid1/niid2: each domain split over this many clients
@@ -113,7 +128,16 @@ class DataConfig:
     augment: bool = False  # images: random crop (padding 4) + horizontal flip per training batch, seeded per job
 
     def validate(self) -> None:
-        _one_of(self.partition, "data.partition", ("iid", "dirichlet", "niid1", "niid2"))
+        _one_of(self.partition, "data.partition", PARTITIONS)
+        require(self.classes_per_client >= 1, "data.classes_per_client", f"must be >= 1, got {self.classes_per_client}")
+        _one_of(self.class_assignment, "data.class_assignment", ("random", "deterministic", "first-deterministic"))
+        if self.shards_per_client is not None:
+            require(self.shards_per_client >= 1, "data.shards_per_client", "must be >= 1 (or null)")
+        if self.shard_size is not None:
+            require(self.shard_size >= 1, "data.shard_size", "must be >= 1 (or null)")
+        require(self.partition != "shard" or self.shards_per_client is not None or self.shard_size is not None,
+                "data.shards_per_client", "the shard partition needs data.shards_per_client or data.shard_size")
+        require(all(n >= 1 for n in self.partition_sizes), "data.partition_sizes", "sizes must be >= 1")
         if self.name == "synthetic":  # FedProx's Synthetic(α, β): α = β = 0 is the paper's most similar setting
             self.alpha = 1.0 if self.alpha is None else self.alpha
             self.beta = 1.0 if self.beta is None else self.beta

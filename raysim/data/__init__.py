@@ -19,11 +19,17 @@ __all__ = ["ClientSplit", "Domain", "FederatedData", "OnDemandData", "build_fede
 def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[np.ndarray]] = None) -> FederatedData:
     """Spread the domains' samples over ``clients.num`` clients by ``data.partition``; reproducible from the seed.
 
-    iid / dirichlet split one domain over all clients; niid1 gives each domain to ``data.clients_per_domain``
-    clients (IID within the domain), niid2 does the same with a Dirichlet(alpha) label redistribution: among the
-    domain's clients (``data.label_skew: split``) or within each client's share (``subsample``).
+    Flower Datasets' partitions (iid, dirichlet, pathological, shard, natural, linear, square, exponential,
+    inner_dirichlet: ``raysim.data.flower``) split one domain over all clients exactly as Flower does with the same
+    seed. raysim's own: niid1 gives each domain to ``data.clients_per_domain`` clients (IID within the domain),
+    niid2 does the same with a Dirichlet(alpha) label redistribution: among the domain's clients
+    (``data.label_skew: split``) or within each client's share (``subsample``); legacy_iid / legacy_dirichlet are
+    raysim's one-domain splits from before, kept so that runs made with them resume identically.
     ``pools`` (one index array per domain) limits what is dealt out, e.g. to an official training split.
+    Each client then draws its own train/test split from its share (``data.test_fraction``).
     """
+    from raysim.data.flower import FLOWER_PARTITIONS, flower_partition
+
     data_cfg, num_clients = cfg.data, cfg.clients.num
     rng = np.random.default_rng([cfg.seed, 7919])
     shares: list[tuple[int, np.ndarray]] = []
@@ -34,15 +40,20 @@ def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[
     def indices(d: int, part: np.ndarray) -> np.ndarray:
         return part if pools is None else np.sort(np.asarray(pools[d], dtype=np.int64)[part])
 
-    if data_cfg.partition in ("iid", "dirichlet"):
+    if data_cfg.partition in FLOWER_PARTITIONS + ("legacy_iid", "legacy_dirichlet"):
         if len(domains) != 1:
             raise UserError(f"config key 'data.partition': {data_cfg.partition} splits one domain, but "
                             f"{data_cfg.name} has {len(domains)} ({', '.join(d.name for d in domains)}); "
                             f"use niid1 or niid2")
-        if data_cfg.partition == "iid":
+        if data_cfg.partition == "legacy_iid":
             parts = iid_partition(len(labels(0)), num_clients, rng)
-        else:
+        elif data_cfg.partition == "legacy_dirichlet":
             parts = dirichlet_partition(labels(0), num_clients, data_cfg.alpha, data_cfg.min_samples, rng)
+        else:
+            groups = domains[0].groups
+            if groups is not None and pools is not None:
+                groups = groups[pools[0]]
+            parts = flower_partition(labels(0), num_clients, cfg, groups)
         shares = [(0, indices(0, p)) for p in parts]
     else:
         per = data_cfg.clients_per_domain

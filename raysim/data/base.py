@@ -38,6 +38,7 @@ class Domain:
     y: np.ndarray  # int64 labels [N]
     mean: Optional[np.ndarray] = None  # per-channel (images) or per-column (tables) normalisation
     std: Optional[np.ndarray] = None
+    groups: Optional[np.ndarray] = None  # a natural client id per sample (a writer, a speaker): data.partition=natural
 
     def __post_init__(self) -> None:
         self.y = np.asarray(self.y, dtype=np.int64)

@@ -251,4 +251,6 @@ def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
     data = base.get("data") if isinstance(base, dict) else None
     if isinstance(data, dict) and "test_split" not in data:
         data["test_split"] = "pooled"  # a run made before data.test_split existed pooled train and test: keep it so
+    if isinstance(data, dict) and "classes_per_client" not in data and data.get("partition") in ("iid", "dirichlet"):
+        data["partition"] = f"legacy_{data['partition']}"  # made before Flower's partitions: keep raysim's own split
     return load_config(None, overrides, base=base)
