@@ -34,7 +34,8 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "fedrod": "raysim.algorithms.fedrod", "fedrcl": "raysim.algorithms.fedrcl",
                   "fedcda": "raysim.algorithms.fedcda", "fedkd": "raysim.algorithms.fedkd",
                   "fedpcl": "raysim.algorithms.fedpcl"},
-    "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "resnet18": "raysim.models.zoo",
+    "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
+              "resnet18": "raysim.models.zoo",
               "resnet10": "raysim.models.zoo", "mobilenet_v3_small": "raysim.models.zoo",
               "vgg11_bn": "raysim.models.zoo", "mlp_hete": "raysim.models.zoo",
               "mobilenet_v2": "raysim.models.zoo"},
@@ -44,7 +45,8 @@ _BUILTINS: dict[str, dict[str, str]] = {
                 "tinyimagenet": "raysim.data.images", "breast_cancer": "raysim.data.tabular",
                 "wine": "raysim.data.tabular", "digits_table": "raysim.data.tabular", "adult": "raysim.data.tabular",
                 "hcc": "raysim.data.tabular", "ilpd": "raysim.data.tabular",
-                "synthetic": "raysim.data.synthetic"},
+                "synthetic": "raysim.data.synthetic", "femnist": "raysim.data.leaf",
+                "shakespeare": "raysim.data.leaf"},
 }
 _loaded: set[str] = set()
 

@@ -76,3 +76,17 @@ def test_wheel_in_a_new_venv_runs_a_shipped_experiment_by_name(tmp_path):
     assert (run_dir / "metrics.jsonl").is_file()
     final = float(re.search(r"final acc_mean\s+([0-9.]+)", done.stdout).group(1))
     assert final >= 0.8, done.stdout
+
+
+def test_every_shipped_experiment_loads_by_name():
+    from raysim.catalog import experiment_names
+    from raysim.config import load_config
+    from raysim.tune import load_sweep
+
+    names = experiment_names()
+    assert len(names) > 100 and "leaf/femnist-fedavg" in names and "leaf/shakespeare-fedavg" in names
+    for name in names:
+        if name.startswith("sweeps/"):
+            assert load_sweep(name).base
+        else:
+            load_config(name, warn=False)

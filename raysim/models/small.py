@@ -1,4 +1,5 @@
-"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images.
+"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images, LEAF's character LSTM
+for Shakespeare.
 
 Both are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of every Linear
 layer (MLP), and of the two convolutions and the feature layer (CNN), before their ReLU."""
@@ -46,3 +47,28 @@ def cnn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
 
 
 cnn.stages = True  # type: ignore[attr-defined]
+
+
+class CharLSTM(nn.Module):
+    """Character indices [B, T] -> an embedding per character -> a stacked LSTM -> its output at the last step."""
+
+    def __init__(self, vocab: int, embedding: int, hidden: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.embed(x.long()))  # the data layer hands indices over as floats
+        return out[:, -1, :]
+
+
+@register_model("char_lstm")
+def char_lstm(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """LEAF's Shakespeare model (Caldas et al. 2018, models/shakespeare/stacked_lstm.py): 8-d embeddings of its 80
+    characters, two stacked LSTM layers of model.feature_dim units (LEAF: 256), the last step's output as the
+    feature; the head maps it to the next character."""
+    from raysim.data.leaf import LETTERS
+
+    if len(input_shape) != 1:
+        raise UserError(f"config key 'model.name': char_lstm needs character sequences [T], got shape {input_shape}")
+    return CharLSTM(vocab=len(LETTERS), embedding=8, hidden=cfg.feature_dim, layers=2)
