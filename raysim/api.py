@@ -88,17 +88,21 @@ def _frame(rows: list[dict]) -> "pandas.DataFrame":
     return pd.DataFrame(rows)
 
 
-def run(config: ConfigLike = None, *overrides: str, progress: bool = False,
+def run(config: ConfigLike = None, *overrides: str, progress: Optional[bool] = None,
         resume: Union[str, Path, None] = None) -> RunResult:
     """Run one experiment, like ``raysim run``; returns its :class:`RunResult`.
 
-    ``config`` is a YAML path, a nested dict (``{"rounds": 3, "train": {"lr": 0.1}}``), an
-    :class:`ExperimentConfig` or None (the defaults); ``overrides`` are dotted ``key=value`` strings applied on top.
-    ``progress=True`` prints one line per round. ``resume=RUN_DIR`` continues an interrupted run (``config`` may
-    then be None: the run's own config is used). A bad config raises :class:`raysim.UserError`.
+    ``config`` is a YAML path (or a shipped experiment's name: ``"smoke"``), a nested dict
+    (``{"rounds": 3, "train": {"lr": 0.1}}``), an :class:`ExperimentConfig` or None (the defaults); ``overrides`` are
+    dotted ``key=value`` strings applied on top. ``progress``: a progress bar of rounds with the latest accuracy and
+    loss (``tqdm.auto``: a widget in Jupyter, a text bar in a terminal); None (the default) shows it in a notebook or
+    on a terminal and not when output goes to a file, True always, False never. ``resume=RUN_DIR`` continues an
+    interrupted run (``config`` may then be None: the run's own config is used). A bad config raises
+    :class:`raysim.UserError`. ``log.mlflow`` / ``log.wandb`` track the run there too.
     """
     from raysim.engine.runner import load_resume_config, run_experiment
-    from raysim.runlog import ProgressLine, read_metrics
+    from raysim.runlog import read_metrics
+    from raysim.tracking import RunTracker
 
     overrides = list(overrides)
     if resume is not None:
@@ -116,27 +120,70 @@ def run(config: ConfigLike = None, *overrides: str, progress: bool = False,
             warnings.warn(f"{resume} is already complete ({done} rounds run, rounds={cfg.rounds}); add "
                           f"rounds=N with N > {done} to continue it", stacklevel=2)
             return load_run(resume)
-    line = ProgressLine(cfg.rounds) if progress else None
+    tracker = RunTracker(cfg)
+    bar = _ProgressBar(cfg) if (_interactive() if progress is None else progress) else None
 
     def on_start(info: dict) -> None:
-        if progress:
-            print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, run directory {info['run_dir']}"
-                  + (f", resuming after round {info['start_round']}" if info["start_round"] else ""), flush=True)
-            line.start(info["start_round"])
+        tracker.start(info["run_dir"], info["start_round"])
+        if bar is not None:
+            bar.start(info["run_dir"], info["start_round"])
 
     def on_round(m: dict) -> None:
-        if progress:
-            print(line.format(m), flush=True)
+        tracker.log(m)
+        if bar is not None:
+            bar.update(m)
 
     _ensure_ray(cfg)
-    run_dir, _, stopped = run_experiment(cfg, resume=resume is not None, on_round=on_round, on_start=on_start,
-                                         handle_sigint=True)
+    status = "FAILED"
+    try:
+        run_dir, _, stopped = run_experiment(cfg, resume=resume is not None, on_round=on_round, on_start=on_start,
+                                             handle_sigint=True)
+        status = "KILLED" if stopped else "FINISHED"
+    finally:
+        if bar is not None:
+            bar.close()
+        tracker.close(status)
     if resume is not None:
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     elif cfg.log.dir is None:
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     return RunResult(run_dir=Path(run_dir), metrics=_frame(read_metrics(Path(run_dir) / "metrics.jsonl")),
                      config=cfg, stopped=stopped)
+
+
+def _interactive() -> bool:
+    """A notebook (an IPython kernel) or a terminal: where a progress bar is read, not logged."""
+    import sys
+
+    return "ipykernel" in sys.modules or sys.stderr.isatty()
+
+
+class _ProgressBar:
+    """Rounds done of ``rounds``, with the latest accuracy and loss, through ``tqdm.auto`` (a notebook widget, else
+    a text bar on stderr)."""
+
+    def __init__(self, cfg: ExperimentConfig):
+        self.cfg = cfg
+        self.bar: Any = None
+
+    def start(self, run_dir: Path, start_round: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.cfg.rounds, initial=start_round, unit="round", dynamic_ncols=True,
+                        desc=f"{self.cfg.name} ({self.cfg.algorithm.name} on {self.cfg.data.name})")
+        self.bar.write(f"raysim: run directory {run_dir}"
+                       + (f", resuming after round {start_round}" if start_round else ""))
+
+    def update(self, m: dict) -> None:
+        if self.bar is None:
+            return
+        shown = {k: f"{m[k]:.4f}" for k in ("acc_mean", "acc_global", "loss") if isinstance(m.get(k), float)}
+        self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def load_run(run_dir: Union[str, Path]) -> RunResult:
@@ -156,8 +203,11 @@ def load_run(run_dir: Union[str, Path]) -> RunResult:
 
 
 def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[str, Path, None] = None,
-         progress: bool = False) -> TuneResult:
-    """Run a sweep, like ``raysim tune SWEEP.yaml key=value ...``; ``resume=SWEEP_DIR`` continues one."""
+         progress: bool = False, callbacks: Sequence[Any] = ()) -> TuneResult:
+    """Run a sweep, like ``raysim tune SWEEP.yaml key=value ...``; ``resume=SWEEP_DIR`` continues one.
+
+    ``callbacks``: Ray Tune callbacks of your own (``ray.tune.Callback`` / ``LoggerCallback`` instances, such as
+    ``ray.air.integrations.mlflow.MLflowLoggerCallback``), passed to the Tuner beside raysim's."""
     from raysim.errors import UserError
     from raysim.tune import load_sweep, run_sweep, spec_from_yaml
 
@@ -167,13 +217,13 @@ def tune(sweep: Union[str, Path, None] = None, *overrides: str, resume: Union[st
         spec = spec_from_yaml(sweep_dir / "sweep.yaml")
         first = load_config(spec.base, spec.fixed)
         _ensure_ray(first)
-        result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=not progress, out=out)
+        result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=not progress, out=out, callbacks=callbacks)
     else:
         if sweep is None:
             raise UserError("raysim.tune needs a sweep YAML (or resume=SWEEP_DIR)")
         spec = load_sweep(sweep, list(overrides))
         _ensure_ray(load_config(spec.base, spec.fixed))
-        result = run_sweep(spec, quiet=not progress, out=out)
+        result = run_sweep(spec, quiet=not progress, out=out, callbacks=callbacks)
     best_yaml = result.sweep_dir / "best.yaml"
     return TuneResult(sweep_dir=result.sweep_dir, trials=_frame(result.rows), best=result.best,
                       best_config=best_yaml if best_yaml.is_file() else None)

@@ -253,11 +253,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 0
 
+    from raysim.tracking import RunTracker
+
+    tracker = RunTracker(cfg)  # a tracking extra that is not installed: one line, before anything starts
     line = ProgressLine(cfg.rounds)
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
+        tracker.start(run_dir, start_round)
         line.start(start_round)
         if live is not None:
             live.start(info["control"])
@@ -269,6 +273,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"{where}; {what}", flush=True)
 
     def on_round(m: dict) -> None:
+        tracker.log(m)
         if not args.quiet and cfg.log.progress:
             if live is not None:
                 if m["round"] >= cfg.rounds:
@@ -279,12 +284,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
 
+    status = "FAILED"
     try:
         run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
                                              handle_sigint=True)
+        status = "KILLED" if stopped else "FINISHED"
     finally:
         if live is not None:
             live.stop()
+        tracker.close(status)
     print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED))
     if stopped:
         print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)

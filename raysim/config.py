@@ -296,6 +296,20 @@ class EvalConfig:
                  "eval.clients", f"must be auto, all, sampled or a number of clients >= 1, got {self.clients!r}")
 
 
+def switched_on(value: str) -> bool:
+    return value.strip().lower() in ("true", "on", "yes", "1")
+
+
+def mlflow_uri(value: str) -> str:
+    """``log.mlflow`` as a tracking URI: ``true`` -> ``./mlruns``; a path -> its absolute ``file:`` URI (a Tune trial
+    or the driver may run in another working directory); a URI as it is."""
+    if switched_on(value):
+        value = "mlruns"
+    if "://" in value or value.startswith("file:"):
+        return value
+    return Path(value).expanduser().resolve().as_uri()
+
+
 @dataclass
 class LogConfig:
     dir: Optional[str] = None  # the run directory; default runs/<name>-<timestamp>
@@ -303,9 +317,19 @@ class LogConfig:
     checkpoint_every: int = 1  # checkpoint every N rounds (and always after the last); --resume starts there
     per_client_max: int = 100  # per-client accuracy scalars only up to this many clients (histogram always)
     progress: bool = True  # one console line per round
+    # MLflow tracking (extra mlflow): a tracking URI, a folder for MLflow's file store, or true for ./mlruns; null: off
+    mlflow: Optional[str] = None
+    # Weights & Biases (extra wandb): the project, or true for "raysim"; WANDB_MODE=offline needs no network; null: off
+    wandb: Optional[str] = None
 
     def validate(self) -> None:
         require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
+        for key in ("mlflow", "wandb"):  # false / off / empty: no tracking
+            value = getattr(self, key)
+            if value is not None and str(value).strip().lower() in ("", "false", "off", "no", "0", "none", "null"):
+                setattr(self, key, None)
+        if self.mlflow is not None:
+            self.mlflow = mlflow_uri(str(self.mlflow))  # absolute: trials and drivers may run elsewhere
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import (EXAMPLE_PLUGINS, ROOT, TINY, context, read_rows, refused_config, strip_timing,  # noqa: F401
-                     tiny_overrides)
+                     tiny_overrides, wandb_history)
 
 
 @pytest.fixture(scope="session")

@@ -73,3 +73,31 @@ def context(**fields: object):
                       "state": {}}
     defaults.update(fields)
     return ClientContext(**defaults)
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows (one per ``wandb.log`` step) of an offline W&B run, read from its ``run-*.wandb`` file: W&B's
+    LevelDB-style log (a 7-byte file header, records of a 7-byte header + payload in 32 KiB blocks) of protobuf
+    ``Record`` messages. W&B ships no reader of its own any more; this is only what the tests need."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = Path(run_dir).glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", path
+    rows, pos, pending, block = [], 7, b"", 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
+    return rows

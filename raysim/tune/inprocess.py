@@ -26,6 +26,7 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
     from raysim.engine.runner import run_experiment
     from raysim.engine.state import has_checkpoint
     from raysim.errors import RunStopped
+    from raysim.tracking import RunTracker
     from raysim.tune.progress import _Progress
     from raysim.tune.trials import ERROR_FILE, TrialSetup, _checkpointed_round, _record_error
 
@@ -52,12 +53,21 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
                 shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
             (run_dir / ERROR_FILE).unlink(missing_ok=True)
             progress.started(trial)
+            tracker = RunTracker(cfg)
 
-            def on_round(m: dict, trial: Any = trial) -> None:
+            def on_round(m: dict, trial: Any = trial, tracker: RunTracker = tracker) -> None:
                 trial.last_result = m
+                tracker.log(m)
                 progress.result(trial, m)
 
-            _, _, stopped = run_experiment(cfg, resume=resume, on_round=on_round, handle_sigint=True)
+            status = "FAILED"
+            try:
+                _, _, stopped = run_experiment(
+                    cfg, resume=resume, on_round=on_round, handle_sigint=True,
+                    on_start=lambda info, tracker=tracker: tracker.start(info["run_dir"], info["start_round"]))
+                status = "KILLED" if stopped else "FINISHED"
+            finally:
+                tracker.close(status)
         except KeyboardInterrupt:
             return  # a second Ctrl-C: the set stops at once; the table shows what is unfinished
         except (UserError, RunStopped) as exc:

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from raysim.config import ExperimentConfig
 from raysim.dirlock import DirLock
@@ -39,14 +39,17 @@ def _tune_env() -> Iterator[None]:
 
 
 def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool = False, quiet: bool = False,
-              out: Callable[[str], None] = print) -> "SweepResult":
+              out: Callable[[str], None] = print, callbacks: Sequence[Any] = ()) -> "SweepResult":
     """Run (or resume) a sweep to the end and write its table, best config and HParams; returns the table.
 
     The sweep directory is locked while this runs (``raysim.dirlock``): a second sweep into it, or a ``--resume``
-    of it while it runs, is refused; a lock left by a killed sweep is gone with its process."""
+    of it while it runs, is refused; a lock left by a killed sweep is gone with its process. ``callbacks``: Ray Tune
+    callbacks of your own, beside raysim's (``log.mlflow`` / ``log.wandb`` add Tune's MLflow and W&B loggers)."""
     from raysim.engine.executor import choose_backend
+    from raysim.tracking import check_tracking
 
     first = validate_sweep(spec)
+    check_tracking(first)  # a tracking extra that is not installed: one line, before anything is written
     # a seed set whose runs would be in-process (engine.backend inline, or auto resolving to it) runs them in turn
     # in this process; a sweep always runs on Ray Tune, its trials each on Ray
     in_process = spec.naming == "seed" and choose_backend(first.engine) == "inline"
@@ -76,10 +79,13 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
         if in_process:
             from raysim.tune.inprocess import run_seeds_in_process
 
+            if callbacks:
+                raise SweepError("callbacks are Ray Tune callbacks, and this seed set runs in this process "
+                                 "(engine.backend inline); set engine.backend=ray to run it on Tune")
             run_seeds_in_process(spec, first, sweep_dir, quiet=quiet, out=out)
             return finish_sweep(spec, sweep_dir)
         try:
-            return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out)
+            return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out, callbacks)
         except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
             if created and not (sweep_dir / "tune").exists():
                 shutil.rmtree(sweep_dir, ignore_errors=True)
@@ -130,7 +136,7 @@ def _tune_state_restorable(tune_dir: Path) -> bool:
 
 
 def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path, resume: bool, quiet: bool,
-                      out: Callable[[str], None]) -> "SweepResult":
+                      out: Callable[[str], None], user_callbacks: Sequence[Any] = ()) -> "SweepResult":
     import ray
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -157,7 +163,10 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
             f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
-            callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback()]
+            from raysim.tracking import tune_callbacks
+
+            callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback(),
+                         *tune_callbacks(first, sweep_dir), *user_callbacks]
             if resume:
                 with _quiet_tune_logs():  # trials that never reported have no result.json: Tune warns of that
                     tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True,
