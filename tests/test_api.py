@@ -85,3 +85,16 @@ def test_bad_config_raises_user_error(tmp_path):
         raysim.run({"train": {"nope": 1}})
     with pytest.raises(raysim.UserError, match="no config.yaml"):
         raysim.load_run(tmp_path)
+
+
+def test_run_progress_bar_in_terminals_and_notebooks_only(tmp_path, capsys, monkeypatch):
+    """progress=None: a tqdm bar where someone watches (a notebook kernel, a terminal), nothing in a log file;
+    progress=True: always. Never the hand-drawn round lines."""
+    raysim.run(None, *tiny_overrides(tmp_path / "a", engine__backend="inline", rounds=2))
+    out, err = capsys.readouterr()
+    assert "2/2" not in err and "round 1/2" not in out  # stderr is captured, not a terminal: no bar
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)  # as inside a Jupyter kernel
+    result = raysim.run(None, *tiny_overrides(tmp_path / "b", engine__backend="inline", rounds=2))
+    out, err = capsys.readouterr()
+    assert "2/2" in err and "acc_mean=" in err and f"run directory {result.run_dir}" in out + err
+    assert "round 1/2" not in out
