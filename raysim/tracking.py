@@ -77,10 +77,16 @@ class RunTracker:
             return
         self.run_dir = Path(run_dir)
         ids = self._saved_ids() if start_round else {}
-        if self.cfg.log.mlflow:
-            self._start_mlflow(ids.get("mlflow"))
-        if self.cfg.log.wandb:
-            self._start_wandb(ids.get("wandb"))
+        for key, begin in (("mlflow", self._start_mlflow), ("wandb", self._start_wandb)):
+            if getattr(self.cfg.log, key):
+                try:
+                    begin(ids.get(key))
+                except Exception as exc:  # noqa: BLE001 - an unreachable server, a bad URI, no login: one line
+                    from raysim.errors import UserError
+
+                    cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                    raise UserError(f"config key 'log.{key}': cannot start tracking at {getattr(self.cfg.log, key)} "
+                                    f"({cause})") from None
         from raysim.fsutil import atomic_write_text
 
         kept = {"mlflow": self._mlflow_run, "wandb": self._wandb.id if self._wandb is not None else None}

@@ -105,3 +105,10 @@ def test_tracking_without_its_extra_is_one_line_naming_it(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"config key 'log.{extra}'" in err and f"pip install 'raysim[{extra}]'" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_tracking_that_cannot_start_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    assert main(["run", *tiny_overrides(tmp_path, engine__backend="inline"), "log.mlflow=nosuchscheme://x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config key 'log.mlflow': cannot start tracking at nosuchscheme://x" in err
+    assert not (tmp_path / "run").exists()
