@@ -96,9 +96,9 @@ def run(config: ConfigLike = None, *overrides: str, progress: Optional[bool] = N
     (``{"rounds": 3, "train": {"lr": 0.1}}``), an :class:`ExperimentConfig` or None (the defaults); ``overrides`` are
     dotted ``key=value`` strings applied on top. ``progress``: a progress bar of rounds with the latest accuracy and
     loss (``tqdm.auto``: a widget in Jupyter, a text bar in a terminal); None (the default) shows it in a notebook or
-    on a terminal and not when output goes to a file, True always, False never. ``resume=RUN_DIR`` continues an
-    interrupted run (``config`` may then be None: the run's own config is used). A bad config raises
-    :class:`raysim.UserError`. ``log.mlflow`` / ``log.wandb`` track the run there too.
+    on a terminal (unless ``log.progress`` is false) and not when output goes to a file, True always, False never.
+    ``resume=RUN_DIR`` continues an interrupted run (``config`` may then be None: the run's own config is used). A
+    bad config raises :class:`raysim.UserError`. ``log.mlflow`` / ``log.wandb`` track the run there too.
     """
     from raysim.engine.runner import load_resume_config, run_experiment
     from raysim.runlog import read_metrics
@@ -121,7 +121,7 @@ def run(config: ConfigLike = None, *overrides: str, progress: Optional[bool] = N
                           f"rounds=N with N > {done} to continue it", stacklevel=2)
             return load_run(resume)
     tracker = RunTracker(cfg)
-    bar = _ProgressBar(cfg) if (_interactive() if progress is None else progress) else None
+    bar = _ProgressBar(cfg) if (cfg.log.progress and _interactive() if progress is None else progress) else None
 
     def on_start(info: dict) -> None:
         tracker.start(info["run_dir"], info["start_round"])
