@@ -9,6 +9,8 @@ The Python API mirrors the commands::
 Ray starts on the first call and stays up for the next ones (a notebook pays its start once).
 """
 
+import sys
+import types
 from typing import Any
 
 from raysim.api import RunResult, TuneResult, load_run, report, run, tune
@@ -20,6 +22,21 @@ __version__ = "0.2.0"
 __all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResult", "UserError", "__version__",
            "load_config", "load_run", "register_algorithm", "register_dataset", "register_model", "report", "run",
            "tune"]
+
+
+class _Package(types.ModuleType):
+    """``raysim.tune`` and ``raysim.report`` are the verbs, though ``raysim/tune/`` and ``raysim/report.py`` share their
+    names: importing either submodule (``from raysim.tune import ...``, which ``raysim.tune(...)`` itself does) would
+    make Python bind the submodule over the verb, and a notebook's second ``raysim.tune(...)`` would call a module.
+    The submodules stay importable by name (``sys.modules``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("tune", "report") and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

@@ -98,3 +98,15 @@ def test_run_progress_bar_in_terminals_and_notebooks_only(tmp_path, capsys, monk
     out, err = capsys.readouterr()
     assert "2/2" in err and "acc_mean=" in err and f"run directory {result.run_dir}" in out + err
     assert "round 1/2" not in out
+
+
+def test_the_verbs_stay_verbs_after_their_modules_are_imported():
+    """`raysim.tune(...)` imports raysim.tune (the package) and `raysim.report(...)` raysim.report (the module): Python
+    bound each over the verb, so a notebook's second call hit "'module' object is not callable"."""
+    import importlib
+
+    importlib.import_module("raysim.tune.spec")
+    importlib.import_module("raysim.report")
+    from raysim.tune import load_sweep  # the submodules are still importable
+
+    assert raysim.tune.__module__ == raysim.report.__module__ == "raysim.api" and callable(load_sweep)
