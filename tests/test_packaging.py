@@ -78,7 +78,9 @@ def test_wheel_in_a_new_venv_runs_a_shipped_experiment_by_name(tmp_path):
     assert final >= 0.8, done.stdout
 
 
+@pytest.mark.slow
 def test_every_shipped_experiment_loads_by_name():
+    """Every file under experiments/ is a valid config (or sweep) reachable by its name (imports every algorithm)."""
     from raysim.catalog import experiment_names
     from raysim.config import load_config
     from raysim.tune import load_sweep
