@@ -92,8 +92,8 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData,
 
     def usable(entry: dict[str, torch.Tensor]) -> bool:
         feats = entry.get("features")
-        return (entry.keys() == {"features", "accuracy"} and tuple(feats.shape) == (n, cfg.model.feature_dim)
-                and bool(torch.isfinite(feats).all()))
+        return (entry.keys() == {"features", "accuracy"} and feats is not None
+                and tuple(feats.shape) == (n, cfg.model.feature_dim) and bool(torch.isfinite(feats).all()))
 
     def train() -> dict[str, torch.Tensor]:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # issue 30: a reserved job will choose
