@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -174,10 +175,12 @@ def start_ray(num_cpus: int = 2, object_store_gb: Optional[float] = None, extra_
     init_local_ray(object_store_gb, num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
 
 
-def run_cli(args: list[str], env: Optional[dict] = None, marker: str = "round 1/",
-            cwd: Optional[Path] = None) -> dict[str, float]:
-    """Launch ``raysim run ARGS`` as a subprocess; seconds from launch to the first line containing ``marker``
-    (the end of round 1) and to exit. ``cwd`` (default: the repository) is also where Ray workers import from."""
+def run_cli(args: list[str], env: Optional[dict] = None, marker: Optional[str] = None,
+            cwd: Optional[Path] = None) -> dict[str, Any]:
+    """Launch ``raysim run ARGS`` as a subprocess; seconds from launch to the end of round 1 (the first line
+    containing ``marker``; by default round 1's console line, ``round  1/R`` padded for R >= 10), to the end of
+    every round (``round_ends_s``, as each round's line arrives) and to exit. ``cwd`` (default: the repository) is
+    also where Ray workers import from."""
     if not any(a.startswith("engine.address=") for a in args):  # its own Ray, whatever else runs on the machine
         args = [*args, "engine.address=local"]
     cmd = [str(ROOT / ".venv" / "bin" / "raysim"), "run", *args]
@@ -185,14 +188,22 @@ def run_cli(args: list[str], env: Optional[dict] = None, marker: str = "round 1/
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
     first = float("nan")
+    round_ends: list[float] = []
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
+        now = time.perf_counter() - t0
         lines.append(line)
-        if marker in line and first != first:
-            first = time.perf_counter() - t0
+        if _ROUND_LINE.match(line):
+            round_ends.append(now)
+        if first != first and (_ROUND_ONE.match(line) if marker is None else marker in line):
+            first = now
     rc = proc.wait()
     total = time.perf_counter() - t0
     if rc != 0:
         raise RuntimeError(f"raysim run exited {rc}:\n{''.join(lines[-20:])}")
-    return {"round1_s": first, "total_s": total}
+    return {"round1_s": first, "total_s": total, "round_ends_s": round_ends}
+
+
+_ROUND_LINE = re.compile(r"^round\s+\d+/\d+")  # raysim.runlog.format_round's line, one per round
+_ROUND_ONE = re.compile(r"^round\s+1/\d+")
