@@ -222,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--engines: unknown engine {e!r} (known: {', '.join(ENGINES)})")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    from raysim.config import load_config
+    from raysim.errors import UserError
+
+    for name in workloads:  # a bad --set fails here, in one line, before anything is built or timed
+        for engine in [e for e in engines if e in RAYSIM_ENGINES] or ["inline"]:
+            try:
+                load_config(None, overrides(name, settings(name, args)) + RAYSIM_ENGINES[engine] + args.set)
+            except UserError as exc:
+                p.error(f"{name}, {engine}: {exc}")
 
     info = machine_info()
     if any(e.startswith("pfl") for e in engines):
