@@ -62,13 +62,14 @@ def main(bundle_path: str, out_path: str) -> None:
                 acc[k].add_(v.detach().to(torch.float64), alpha=per / total)
         global_state = {k: acc[k].to(v.dtype) for k, v in global_state.items()}
         losses.append(loss_sum / total)
+        if len(losses) == len(b["cohorts"]):  # the last round ends with the evaluation, as in raysim and pfl
+            net.load_state_dict(global_state)
+            net.eval()
+            xt, yt = x[n_train:], y[n_train:]
+            with torch.no_grad():
+                correct = sum(int((net(xt[s:s + EVAL_CHUNK]).argmax(1) == yt[s:s + EVAL_CHUNK]).sum())
+                              for s in range(0, len(yt), EVAL_CHUNK))
         round_ends.append(time.time())
-    net.load_state_dict(global_state)
-    net.eval()
-    xt, yt = x[n_train:], y[n_train:]
-    with torch.no_grad():
-        correct = sum(int((net(xt[s:s + EVAL_CHUNK]).argmax(1) == yt[s:s + EVAL_CHUNK]).sum())
-                      for s in range(0, len(yt), EVAL_CHUNK))
     with open(out_path, "w") as fh:
         json.dump({"round_ends": round_ends, "losses": losses, "acc": correct / len(yt)}, fh)
 
