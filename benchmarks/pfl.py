@@ -1,7 +1,7 @@
 """raysim beside pfl 0.6.0 (Apple's pfl-research) and a plain serial PyTorch loop, on the same FedAvg workloads.
 
     .venv/bin/python benchmarks/pfl.py [--workloads tiny,cnn] [--engines plain,inline,ray1,ray2,pfl1,pfl2]
-        [--repeats 3] [--no-wait] [--rounds R] [--clients N] [--cohort M] [--set KEY=VALUE ...]
+        [--repeats 3] [--no-wait] [--rounds R] [--clients N] [--cohort M] [--set KEY=VALUE ...] [--out NAME]
 
 Workloads (``_pfl/workloads.py``): ``tiny``, 1,000 clients of 50 samples (64 features, 10 classes), an MLP
 64 -> 32 -> 10, 100 clients a round, SGD at batch size 10, 1 local epoch, 30 rounds; ``cnn``, pfl's CIFAR-10
@@ -25,7 +25,7 @@ Reported per workload and engine, medians of ``--repeats`` with (min-max): end t
 per round in steady state (median period of rounds 2..R-1: round 1 carries the start-up, round R the evaluation),
 seconds from launch to the end of round 1, and the final accuracy; the per-round training losses of the raysim
 engines against the plain loop's (equal computation shows as a difference near float rounding); the issue's
-targets as ratios. Raw figures: benchmarks/out/pfl.json.
+targets as ratios. Raw figures: benchmarks/out/pfl.json (``--out NAME``: NAME.json).
 """
 
 from __future__ import annotations
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, help="override every workload's clients.num (a smoke test)")
     p.add_argument("--cohort", type=int, help="override every workload's clients a round (a smoke test)")
     p.add_argument("--no-wait", action="store_true", help="don't wait for a quiet machine (debugging)")
+    p.add_argument("--out", default="pfl", help="results go to benchmarks/out/OUT.json (e.g. pfl-vectorize)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra raysim override for the raysim engines (e.g. engine.vectorize=auto)")
     args = p.parse_args(argv)
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         result["workloads"][name] = entry
         bundle.unlink(missing_ok=True)
 
-    path = save_json("pfl", result)
+    path = save_json(args.out, result)
     print(f"\n[pfl] results in {path}")
     for name, e in result["workloads"].items():
         print(f"\n{name} {e['settings']}: median (min-max) of {args.repeats}")
