@@ -35,6 +35,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "fedcda": "raysim.algorithms.fedcda", "fedkd": "raysim.algorithms.fedkd",
                   "fedpcl": "raysim.algorithms.fedpcl"},
     "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
+              "cnn_bn": "raysim.models.small",
               "resnet18": "raysim.models.zoo",
               "resnet10": "raysim.models.zoo", "mobilenet_v3_small": "raysim.models.zoo",
               "vgg11_bn": "raysim.models.zoo", "mlp_hete": "raysim.models.zoo",

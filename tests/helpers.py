@@ -101,3 +101,42 @@ def wandb_history(run_dir: Path) -> list[dict]:
             if record.WhichOneof("record_type") == "history":
                 rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item})
     return rows
+
+
+# rounds long enough (~1 s) that a kill lands inside a round (as engine/test_faults.py's SLOW); half the clients
+# sampled, so some clients train for the first time after round 1 and others bring back state from rounds before
+SLOW = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=4, model__hidden="[256,256]",
+            data__partition="dirichlet")
+
+
+def killed_worker_matches_inline(tmp_path: Path, reference: str = "inline", **extra: object) -> list[dict]:
+    """The ``SLOW`` tiny experiment with ``extra`` run twice: on one worker (in process, or on Ray with
+    ``reference="ray"``), then on Ray with two workers, one SIGKILLed once round 1 is reported (the driver is already
+    inside round 2). Both must give the same metrics: one comparison checks one vs two workers and a killed worker
+    (client state lives outside workers, server state in the driver). Returns the one-worker rows. Needs the
+    ``ray_cluster`` fixture. (Convolutions round differently in process and in a Ray worker, ~1e-8 relative, so
+    convolutional models compare against one Ray worker.)"""
+    import os
+    import signal
+
+    from raysim.config import load_config
+    from raysim.engine.runner import run_experiment
+
+    def cfg(name: str, **more: object):
+        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**SLOW, **extra, **more}))
+
+    _, one, _ = run_experiment(cfg("one", engine__backend=reference, engine__num_workers=1))
+    pids: list[int] = []
+
+    def remember(info: dict) -> None:
+        pids.extend(w["pid"] for w in info["control"].worker_info())
+
+    def kill_after_round_one(metrics: dict) -> None:
+        if metrics["round"] == 1:
+            os.kill(pids[0], signal.SIGKILL)
+
+    _, hit, _ = run_experiment(cfg("ray", engine__backend="ray", engine__num_workers=2), on_start=remember,
+                               on_round=kill_after_round_one)
+    assert hit[-1].get("workers_replaced", 0) >= 1
+    assert [{k: v for k, v in r.items() if k != "workers_replaced"} for r in strip_timing(hit)] == strip_timing(one)
+    return one

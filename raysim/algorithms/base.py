@@ -26,7 +26,7 @@ Which part of the model the default hooks share is declared with ``shared`` ("al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +117,30 @@ def average_updates(updates: list[ClientUpdate],
 def split_state(model: nn.Module, keep: Callable[[str], bool]) -> TensorDict:
     """Detached CPU copies of the state entries whose key ``keep`` accepts."""
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep(k)}
+
+
+RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def is_running_stat(key: str) -> bool:
+    """A batch-norm layer's running statistic (a buffer, never a gradient's target): averaged by the server, never
+    stepped by a server optimiser or corrected like a parameter (FedOpt, SCAFFOLD, FedDyn)."""
+    return key.rsplit(".", 1)[-1] in RUNNING_STATS
+
+
+def is_parameter(key: str, value: torch.Tensor) -> bool:
+    """A state-dict entry that is a trained parameter (floating point, not a running statistic): what a server
+    optimiser steps and what SCAFFOLD's and FedDyn's server states cover, read from the entry alone."""
+    return value.is_floating_point() and not is_running_stat(key)
+
+
+def batchnorm_keys(keys: Iterable[str]) -> set[str]:
+    """Every state-dict entry of the batch-norm layers among ``keys`` (their weight, bias and running statistics):
+    the entries of each module that holds a ``running_mean``. Read from the keys alone, so the driver (which holds
+    only a state dict) and the workers (which hold the model) agree on them. FedBN keeps these local."""
+    keys = list(keys)
+    prefixes = {k[:-len("running_mean")] for k in keys if k.rsplit(".", 1)[-1] == "running_mean"}
+    return {k for k in keys for p in prefixes if k.startswith(p) and "." not in k[len(p):]}
 
 
 @torch.no_grad()

@@ -7,9 +7,9 @@ which is how algorithms choose what to share.
 Stage features. ``model.forward_stages(x)`` returns ``(logits, stages)`` in one pass, and ``model.stage_features(x)``
 the stages alone: one ``[B, C_s]`` tensor per stage of the backbone, each the stage's output before its final ReLU,
 averaged over space for feature maps (what FedRCL's multi-level contrastive loss uses; the logits equal
-``model(x)``). Stages: ``mlp``/``mlp_hete``, each Linear layer (hidden layers, then the feature layer); ``cnn``, the
-two convolutions and the feature layer; ``resnet10``/``resnet18``, the stem (conv1+bn1) and ``layer1``..``layer4``;
-``mobilenet_v2``, the last block of each resolution and the final 1x1 convolution.
+``model(x)``). Stages: ``mlp``/``mlp_hete``, each Linear layer (hidden layers, then the feature layer); ``cnn`` and
+``cnn_bn``, the two convolutions and the feature layer; ``resnet10``/``resnet18``, the stem (conv1+bn1) and
+``layer1``..``layer4``; ``mobilenet_v2``, the last block of each resolution and the final 1x1 convolution.
 A backbone declares them by having ``forward_stages(x) -> (output, stages)`` (``StagedSequential`` gives a Sequential
 one); the factory of such a backbone is marked ``stages = True`` (``has_stages(arch)``). Other models
 (``mobilenet_v3_small``, ``vgg11_bn``, or a backbone an algorithm replaced) raise a UserError when asked.
@@ -45,7 +45,8 @@ class ClassifierModel(nn.Module):
         out, stages = staged(x) if staged is not None else (None, [])
         if not stages:
             raise UserError(f"config key 'model.name': this model's backbone ({type(self.backbone).__name__}) exposes "
-                            f"no stage features; use one of mlp, mlp_hete, cnn, resnet10, resnet18, mobilenet_v2")
+                            f"no stage features; use one of mlp, mlp_hete, cnn, cnn_bn, resnet10, resnet18, "
+                            f"mobilenet_v2")
         return self.head(out), stages
 
     def stage_features(self, x: torch.Tensor) -> list[torch.Tensor]:

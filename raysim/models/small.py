@@ -1,8 +1,10 @@
-"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images, LEAF's character LSTM
-for Shakespeare.
+"""Small CPU-friendly backbones: an MLP for tables and tiny images, a two-block CNN for images, the same CNN with
+batch norm after each convolution and after the feature layer (``cnn_bn``, for FedBN, whose paper's digits model
+normalises every layer the same way), LEAF's character LSTM for Shakespeare.
 
-Both are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of every Linear
-layer (MLP), and of the two convolutions and the feature layer (CNN), before their ReLU."""
+The MLP and the CNNs are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of every Linear
+layer (MLP), and of the two convolutions and the feature layer (CNN; after their batch norm in ``cnn_bn``), before
+their ReLU."""
 
 from __future__ import annotations
 
@@ -72,3 +74,22 @@ def char_lstm(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
     if len(input_shape) != 1:
         raise UserError(f"config key 'model.name': char_lstm needs character sequences [T], got shape {input_shape}")
     return CharLSTM(vocab=len(LETTERS), embedding=8, hidden=cfg.feature_dim, layers=2)
+
+
+@register_model("cnn_bn")
+def cnn_bn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
+    """Small CNN with batch norm after both convolutions and the feature layer (FedBN's DigitModel layout).
+
+    ``cnn`` otherwise: model.width base channels, ending in model.feature_dim."""
+    if len(input_shape) != 3:
+        raise UserError(f"config key 'model.name': cnn_bn needs image inputs [C, H, W], got shape {input_shape}")
+    channels, w = input_shape[0], cfg.width
+    return StagedSequential(
+        nn.Conv2d(channels, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(w, 2 * w, 3, padding=1), nn.BatchNorm2d(2 * w), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(), nn.Linear(2 * w * 16, cfg.feature_dim), nn.BatchNorm1d(cfg.feature_dim), nn.ReLU(),
+        taps=(1, 5, 10),  # conv1, conv2 and the feature layer, each after its batch norm
+    )
+
+
+cnn_bn.stages = True  # type: ignore[attr-defined]

@@ -69,3 +69,21 @@ def test_model_key_separates_clients_only_for_per_client_models():
     plain = load_config(None, ["model.name=mlp"])
     assert model_key(hete, data, 0) != model_key(hete, data, 1)
     assert model_key(plain, data, 0) == model_key(plain, data, 1)
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
+def test_cnn_bn_is_cnn_with_batch_norm_after_each_convolution_and_the_feature_layer(shape):
+    from raysim.algorithms.base import batchnorm_keys
+
+    cfg = load_config(None, ["model.feature_dim=12", "model.width=4"])
+    plain, bn = build_model(cfg, "cnn", shape, 10), build_model(cfg, "cnn_bn", shape, 10)
+    norms = [m for m in bn.backbone if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert [m.num_features for m in norms] == [4, 8, 12]
+    # the same convolutions and linear layers as cnn, nothing else but the norms
+    weights = {k: v.shape for k, v in plain.state_dict().items()}
+    assert sorted(weights.values()) == sorted(v.shape for k, v in bn.state_dict().items()
+                                              if k not in batchnorm_keys(bn.state_dict()))
+    x = torch.randn(3, *shape)
+    logits, stages = bn.forward_stages(x)
+    assert logits.shape == (3, 10) and [s.shape[1] for s in stages] == [4, 8, 12]
+    assert torch.allclose(logits, bn(x))
