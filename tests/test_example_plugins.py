@@ -1,9 +1,11 @@
-"""The three plugins in examples/plugins: FedAvgM (server optimiser), blobs (dataset), resmlp (model)."""
+"""The three plugins in examples/plugins: FedNesterov (a server optimiser on the built-in hook), blobs (dataset),
+resmlp (model)."""
 
 from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 import raysim
@@ -11,30 +13,31 @@ from conftest import EXAMPLE_PLUGINS, tiny_overrides
 from raysim.config import load_config
 from raysim.models import build_model
 
-PLUGINS = "plugins=[fedavgm,blobs,resmlp]"
+PLUGINS = "plugins=[fednesterov,blobs,resmlp]"
 if str(EXAMPLE_PLUGINS) not in sys.path:  # the driver imports them; Ray's workers get them from PYTHONPATH (conftest)
     sys.path.insert(0, str(EXAMPLE_PLUGINS))
 
 
-def test_fedavgm_without_momentum_is_fedavg_and_with_momentum_accelerates():
-    import fedavgm
-    from raysim.algorithms.base import ClientUpdate, weighted_average
+def test_nesterov_plugin_steps_by_hand_and_without_momentum_is_fedavg():
+    import fednesterov
+    from raysim.algorithms.base import ClientUpdate
 
+    # two clients, weights 1 and 3: w̄ = ((1 + 9)/4, (2 + 18)/4) = (2.5, 5); an integer buffer (3 + 15)/4 = 4.5 -> 4
     uploads = [{"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)},
                {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}]
-    weights = [1.0, 3.0]
-    updates = [ClientUpdate(client_id=c, upload=u, num_samples=int(w))
-               for c, (u, w) in enumerate(zip(uploads, weights))]
-    for beta, expected_two_steps in ((0.0, [2.5, 5.0]), (0.5, [2.5 + 0.5 * 2.5, 5.0 + 0.5 * 5.0])):
-        cfg = load_config(None, ["plugins=[fedavgm]", "algorithm.name=fedavgm", f"algorithm.server_momentum={beta}"])
-        algo = fedavgm.FedAvgM(cfg)
+    updates = [ClientUpdate(client_id=c, upload=u, num_samples=w) for c, (u, w) in enumerate(zip(uploads, [1, 3]))]
+    # β = 0.5, η = 1, from x = 0: g = -w̄, v = g, x = 0 - (g + 0.5·v) = 1.5·w̄ = (3.75, 7.5) (heavy ball: w̄ itself)
+    # again from x = 0: v = 0.5·v + g = 1.5·g, x = -(g + 0.5·1.5·g) = 1.75·w̄ = (4.375, 8.75);  β = 0: w̄ both times
+    for beta, first, second in ((0.5, [3.75, 7.5], [4.375, 8.75]), (0.0, [2.5, 5.0], [2.5, 5.0])):
+        cfg = load_config(None, ["plugins=[fednesterov]", "algorithm.name=fednesterov",
+                                 f"algorithm.server_momentum={beta}"])
+        algo = fednesterov.FedNesterov(cfg)
         state = algo.init_server_state({"w": torch.zeros(2), "n": torch.tensor(0)})
         state = algo.server_aggregate(updates, state, 1)
-        assert torch.allclose(state["model"]["w"], weighted_average(uploads, weights)["w"])  # v starts at 0
-        state["model"]["w"] = torch.zeros(2)  # the same step again from 0: momentum adds beta * v
-        state = algo.server_aggregate(updates, state, 2)
-        assert torch.allclose(state["model"]["w"], torch.tensor(expected_two_steps))
+        assert state["model"]["w"].tolist() == pytest.approx(first)
         assert int(state["model"]["n"]) == 4  # integer buffers are averaged, not stepped
+        state["model"]["w"] = torch.zeros(2)
+        assert algo.server_aggregate(updates, state, 2)["model"]["w"].tolist() == pytest.approx(second)
 
 
 def test_plugin_model_takes_its_own_config_keys():
@@ -57,7 +60,7 @@ def test_plugin_dataset_takes_its_own_config_keys():
 
 def test_all_three_plugins_run_together(ray_cluster, tmp_path):
     result = raysim.run(None, *tiny_overrides(tmp_path, data__name="blobs", model__name="resmlp",
-                                              algorithm__name="fedavgm", model__resmlp__blocks=1),
+                                              algorithm__name="fednesterov", model__resmlp__blocks=1),
                         PLUGINS, "data.blobs.samples=200")
     assert list(result.metrics["round"]) == [1, 2]
     assert result.metrics["acc_global"].iloc[-1] > 0.5  # well-separated blobs are learnt in two rounds

@@ -1,12 +1,17 @@
-"""FedAvgM (Hsu et al., 2019): FedAvg with server momentum, as a raysim plugin algorithm.
+"""FedAvgM with Nesterov momentum on the server, as a raysim plugin: the built-in server-optimiser hook, from outside.
 
-The server treats ``global - average`` as a pseudo-gradient and takes a momentum step with it:
+raysim's FedAvgM, FedAdam, FedYogi and FedAdagrad share one hook (``raysim.algorithms.fedopt.FedOpt``): the server
+averages the clients' models, and ``server_step(x, average, moments)`` turns each tensor's current value x and its
+average x̄ into the new value, with that tensor's optimiser state ``moments`` (made by ``init_moments``, kept in the
+server state, checkpointed with the run). This plugin changes only the step: Nesterov's look-ahead on the
+pseudo-gradient g = x − x̄ (PyTorch's ``SGD(nesterov=True)`` convention, which FL-bench's FedAvgM uses):
 
-    v <- beta * v + (global - average);    global <- global - server_lr * v
+    v <- beta * v + g;    x <- x - server_lr * (g + beta * v)
 
-With ``server_momentum=0`` and ``server_lr=1`` this is FedAvg exactly. Use it with::
+written as x̄ + (1 - server_lr) * g - server_lr * beta * v, so that beta = 0, server_lr = 1 is FedAvg exactly. It
+keeps the built-in's keys, ``algorithm.server_lr`` and ``algorithm.server_momentum``. Use it with::
 
-    raysim run experiments/smoke.yaml plugins=[fedavgm] algorithm.name=fedavgm algorithm.server_momentum=0.9
+    raysim run experiments/smoke.yaml plugins=[fednesterov] algorithm.name=fednesterov algorithm.server_momentum=0.9
 
 (``examples/plugins`` on PYTHONPATH where you type the command; Ray ships the module to the workers.)
 """
@@ -17,45 +22,26 @@ from dataclasses import dataclass
 
 import torch
 
-from raysim import Algorithm, register_algorithm
-from raysim.algorithms.base import average_updates
-from raysim.config import AlgorithmConfig, require
+from raysim import register_algorithm
+from raysim.algorithms.fedopt import FedAvgM, FedAvgMConfig
 
 
 @dataclass
-class FedAvgMConfig(AlgorithmConfig):
-    name: str = "fedavgm"
-    server_lr: float = 1.0  # server learning rate on the pseudo-gradient (global - average)
-    server_momentum: float = 0.9  # server momentum beta; 0 with server_lr 1 is FedAvg
-
-    def validate(self) -> None:
-        require(self.server_lr > 0, "algorithm.server_lr", f"must be > 0, got {self.server_lr}")
-        require(0.0 <= self.server_momentum < 1.0, "algorithm.server_momentum",
-                f"must be in [0, 1), got {self.server_momentum}")
+class FedNesterovConfig(FedAvgMConfig):
+    name: str = "fednesterov"
 
 
-@register_algorithm("fedavgm")
-class FedAvgM(Algorithm):
-    """FedAvg with server momentum on the averaged update (FedAvgM); an example plugin."""
+@register_algorithm("fednesterov")
+class FedNesterov(FedAvgM):
+    """FedAvg with Nesterov server momentum (an example plugin on raysim's server-optimiser hook)."""
 
-    Config = FedAvgMConfig
-    shared = "all"
+    Config = FedNesterovConfig
 
-    def init_server_state(self, initial_state):
-        state = super().init_server_state(initial_state)
-        state["velocity"] = {k: torch.zeros_like(v) for k, v in state["model"].items() if v.is_floating_point()}
-        return state
+    def init_moments(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"v": torch.zeros_like(x)}
 
-    def server_aggregate(self, updates, server_state, round):
-        average = average_updates(updates)  # FedAvg's average of this round's ClientUpdates, by sample counts
-        lr, beta = self.config.server_lr, self.config.server_momentum
-        new = {}
-        for key, avg in average.items():
-            if key not in server_state["velocity"]:  # integer buffers (BatchNorm's counters): plain average
-                new[key] = avg
-                continue
-            v = server_state["velocity"][key]
-            v.mul_(beta).add_(server_state["model"][key] - avg)
-            new[key] = server_state["model"][key] - lr * v
-        server_state["model"] = new
-        return server_state
+    def server_step(self, x: torch.Tensor, average: torch.Tensor, moments: dict[str, torch.Tensor]) -> torch.Tensor:
+        lr, beta, v = self.config.server_lr, self.config.server_momentum, moments["v"]
+        g = x - average
+        v.mul_(beta).add_(g)
+        return average + (1.0 - lr) * g - (lr * beta) * v
