@@ -35,7 +35,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "fedcda": "raysim.algorithms.fedcda", "fedkd": "raysim.algorithms.fedkd",
                   "fedpcl": "raysim.algorithms.fedpcl", "fedavgm": "raysim.algorithms.fedopt",
                   "fedadam": "raysim.algorithms.fedopt", "fedyogi": "raysim.algorithms.fedopt",
-                  "fedadagrad": "raysim.algorithms.fedopt"},
+                  "fedadagrad": "raysim.algorithms.fedopt", "scaffold": "raysim.algorithms.scaffold"},
     "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
               "cnn_bn": "raysim.models.small",
               "resnet18": "raysim.models.zoo",
