@@ -1,0 +1,172 @@
+"""FedDyn (Acar et al., ICLR 2021): each client's objective gets a dynamic regulariser, a linear term from its own
+past gradients plus a proximal term, so that the local optima agree with the global one; the server corrects the
+average with its state h.
+
+Paper: D. A. E. Acar, Y. Zhao, R. M. Navarro, M. Mattina, P. N. Whatmough, V. Saligrama, "Federated Learning Based
+on Dynamic Regularization", ICLR 2021 (arXiv:2111.04263), Algorithm 1. Authors' code:
+github.com/alpemreacar/FedDyn (``utils_methods.py`` ``train_FedDyn``; ``utils_general.py`` ``train_feddyn_mdl``;
+``example_cifar_10.py`` for the defaults).
+
+Client k, sampled in round t, starts from the server model θ^{t-1} and minimises
+
+    R_k(θ) = L_k(θ) − ⟨∇L_k(θ_k^{t-1}), θ⟩ + (α_k/2)·‖θ − θ^{t-1}‖²
+
+where ∇L_k(θ_k^{t-1}) is the client's gradient at its previous local optimum, kept as client state λ_k (the
+authors' ``local_param_list``, which holds −∇L_k/α): −⟨∇L_k(θ_k^{t-1}), θ⟩ = α_k·⟨λ_k, θ⟩. After training, θ_k^t
+being the trained model (first-order condition ∇L_k(θ_k^t) = ∇L_k(θ_k^{t-1}) − α_k(θ_k^t − θ^{t-1})),
+
+    λ_k ← λ_k + (θ_k^t − θ^{t-1})                                   (client state; 0 before its first round)
+
+The server keeps D = (1/N) Σ_{all k} λ_k (``server_state["drift"]``; in the paper's notation h = −α·D), updated from
+this round's clients alone, and sets
+
+    D ← D + (1/N) Σ_{k∈P_t} (θ_k^t − θ^{t-1})          N = ``clients.num``, P_t the round's clients
+    θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t + D                (= mean − h/α)
+
+exactly the authors' ``cld_mdl_param = avg_mdl_param + np.mean(local_param_list, axis=0)``. θ^t is what clients
+download and what ``acc_global`` measures (the paper's server model; the authors' script also reports the plain mean
+of the active models). The mean over P_t is uniform, as in the paper and the authors' code (raysim's FedAvg weights by
+samples). Only parameters carry the regulariser and D; batch-norm running statistics and integer buffers take the
+uniform mean.
+
+The authors' code, followed here: α_k = α / w_k with w_k = n_k / n̄ (``alpha_coef_adpt = alpha_coef /
+weight_list[clnt]``, n̄ the mean training-set size over all clients, attached to ``data.meta`` by ``prepare_data``),
+so a client with more data is held less tightly (``algorithm.scale_alpha: false`` uses α for every client, as the
+paper's Algorithm 1 does); and the gradient norm clipped at 10 every step (``max_norm = 10`` in ``utils_general.py``;
+``algorithm.max_grad_norm``, null for none). The authors put (α_k/2)‖θ‖² into SGD's weight decay, which the clip
+does not see; here the whole regulariser is in the loss, so the clip sees it (same gradient, same step when the norm
+stays under 10).
+
+Defaults: α = 0.01 (``alpha_coef = 1e-2`` in ``example_cifar_10.py``; the paper tries {0.1, 0.01, 0.001}).
+
+Logged loss parts: ``loss_ce``, ``loss_linear`` (α_k·⟨λ_k, θ⟩, negative as often as not) and ``loss_prox``
+((α_k/2)‖θ − θ^{t-1}‖²); ``loss`` is their sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, TensorDict, is_parameter, weighted_average
+from raysim.algorithms.fedprox import proximal_term
+from raysim.config import AlgorithmConfig, is_finite, require
+from raysim.data.base import is_indexed
+from raysim.errors import UserError
+from raysim.registry import register_algorithm
+
+MEAN_SIZE = "feddyn_mean_train_size"  # data.meta key: n̄, the mean training-set size over all clients
+
+
+@dataclass
+class FedDynConfig(AlgorithmConfig):
+    name: str = "feddyn"
+    alpha: float = 0.01  # α, the regulariser's weight (authors' alpha_coef)
+    scale_alpha: bool = True  # α_k = α·n̄/n_k (the authors' code); false: α for every client (the paper)
+    max_grad_norm: Optional[float] = 10.0  # the authors' gradient clip; null: none
+
+    def validate(self) -> None:
+        require(is_finite(self.alpha, 0.0, strict=True), "algorithm.alpha", f"must be a number > 0, got {self.alpha}")
+        require(self.max_grad_norm is None or is_finite(self.max_grad_norm, 0.0, strict=True),
+                "algorithm.max_grad_norm", f"must be a number > 0 or null, got {self.max_grad_norm}")
+
+
+# ---------------------------------------------------------------------------------------------- the math
+def linear_term(pairs: Iterable[tuple[torch.Tensor, Optional[torch.Tensor]]], alpha: float) -> torch.Tensor:
+    """α·Σ⟨λ, θ⟩ over (live parameter θ, kept λ) pairs, λ None counting as 0 (a client's first round):
+    −⟨∇L_k(θ_k^{t-1}), θ⟩ in the paper's terms. λ never receives a gradient."""
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("linear_term: no parameters")
+    total = torch.zeros((), device=pairs[0][0].device)
+    for w, lam in pairs:
+        if lam is not None:
+            total = total + (w * lam.detach()).sum()
+    return alpha * total
+
+
+def server_update(model: TensorDict, drift: TensorDict, uploads: list[TensorDict],
+                  num_clients: int) -> tuple[TensorDict, TensorDict]:
+    """(θ^t, D) from θ^{t-1}, D and this round's trained models θ_k (in client-id order): on parameters
+    D ← D + (|P|/N)·(mean θ_k − θ^{t-1}) = D + Σ(θ_k − θ^{t-1})/N and θ^t = mean θ_k + D; elsewhere (running
+    statistics, integer buffers) θ^t = mean θ_k. The mean is uniform."""
+    mean = weighted_average(uploads, [1.0] * len(uploads))
+    new_drift, new_model = dict(drift), {}
+    for key, avg in mean.items():
+        if not is_parameter(key, avg):
+            new_model[key] = avg
+            continue
+        moved = (avg - model[key]) * (len(uploads) / num_clients)
+        new_drift[key] = drift[key] + moved if key in drift else moved
+        new_model[key] = avg + new_drift[key]
+    return new_model, new_drift
+
+
+# ---------------------------------------------------------------------------------------------- the algorithm
+@register_algorithm("feddyn")
+class FedDyn(Algorithm):
+    """Dynamic regularisation: CE + α⟨λ_k, θ⟩ + (α/2)‖θ − θ^{t-1}‖² locally; the server adds the clients' drift."""
+
+    Config = FedDynConfig
+    shared = "all"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.clip_grad_norm = self.config.max_grad_norm  # read by the worker between backward() and step()
+
+    # ------------------------------------------------------------------ driver
+    def prepare_data(self, data: Any) -> Any:
+        if self.config.scale_alpha and is_indexed(data):  # on-demand data: refused by check
+            n = data.num_clients
+            data.meta[MEAN_SIZE] = sum(data.num_train(c) for c in range(n)) / n
+        return data
+
+    def check(self, cfg, data) -> None:
+        super().check(cfg, data)
+        if self.config.scale_alpha and not is_indexed(data):
+            raise UserError(f"config key 'algorithm.scale_alpha': feddyn scales α by each client's share of the "
+                            f"mean training-set size, which {cfg.data.name} (made per client on demand) cannot give "
+                            f"without making every client; set algorithm.scale_alpha=false")
+
+    def init_server_state(self, initial_state: TensorDict) -> dict:
+        state = super().init_server_state(initial_state)
+        state["drift"] = {}  # D = (1/N) Σ λ_k: zero until the first clients report
+        return state
+
+    def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
+        if not updates:
+            return server_state
+        server_state["model"], server_state["drift"] = server_update(
+            server_state["model"], server_state["drift"], [u.upload for u in updates], self.cfg.clients.num)
+        return server_state
+
+    # ------------------------------------------------------------------ client
+    def client_alpha(self, ctx: ClientContext) -> float:
+        """α_k: α, scaled by n̄/n_k when ``scale_alpha`` (the authors' ``alpha_coef / weight_list[clnt]``)."""
+        alpha = self.config.alpha
+        if self.config.scale_alpha:
+            alpha = alpha * ctx.meta[MEAN_SIZE] / max(len(ctx.train_data[1]), 1)
+        return alpha
+
+    def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        alpha = self.client_alpha(ctx)
+        ce = F.cross_entropy(model(x), y)
+        lam, start = ctx.state.get("lambda", {}), ctx.payload["model"]
+        params = list(model.named_parameters())
+        linear = linear_term(((p, lam.get(name)) for name, p in params), alpha)
+        prox = proximal_term(((p, start[name]) for name, p in params), alpha)
+        return ce + linear + prox, {"ce": ce, "linear": linear, "prox": prox}
+
+    def client_keep(self, model: nn.Module, ctx: ClientContext) -> dict:
+        """λ_k + (θ_k^t − θ^{t-1}) for every parameter."""
+        lam, start = ctx.state.get("lambda", {}), ctx.payload["model"]
+        out = {}
+        for name, p in model.named_parameters():
+            moved = p.detach() - start[name]
+            out[name] = lam[name] + moved if name in lam else moved
+        return {"lambda": out}
