@@ -36,7 +36,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "fedpcl": "raysim.algorithms.fedpcl", "fedavgm": "raysim.algorithms.fedopt",
                   "fedadam": "raysim.algorithms.fedopt", "fedyogi": "raysim.algorithms.fedopt",
                   "fedadagrad": "raysim.algorithms.fedopt", "scaffold": "raysim.algorithms.scaffold",
-                  "feddyn": "raysim.algorithms.feddyn"},
+                  "feddyn": "raysim.algorithms.feddyn", "fedbn": "raysim.algorithms.fedbn"},
     "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
               "cnn_bn": "raysim.models.small",
               "resnet18": "raysim.models.zoo",
