@@ -121,6 +121,11 @@ class FederatedData:
             wide = torch.zeros((x.shape[0], split.width), dtype=x.dtype)
             wide[:, torch.from_numpy(np.asarray(split.features, dtype=np.int64))] = x
             x = wide
+        # canonical strides: a size-1 dimension (one colour channel) may carry any stride, and a 1x8x8 batch whose
+        # channel stride is 1 also reads as channels-last, which sends a convolution down another kernel with other
+        # rounding. Arrays that crossed a pickle (Ray's object store) have canonical strides; so must these, or a
+        # convolutional model's numbers would depend on engine.backend
+        x = x.reshape(-1).view(x.shape)
         return x, torch.from_numpy(domain.y[idx]), torch.tensor(np.asarray(idx), dtype=torch.int64)
 
 
