@@ -54,7 +54,7 @@ from torch import nn
 from raysim.algorithms.base import (ClientContext, ClientUpdate, TensorDict, average_updates, split_state,
                                     weighted_average)
 from raysim.algorithms.fedopt import FedOpt, FedOptConfig, Moments, momentum_step
-from raysim.config import require
+from raysim.config import ExperimentConfig, require
 from raysim.registry import register_algorithm
 
 CONTROLS = (1, 2)
@@ -103,6 +103,17 @@ class SCAFFOLD(FedOpt):
     """Control variates (server c, client c_i) correct each local gradient by c − c_i; option II update."""
 
     Config = SCAFFOLDConfig
+
+    @classmethod
+    def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
+        """Option II reads the average corrected gradient off the model's move as if every step were plain SGD."""
+        t = cfg.train
+        if cfg.algorithm.control != 2 or (t.optimizer == "sgd" and t.momentum == 0):
+            return []
+        how = "train.optimizer=adam" if t.optimizer == "adam" else f"train.momentum={t.momentum}"
+        return [f"scaffold's option II sets c_i = c_i - c + (x - y_i)/(K·train.lr), which assumes plain SGD steps; "
+                f"with {how} the model moves further than K plain steps would, so the control variates overstate the "
+                f"gradient (set train.momentum=0, or algorithm.control=1)"]
 
     # ------------------------------------------------------------------ server
     def init_server_state(self, initial_state: TensorDict) -> dict:

@@ -145,6 +145,17 @@ def test_defaults_and_bad_values():
             load_config(None, ["algorithm.name=scaffold", override])
 
 
+def test_option_two_with_momentum_or_adam_warns():
+    from raysim.checks import config_warnings
+
+    assert config_warnings(load_config(None, ["algorithm.name=scaffold", "train.momentum=0"])) == []
+    (line,) = config_warnings(load_config(None, ["algorithm.name=scaffold", "train.momentum=0.9"]))
+    assert "train.momentum=0.9" in line and "plain SGD" in line
+    assert config_warnings(load_config(None, ["algorithm.name=scaffold", "train.optimizer=adam"]))
+    assert config_warnings(load_config(None, ["algorithm.name=scaffold", "algorithm.control=1",
+                                              "train.momentum=0.9"])) == []
+
+
 def test_cli_bad_control_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.control", *tiny_overrides(tmp_path), "algorithm.name=scaffold", "algorithm.control=0")
     assert not (tmp_path / "run").exists()

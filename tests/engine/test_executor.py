@@ -20,6 +20,7 @@ from raysim.registry import builtin_names
 # what each built-in algorithm needs on top of the tiny experiment to run small (and exercise its own parts)
 ALGORITHM_TINY: dict[str, dict] = {
     "fapd": {"algorithm__teacher__epochs": 3, "algorithm__k0": 2, "algorithm__delta_k": 3},
+    "fedbn": {"model__name": "cnn_bn", "model__width": 4},  # batch norm to keep local
     "fedcda": {"algorithm__memory_size": 2, "algorithm__warmup_rounds": 1},
     "fedpcl": {"algorithm__pretrain__epochs": 2, "algorithm__proj_dim": 8},
     "fedprox": {"algorithm__mu": 0.1},
