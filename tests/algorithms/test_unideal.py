@@ -189,6 +189,8 @@ EXPERIMENTS = ROOT / "experiments" / "unideal"
 KD_ALGOS = {"local", "partialavg", "partialkd", "unideal", "unideal-l1", "unideal-l2", "fedproto", "fedgen-p", "fedpcl"}
 # one architecture and input shape: no HETE files
 AVERAGING = {"fedavg", "fedrep", "fedpac", "fedgen", "fedbabu", "fedrod", "fedkd"}
+# beyond the seed, in the Digits NIID-1 table only (fedavg-bn: FedAvg on fedbn's cnn_bn)
+BEYOND = {"digits-niid1": {"fedbn", "ditto"}, "digits-niid1-cpu": {"fedbn", "ditto", "fedavg-bn"}}
 
 
 @pytest.mark.slow
@@ -197,10 +199,12 @@ def test_experiment_configs_load_and_cover_every_method():
     assert len(settings) == 12
     for setting in settings:
         names = {p.stem for p in setting.glob("*.yaml")} - {"base"}
-        assert names == (KD_ALGOS if "hete" in setting.name else KD_ALGOS | AVERAGING), setting
+        expected = KD_ALGOS if "hete" in setting.name else KD_ALGOS | AVERAGING
+        assert names == expected | BEYOND.get(setting.name, set()), setting
         for path in setting.glob("*.yaml"):
             cfg = load_config(path)
-            algo = "unideal" if path.stem == "base" else path.stem.removesuffix("-l1").removesuffix("-l2")
+            algo = ("unideal" if path.stem == "base"
+                    else path.stem.removesuffix("-l1").removesuffix("-l2").removesuffix("-bn"))
             assert cfg.algorithm.name == algo, path
             if algo == "unideal":
                 assert cfg.algorithm.metric == (path.stem.split("-") + ["cosine"])[1], path
