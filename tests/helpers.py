@@ -109,13 +109,11 @@ SLOW = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs
             data__partition="dirichlet")
 
 
-def killed_worker_matches_inline(tmp_path: Path, reference: str = "inline", **extra: object) -> list[dict]:
-    """The ``SLOW`` tiny experiment with ``extra`` run twice: on one worker (in process, or on Ray with
-    ``reference="ray"``), then on Ray with two workers, one SIGKILLed once round 1 is reported (the driver is already
-    inside round 2). Both must give the same metrics: one comparison checks one vs two workers and a killed worker
-    (client state lives outside workers, server state in the driver). Returns the one-worker rows. Needs the
-    ``ray_cluster`` fixture. (Convolutions round differently in process and in a Ray worker, ~1e-8 relative, so
-    convolutional models compare against one Ray worker.)"""
+def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
+    """The ``SLOW`` tiny experiment with ``extra`` run twice: in process (one worker, no Ray), then on Ray with two
+    workers, one SIGKILLed once round 1 is reported (the driver is already inside round 2). Both must give the same
+    metrics: one comparison checks one vs two workers and a killed worker (client state lives outside workers,
+    server state in the driver). Returns the in-process rows. Needs the ``ray_cluster`` fixture."""
     import os
     import signal
 
@@ -125,7 +123,7 @@ def killed_worker_matches_inline(tmp_path: Path, reference: str = "inline", **ex
     def cfg(name: str, **more: object):
         return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**SLOW, **extra, **more}))
 
-    _, one, _ = run_experiment(cfg("one", engine__backend=reference, engine__num_workers=1))
+    _, one, _ = run_experiment(cfg("one", engine__backend="inline"))
     pids: list[int] = []
 
     def remember(info: dict) -> None:

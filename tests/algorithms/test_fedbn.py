@@ -100,6 +100,5 @@ def test_fedbn_bytes_leave_batch_norm_out_and_it_differs_from_fedavg(tmp_path):
 
 
 def test_fedbn_on_ray_matches_one_worker_with_a_worker_killed(ray_cluster, tmp_path):
-    rows = killed_worker_matches_inline(tmp_path, reference="ray", algorithm__name="fedbn", model__name="cnn_bn",
-                                        model__width=8)
+    rows = killed_worker_matches_inline(tmp_path, algorithm__name="fedbn", model__name="cnn_bn", model__width=8)
     assert rows[-1]["acc_mean"] > 0.2
