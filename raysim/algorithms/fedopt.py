@@ -11,8 +11,8 @@ Effects of Non-Identical Data Distribution for Federated Visual Classification",
 The shared hook (:class:`FedOpt`). Every round the server averages the clients' models, weighted by training
 samples as raysim's FedAvg (and the authors' TFF code) does, and hands each tensor's average x̄ to ``server_step``
 with the current global value x and that tensor's optimiser state. The pseudo-gradient is g = x − x̄ (Δ = x̄ − x =
-−g in Algorithm 2). Only parameters are stepped: batch-norm running statistics and integer buffers take the plain
-average (the authors' code steps trainable variables only). A subclass (a plugin too, see
+−g in Algorithm 2). Only parameters are stepped (a Keras optimiser, the authors', steps trainable variables):
+batch-norm running statistics and integer buffers take the plain average. A subclass (a plugin too, see
 ``examples/plugins/fednesterov.py``) overrides ``init_moments(x)`` (the state of one tensor) and
 ``server_step(x, average, moments)`` (its new value; the state changed in place). The optimiser state lives in the
 server state (``server_state["optimizer"]``: key -> moments), so it is checkpointed and resumed with the run.
@@ -31,12 +31,14 @@ The four built-ins, per coordinate, with η = ``server_lr``:
   least Algorithm 2 allows (their flags start Adagrad's and Yogi's accumulators at 0).
 
 Defaults: τ = 1e-3, the epsilon the authors recommend by default (hyperparameters.md); β1 = 0.9 and β2 = 0.99 for
-FedAdam and FedYogi (the paper's values, as in Flower's replication of the paper, ``baselines/flwr_baselines/
-publications/adaptive_federated_optimization/conf/*/strategy/fedyogi.yaml``), β1 = 0 for FedAdagrad (the authors ran
-Keras' Adagrad, which has no first moment; so does Flower's FedAdagrad); the server learning rate is the value the
-authors' tuning chose most often over their six tasks (hyperparameters.md, "Server learning rates"): 10^-2 for
-FedAdam and FedYogi, 10^-1 for FedAdagrad, 1 for FedAvgM, with server momentum 0.9 (their FedAvgM flag). The client
-side is FedAvg's: ``train.*`` (the paper's clients run plain SGD; the authors tuned the client learning rate too).
+FedAdam and FedYogi (the paper's stated values, which Flower's replication of the paper uses too,
+``baselines/flwr_baselines/publications/adaptive_federated_optimization/conf/*/strategy/fedyogi.yaml``; the authors'
+hyperparameters.md says their TFF runs kept Keras' β2 = 0.999: ``algorithm.beta2=0.999``), β1 = 0 for FedAdagrad
+(the authors ran Keras' Adagrad, which has no first moment; so does Flower's FedAdagrad); the server learning rate
+is the value the authors' tuning chose most often over their six tasks (hyperparameters.md, "Server learning
+rates"): 10^-2 for FedAdam and FedYogi, 10^-1 for FedAdagrad, 1 for FedAvgM, with server momentum 0.9 (their FedAvgM
+flag). The client side is FedAvg's: ``train.*`` (the paper's clients run plain SGD; the authors tuned the client
+learning rate too).
 """
 
 from __future__ import annotations

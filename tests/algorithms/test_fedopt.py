@@ -153,3 +153,14 @@ def _checkpointed_server_state(run_dir) -> dict:
     from raysim.engine.state import read_checkpoint
 
     return read_checkpoint(run_dir)["server_state"]
+
+
+def test_resume_continues_the_servers_moments(tmp_path):
+    def cfg(name, rounds):
+        return load_config(None, tiny_overrides(tmp_path / name, rounds=rounds, engine__backend="inline",
+                                                algorithm__name="fedyogi", algorithm__server_lr=0.03))
+
+    _, straight, _ = run_experiment(cfg("straight", 4))
+    run_experiment(cfg("resumed", 2))
+    _, rest, _ = run_experiment(cfg("resumed", 4), resume=True)
+    assert [r["round"] for r in rest] == [3, 4] and strip_timing(rest) == strip_timing(straight[2:])

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import killed_worker_matches_inline, refused_config, tiny_overrides
+from conftest import killed_worker_matches_inline, refused_config, strip_timing, tiny_overrides
 
 from raysim.algorithms.base import ClientUpdate
 from raysim.algorithms.scaffold import correction_term, option_two
@@ -164,3 +164,17 @@ def test_cli_bad_control_exits_2_with_one_line(tmp_path):
 def test_scaffold_on_ray_matches_one_worker_with_a_worker_killed(ray_cluster, tmp_path):
     rows = killed_worker_matches_inline(tmp_path, algorithm__name="scaffold")
     assert rows[-1]["acc_global"] > 0.2 and all(r["bytes_up"] > 0 for r in rows)
+
+
+def test_resume_continues_c_and_every_c_i(tmp_path):
+    """Two rounds, checkpoint, resume to four: the same metrics as four rounds straight (c and the optimiser's state
+    in the server checkpoint, each c_i in its client file)."""
+    def cfg(name, rounds):
+        return load_config(None, tiny_overrides(tmp_path / name, rounds=rounds, engine__backend="inline",
+                                                algorithm__name="scaffold", clients__fraction=0.5,
+                                                data__partition="dirichlet"))
+
+    _, straight, _ = run_experiment(cfg("straight", 4))
+    run_experiment(cfg("resumed", 2))
+    _, rest, _ = run_experiment(cfg("resumed", 4), resume=True)
+    assert [r["round"] for r in rest] == [3, 4] and strip_timing(rest) == strip_timing(straight[2:])
