@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (EXAMPLE_PLUGINS, ROOT, SLOW, TINY, context, killed_worker_matches_inline,  # noqa: F401
-                     read_rows, refused_config, strip_timing, tiny_overrides, wandb_history)
+from helpers import (EXAMPLE_PLUGINS, ROOT, TINY, context, killed_worker_matches_inline, read_rows,  # noqa: F401
+                     refused_config, strip_timing, tiny_overrides, wandb_history)
 
 
 @pytest.fixture(scope="session")

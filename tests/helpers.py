@@ -103,15 +103,15 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
-# rounds long enough (~1 s) that a kill lands inside a round (as engine/test_faults.py's SLOW); half the clients
-# sampled, so some clients train for the first time after round 1 and others bring back state from rounds before
-SLOW = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=4, model__hidden="[256,256]",
-            data__partition="dirichlet")
+# the runs of killed_worker_matches_inline: half the clients sampled, so some clients train for the first time after
+# round 1 and others bring back state from rounds before. The driver runs in the calling process and reports each
+# round before it starts the next, so the kill after round 1 always lands before round 2: small rounds will do
+FAULT_RUN = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=2, data__partition="dirichlet")
 
 
 def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
-    """The ``SLOW`` tiny experiment with ``extra`` run twice: in process (one worker, no Ray), then on Ray with two
-    workers, one SIGKILLed once round 1 is reported (the driver is already inside round 2). Both must give the same
+    """The ``FAULT_RUN`` tiny experiment with ``extra`` run twice: in process (one worker, no Ray), then on Ray with
+    two workers, one SIGKILLed once round 1 is reported (before round 2 starts). Both must give the same
     metrics: one comparison checks one vs two workers and a killed worker (client state lives outside workers,
     server state in the driver). Returns the in-process rows. Needs the ``ray_cluster`` fixture."""
     import os
@@ -121,7 +121,8 @@ def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
     from raysim.engine.runner import run_experiment
 
     def cfg(name: str, **more: object):
-        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**SLOW, **extra, **more}))
+        overrides = {**FAULT_RUN, **extra, **more}
+        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **overrides))
 
     _, one, _ = run_experiment(cfg("one", engine__backend="inline"))
     pids: list[int] = []
