@@ -149,7 +149,8 @@ class FedDyn(Algorithm):
         """α_k: α, scaled by n̄/n_k when ``scale_alpha`` (the authors' ``alpha_coef / weight_list[clnt]``)."""
         alpha = self.config.alpha
         if self.config.scale_alpha:
-            alpha = alpha * ctx.meta[MEAN_SIZE] / max(len(ctx.train_data[1]), 1)
+            n_k = len(ctx.train_data[1]) if ctx.train_data is not None else 0
+            alpha = alpha * ctx.meta[MEAN_SIZE] / max(n_k, 1)
         return alpha
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,

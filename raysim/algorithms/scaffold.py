@@ -108,7 +108,7 @@ class SCAFFOLD(FedOpt):
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
         """Option II reads the average corrected gradient off the model's move as if every step were plain SGD."""
         t = cfg.train
-        if cfg.algorithm.control != 2 or (t.optimizer == "sgd" and t.momentum == 0):
+        if getattr(cfg.algorithm, "control", 2) != 2 or (t.optimizer == "sgd" and t.momentum == 0):
             return []
         how = "train.optimizer=adam" if t.optimizer == "adam" else f"train.momentum={t.momentum}"
         return [f"scaffold's option II sets c_i = c_i - c + (x - y_i)/(K·train.lr), which assumes plain SGD steps; "
@@ -152,6 +152,7 @@ class SCAFFOLD(FedOpt):
 
     def _full_gradient(self, model: nn.Module, ctx: ClientContext) -> TensorDict:
         """∇f_i(x): the gradient of the mean cross-entropy over the client's training split (option I)."""
+        assert ctx.train_data is not None  # a training job's context always has its split
         x, y, _ = ctx.train_data
         n, bs = len(y), self.cfg.train.batch_size
         model.train()
