@@ -2,9 +2,9 @@
 batch norm after each convolution and after the feature layer (``cnn_bn``, for FedBN, whose paper's digits model
 normalises every layer the same way), LEAF's character LSTM for Shakespeare.
 
-The MLP and the CNNs are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of every Linear
-layer (MLP), and of the two convolutions and the feature layer (CNN; after their batch norm in ``cnn_bn``), before
-their ReLU."""
+The MLP and the CNNs are ``StagedSequential``s: their stages (``ClassifierModel.stage_features``) are the outputs of
+every Linear layer (MLP), and of the two convolutions and the feature layer (CNN; after their batch norm in
+``cnn_bn``), before their ReLU."""
 
 from __future__ import annotations
 
