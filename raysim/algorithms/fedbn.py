@@ -44,7 +44,7 @@ def local_entries(model: nn.Module) -> set[str]:
 
 @register_algorithm("fedbn")
 class FedBN(Algorithm):
-    """FedAvg with local batch norm: every layer is averaged except the batch-norm layers, which each client keeps."""
+    """FedAvg with local batch norm: clients keep their batch-norm layers; all other layers are averaged."""
 
     shared = "all"  # every layer but batch norm (check refuses mixed architectures, as for FedAvg)
 

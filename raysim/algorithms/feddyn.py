@@ -109,7 +109,7 @@ def server_update(model: TensorDict, drift: TensorDict, uploads: list[TensorDict
 # ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("feddyn")
 class FedDyn(Algorithm):
-    """Dynamic regularisation: CE + α⟨λ_k, θ⟩ + (α/2)‖θ − θ^{t-1}‖² locally; the server adds the clients' drift."""
+    """Dynamic regulariser CE + α⟨λ_k, θ⟩ + (α/2)‖θ − θ^{t-1}‖² on clients; the server adds their drift."""
 
     Config = FedDynConfig
     shared = "all"
