@@ -252,6 +252,13 @@ class EngineConfig:
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
     # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N
     clients_per_call: str = "auto"
+    # a weighted-sum algorithm's uploads (FedAvg, FedProx, UNIDEAL, FAPD, ...) are summed where the clients trained:
+    # each group of sum_group clients trains in one call and only its sum travels to the driver. false: every
+    # upload travels and the driver sums the same groups itself (the same numbers; raysim.engine.partial)
+    partial_sums: bool = True
+    # the round's clients, in id order, in fixed groups of this many (auto: at most 32 groups). The groups, never
+    # the workers, fix the order of summation, so changing this changes the last float bits
+    sum_group: str = "auto"
     max_retries: int = 3  # re-runs of one client job after its worker died
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
@@ -269,6 +276,9 @@ class EngineConfig:
         per_call = self.clients_per_call = str(self.clients_per_call)
         require(per_call == "auto" or (per_call.isdigit() and int(per_call) >= 1), "engine.clients_per_call",
                  f"must be auto or a whole number >= 1, got {per_call!r}")
+        group = self.sum_group = str(self.sum_group)
+        require(group == "auto" or (group.isdigit() and int(group) >= 1), "engine.sum_group",
+                 f"must be auto or a whole number of clients >= 1, got {group!r}")
         require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:

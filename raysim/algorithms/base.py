@@ -15,6 +15,8 @@ Driver side:
   server_payload     what every sampled client downloads (put into the object store once a round)
   client_payload     opt-in: what one client downloads on top (FedPAC's own head), counted per client
   server_aggregate   the new server state from the round's ``ClientUpdate``s, in client-id order
+  server_aggregate_mean  with a weighted-sum aggregation (``weighted_sum``, the default): the new server state
+                     from the round's mean upload, summed where the clients trained (FedAvg: the model)
   server_train       opt-in: server-side training (FedGen's generator), run as a job on a worker, so it has
                      reserved CPU/GPU, is retried if the worker dies, and is seeded from (seed, round)
   on_round_end       server-side curriculum and extra metrics
@@ -97,15 +99,20 @@ class ServerContext:
 
 
 def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:
-    """Per-key weighted mean, accumulated in the given (client-id) order so results never depend on timing."""
+    """Weighted mean of (nested dicts of) tensors, Σ_i u_i·(w_i / Σ w), accumulated in float64 in the given
+    (client-id) order so results never depend on timing; each upload as one flat buffer (one vectorised operation
+    per upload, not one per tensor), cast back to each tensor's dtype (integers rounded)."""
+    from raysim.engine.partial import flatten, unflatten
+
     total = float(sum(weights))
-    out: TensorDict = {}
-    for key, first in uploads[0].items():
-        acc = torch.zeros_like(first, dtype=torch.float64)
-        for upload, w in zip(uploads, weights):
-            acc.add_(upload[key].to(torch.float64), alpha=w / total)
-        out[key] = acc.round().to(first.dtype) if not first.is_floating_point() else acc.to(first.dtype)
-    return out
+    layout, acc = flatten(uploads[0])
+    acc.mul_(weights[0] / total)  # = 0 + w·u, as the accumulation from zero gave
+    for upload, w in zip(uploads[1:], weights[1:]):
+        other, flat = flatten(upload)
+        if other != layout:
+            raise ValueError("weighted_average: uploads differ in keys, shapes or dtypes")
+        acc.add_(flat, alpha=w / total)
+    return unflatten(layout, acc)
 
 
 def average_updates(updates: list[ClientUpdate],
@@ -169,6 +176,10 @@ class Algorithm:
     eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
     clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
     server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
+    # The aggregation is a weighted sum: the round's uploads matter only through Σ n_i·upload_i / Σ n_i (n_i: the
+    # client's training samples), which ``server_aggregate_mean`` receives. True for the default (FedAvg) aggregation;
+    # it takes effect only while ``server_aggregate`` is the default one (see ``sums_uploads``).
+    weighted_sum: ClassVar[bool] = True
     # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
     tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
@@ -242,10 +253,29 @@ class Algorithm:
         return self.server_payload(server_state, round=-1)
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
-        """The new server state from this round's finite updates (sorted by client id); FedAvg by default."""
+        """The new server state from this round's finite updates (sorted by client id); FedAvg by default: the
+        weighted mean of the uploads by training samples, handed to ``server_aggregate_mean``.
+
+        An algorithm that keeps this default (``sums_uploads``) never has it called by the engine: the uploads are
+        summed where the clients trained (``engine.partial_sums``) and ``server_aggregate_mean`` gets their mean."""
         if updates and updates[0].upload:
-            server_state["model"] = average_updates(updates)
+            server_state = self.server_aggregate_mean(average_updates(updates), server_state, round)
         return server_state
+
+    def server_aggregate_mean(self, mean: dict, server_state: dict, round: int) -> dict:
+        """With a weighted-sum aggregation: the new server state from the round's mean upload, Σ n_i·upload_i /
+        Σ n_i over the finite updates (the upload's nested dict, each tensor in its own dtype). FedAvg: the model."""
+        server_state["model"] = mean
+        return server_state
+
+    @property
+    def sums_uploads(self) -> bool:
+        """Whether the engine may sum this algorithm's uploads where the clients trained: it declares a weighted-sum
+        aggregation (``weighted_sum``), keeps the default ``server_aggregate``, keeps no per-client history
+        (``server_history``) and trains nothing on the server from the updates (``server_train``). Otherwise every
+        upload reaches ``server_aggregate`` on its own, as FedCDA, FedPAC and FedGen need."""
+        return (type(self).weighted_sum and type(self).server_aggregate is Algorithm.server_aggregate
+                and self.server_history < 1 and not self.trains_on_server)
 
     def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
         """Opt-in server-side training after ``server_aggregate``; returns the new server state.

@@ -27,6 +27,7 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
 from raysim.engine.epochs import epoch_batches
 from raysim.engine.jobs import ClientAccuracy, EvalJob, TrainJob, TrainResult
+from raysim.engine.partial import UploadSum, sum_results
 from raysim.models import build_model, model_key
 
 if TYPE_CHECKING:
@@ -274,8 +275,16 @@ class ClientJobs:
         result = TrainResult(client_id=cid, round=rnd, upload=upload, num_samples=n, finite=finite,
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
-                             seconds=time.perf_counter() - start, has_state=bool(keep))
+                             seconds=time.perf_counter() - start, has_state=bool(keep), upload_bytes=nbytes(upload))
         return result, (keep or None)
+
+    def train_group(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+                    states: list[Optional[dict]]) -> tuple[UploadSum, list[tuple[TrainResult, Optional[dict]]]]:
+        """A fixed group of clients (``engine.sum_group``), trained one after another, their finite uploads
+        summed here in id order (``raysim.engine.partial.sum_results``); returns (the group's sum, [(result without
+        its upload, new state)] in job order)."""
+        done = [self.train(job, shared, own, state) for job, own, state in zip(jobs, owns, states)]
+        return sum_results([result for result, _ in done]), done
 
     def eval_model(self, client_id: int, round: int, shared: dict, own: Optional[dict],
                    state: Optional[dict]) -> tuple[nn.Module, ClientContext]:

@@ -25,6 +25,7 @@ from raysim.data import build_federated_data
 from raysim.engine.core import nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
+from raysim.engine.partial import UploadSum, combine, fixed_groups, group_size, sum_in_groups
 from raysim.engine.state import ClientHistoryStore, ClientStateStore, checkpoint_dir, read_checkpoint
 from raysim.errors import RunStopped
 from raysim.models import build_model
@@ -204,11 +205,11 @@ class Driver:
         """One round, as named steps."""
         start = time.perf_counter()
         sampled = sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction)
-        bytes_down, results = self._train_clients(sampled, rnd)
+        bytes_down, results, sums = self._train_clients(sampled, rnd)
         finished, kept, skipped = self._collect(results, rnd)
         updates = [_update(r) for r in finished]
         self._keep_history(updates, rnd)
-        self._aggregate(updates, rnd)
+        self._aggregate(updates, rnd, sampled, sums)
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
@@ -232,11 +233,24 @@ class Driver:
                 total += nbytes(personal)
         return self.executor.put(shared), own, int(total)
 
-    def _train_clients(self, sampled: list[int], rnd: int) -> tuple[int, dict[int, Any]]:
-        """Run the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state handle)})."""
+    def _sum_group(self, sampled: list[int]) -> int:
+        """Clients per group of this round's sum (``engine.sum_group``); 0: the algorithm needs every upload."""
+        return group_size(self.cfg.engine.sum_group, len(sampled)) if self.algorithm.sums_uploads else 0
+
+    def _train_clients(self, sampled: list[int],
+                       rnd: int) -> tuple[int, dict[int, Any], Optional[list[UploadSum]]]:
+        """Run the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state handle)}, and
+        the groups' upload sums where the uploads were summed where they trained, else None)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
-        jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c)) for c in sampled]
-        return bytes_down, self.executor.train(jobs, [self.states.get(c) for c in sampled])
+        jobs = {c: TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c))
+                for c in sampled}
+        size = self._sum_group(sampled)
+        if not size or not self.cfg.engine.partial_sums:
+            return bytes_down, self.executor.train(list(jobs.values()), [self.states.get(c) for c in sampled]), None
+        groups = fixed_groups(sampled, size)
+        done, sums = self.executor.train_groups([[jobs[c] for c in g] for g in groups],
+                                                [[self.states.get(c) for c in g] for g in groups])
+        return bytes_down, done, sums
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -265,9 +279,17 @@ class Driver:
             if kept is not None:
                 self.history.push(u.client_id, rnd, self.executor.put(kept))
 
-    def _aggregate(self, updates: list[ClientUpdate], rnd: int) -> None:
-        """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker."""
+    def _aggregate(self, updates: list[ClientUpdate], rnd: int, sampled: list[int],
+                   sums: Optional[list[UploadSum]]) -> None:
+        """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker. A
+        weighted-sum aggregation gets the mean of the groups' sums (added in group order), whether the workers took
+        them or the driver does here from per-client uploads, in the same groups (``raysim.engine.partial``)."""
         if not updates:
+            return
+        if self.algorithm.sums_uploads:
+            total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, self._sum_group(sampled))
+            if total.layout:  # nothing uploaded (shared = "none"): nothing to aggregate
+                self.server_state = self.algorithm.server_aggregate_mean(total.mean(), self.server_state, rnd)
             return
         self.server_state = self.algorithm.server_aggregate(updates, self.server_state, rnd)
         if self.algorithm.trains_on_server:
@@ -287,7 +309,7 @@ class Driver:
             "acc_global": None,
             "acc_weighted": None,
             "loss": float(sum(r.loss * w for r, w in zip(results, weights)) / total_w) if results else float("nan"),
-            "bytes_up": int(sum(nbytes(r.upload) for r in results)),
+            "bytes_up": int(sum(r.upload_bytes for r in results)),
             "bytes_down": bytes_down,
             "clients": len(sampled),
         }

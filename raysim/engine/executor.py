@@ -21,6 +21,7 @@ import torch
 
 from raysim.engine.core import ClientJobs, copy_tree, threads_for
 from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
+from raysim.engine.partial import UploadSum
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -89,6 +90,12 @@ class Executor:
         """Train every job's client; returns {client id: (result, handle of its new state)}."""
         raise NotImplementedError
 
+    def train_groups(self, groups: list[list[TrainJob]],
+                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+        """Train each group's clients in one call and sum their uploads there (``engine.partial_sums``); returns
+        ({client id: (result without its upload, handle of its new state)}, each group's sum in group order)."""
+        raise NotImplementedError
+
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
         """Evaluate every job's clients (``states[i]``: their state handles); returns {job index: rows}."""
         raise NotImplementedError
@@ -140,6 +147,20 @@ class InlineExecutor(Executor):
                 out[job.client_id] = (result, copy_tree(keep))
                 self.progress = (len(out), len(jobs), "train")
         return out
+
+    def train_groups(self, groups: list[list[TrainJob]],
+                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+        out: dict[int, tuple[TrainResult, Any]] = {}
+        sums: list[UploadSum] = []
+        self.progress = (0, len(groups), "train")
+        with self._threads():
+            for group, group_states in zip(groups, states):
+                total, done = self.jobs.train_group(group, group[0].payload_ref, [j.own_payload_ref for j in group],
+                                                    [copy_tree(s) for s in group_states])
+                sums.append(total)
+                out.update((result.client_id, (result, copy_tree(keep))) for result, keep in done)
+                self.progress = (len(sums), len(groups), "train")
+        return out, sums
 
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
         out: dict[int, list[ClientAccuracy]] = {}
@@ -201,7 +222,23 @@ class RayExecutor(Executor):
             return Job(key=work.client_id, submit=lambda w: w.train.remote(work, state), clients=[work.client_id],
                        round=work.round, batch=(work, state))
 
-        return self.pool.run([job(w, s) for w, s in zip(jobs, states)])
+        done = self.pool.run([job(w, s) for w, s in zip(jobs, states)])
+        return {cid: (result, refs[0]) for cid, (result, refs) in done.items()}
+
+    def train_groups(self, groups: list[list[TrainJob]],
+                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+        from raysim.engine.pool import Job
+
+        def job(i: int, works: list[TrainJob], group_states: list[Any]) -> Job:
+            return Job(key=i, submit=lambda w: w.train_group.options(num_returns=1 + len(works)).remote(
+                works, *group_states), clients=[j.client_id for j in works], round=works[0].round)
+
+        done = self.pool.run([job(i, g, s) for i, (g, s) in enumerate(zip(groups, states))])
+        out: dict[int, tuple[TrainResult, Any]] = {}
+        for i in range(len(groups)):
+            group, state_refs = done[i]
+            out.update((result.client_id, (result, ref)) for result, ref in zip(group.results, state_refs))
+        return out, [done[i][0].upload_sum for i in range(len(groups))]
 
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
         from raysim.engine.pool import Job

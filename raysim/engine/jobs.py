@@ -33,6 +33,17 @@ class TrainResult:
     parts: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     has_state: bool = False
+    upload_bytes: int = 0  # bytes of every tensor of the upload (``bytes_up``), counted even when it was summed
+
+
+@dataclass
+class GroupResult:
+    """A group's clients trained in one call with their uploads summed there (``engine.partial_sums``): the
+    group's ``raysim.engine.partial.UploadSum`` and each client's result, without its upload; the clients' new
+    states come back beside it as separate objects."""
+
+    upload_sum: Any
+    results: list[TrainResult]
 
 
 @dataclass

@@ -152,7 +152,7 @@ class WorkerPool:
 
     def run(self, jobs: list[Job]) -> dict[int, Any]:
         """Run every job once (re-running those whose worker died) and return {job.key: result}; for a job that
-        returns several objects the result is (first value, the other refs), so a client's state stays in the
+        returns several objects the result is (first value, [the other refs]), so a client's state stays in the
         object store."""
         queue: deque[Job] = deque(jobs)
         inflight: dict[ray.ObjectRef, tuple[list[Job], int, list[Submitted]]] = {}
@@ -195,7 +195,7 @@ class WorkerPool:
                     queue.appendleft(j)
                 continue
             for job, out, value in zip(group, outs, values):
-                results[job.key] = (value, out[1]) if isinstance(out, list) else value
+                results[job.key] = (value, out[1:]) if isinstance(out, list) else value
                 self._measured(value)
             self.progress = (len(results), len(jobs), group[0].kind)
         return results

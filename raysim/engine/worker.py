@@ -17,7 +17,7 @@ import ray
 import torch
 
 from raysim.engine.core import ClientJobs
-from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
+from raysim.engine.jobs import ClientAccuracy, EvalJob, GroupResult, ServerTrainJob, TrainJob, TrainResult
 from raysim.registry import import_plugins
 
 if TYPE_CHECKING:
@@ -115,6 +115,14 @@ class ClientWorker:
         for job, state in zip(jobs, states):
             out.extend(self.train(job, state))
         return out
+
+    def train_group(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
+        """A fixed group of clients (``engine.sum_group``) in one call, their uploads summed here; returns
+        [GroupResult (the sum and each client's result without its upload), new state per client], flat, so that
+        each state becomes its own object in the store (the caller sets ``num_returns=1 + len(jobs)``)."""
+        owns = [ray.get(j.own_payload_ref) if j.own_payload_ref is not None else None for j in jobs]
+        total, done = self.jobs.train_group(jobs, self._shared(jobs[0].payload_ref), owns, list(states))
+        return [GroupResult(upload_sum=total, results=[result for result, _ in done]), *[keep for _, keep in done]]
 
     def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
         """Test accuracy of the model each client would use after this round's aggregation."""

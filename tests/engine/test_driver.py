@@ -50,11 +50,11 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
     finally:
         pool.shutdown()
     assert sorted(done) == list(range(53))
-    for cid, (result, state_ref) in done.items():
+    for cid, (result, state_refs) in done.items():
         assert result.client_id == cid
         assert result.num_samples == data.num_train(cid)
-        assert state_ref is not None
-    states = ray.get([done[c][1] for c in (0, 1)])
+        assert len(state_refs) == 1 and state_refs[0] is not None
+    states = ray.get([done[c][1][0] for c in (0, 1)])
     assert not torch.equal(states[0]["head.weight"], states[1]["head.weight"])
 
 

@@ -1,0 +1,160 @@
+"""Partial aggregation: the weighted sum of client uploads, taken where the clients trained.
+
+An algorithm whose aggregation is a weighted sum (``Algorithm.sums_uploads``: FedAvg and every algorithm that keeps
+the default ``server_aggregate``) needs a round's uploads only through Σ_i n_i·u_i and Σ_i n_i (n_i: the client's
+training samples). So instead of every upload travelling to the driver:
+
+- the round's sampled clients, in id order, are cut into fixed groups (:func:`fixed_groups`: a function of the
+  client list and ``engine.sum_group`` alone, never of the workers or of timing);
+- a group's clients train in one call, and its worker sums their finite uploads there, in id order
+  (:class:`UploadSum`); the per-client results travel without their uploads;
+- the driver adds the groups' sums in group order and divides once (:func:`combine`, :meth:`UploadSum.mean`).
+
+When uploads do reach the driver one by one (``engine.partial_sums=false``), :func:`sum_in_groups` forms the same
+groups and takes the same steps, so the numbers depend neither on where the sums were taken nor on the number of
+workers.
+
+The arithmetic, on one flat float64 buffer per upload (exact for float32 values and for integers below 2**53):
+a client adds ``flat * weight`` to its group's buffer (two correctly rounded operations, never a fused
+multiply-add, so every IEEE machine gives the same bits), groups are added in order with one vectorised operation
+each, and the mean is ``total / Σ weights``, cast back to each tensor's dtype (integers rounded). Against the
+per-client formula ``Σ_i u_i · (n_i / Σ n)`` it differs only by float64 round-off, far below float32 resolution.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
+
+# one entry per tensor of an upload, in order: (its key path in the nested dict, shape, dtype)
+Layout = tuple[tuple[tuple[str, ...], tuple[int, ...], torch.dtype], ...]
+
+
+def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, ...], torch.Tensor]]:
+    if isinstance(tree, torch.Tensor):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, path + (key,))
+    else:
+        where = ".".join(map(str, path)) or "the upload"
+        raise TypeError(f"{where}: an upload that is summed (Algorithm.weighted_sum) is a nested dict of tensors, "
+                        f"found {type(tree).__name__}")
+
+
+def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
+    """(layout, one float64 buffer of every tensor's values in order) of a nested dict of tensors."""
+    leaves = list(_leaves(tree))
+    layout: Layout = tuple((path, tuple(t.shape), t.dtype) for path, t in leaves)
+    if not leaves:
+        return layout, torch.zeros(0, dtype=torch.float64)
+    return layout, torch.cat([t.detach().reshape(-1).to(torch.float64) for _, t in leaves])
+
+
+def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
+    """The nested dict ``flatten`` took apart, each tensor cast back to its dtype (integers rounded first)."""
+    out: dict = {}
+    sizes = [math.prod(shape) for _, shape, _ in layout]
+    for (path, shape, dtype), part in zip(layout, torch.split(flat, sizes) if layout else ()):
+        value = part.view(shape)
+        value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+@dataclass
+class UploadSum:
+    """Σ weight·upload over some clients (``clients``, in the order they were added) and Σ weight, as one flat
+    float64 buffer; what a group's worker returns instead of its clients' uploads."""
+
+    clients: list[int] = field(default_factory=list)
+    weight: float = 0.0
+    layout: Optional[Layout] = None
+    total: Optional[torch.Tensor] = None  # float64, flat
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
+        if self.total is None:
+            self.layout, self.total = layout, scaled
+            return
+        if layout != self.layout:
+            raise ValueError(f"{who}: its upload's keys, shapes or dtypes differ from those of clients {self.clients}; "
+                             f"a summed upload (Algorithm.weighted_sum) has the same layout for every client")
+        self.total.add_(scaled)
+
+    def add(self, client_id: int, upload: dict, weight: float) -> None:
+        """Add one client's upload with its weight (the caller adds clients in id order)."""
+        layout, flat = flatten(upload)
+        self._accumulate(layout, flat * float(weight), f"client {client_id}")
+        self.clients.append(int(client_id))
+        self.weight += float(weight)
+
+    def merge(self, other: UploadSum) -> None:
+        """Add another group's sum (the caller merges groups in group order)."""
+        if not other.clients:
+            return
+        assert other.layout is not None and other.total is not None
+        self._accumulate(other.layout, other.total.clone() if self.total is None else other.total,
+                         f"clients {other.clients}")
+        self.clients.extend(other.clients)
+        self.weight += other.weight
+
+    def mean(self) -> dict:
+        """Σ weight·upload / Σ weight, as the upload's nested dict with its dtypes ({} when nothing was added)."""
+        if self.total is None:
+            return {}
+        assert self.layout is not None
+        return unflatten(self.layout, self.total / self.weight)
+
+
+def group_size(setting: str, num_clients: int) -> int:
+    """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round."""
+    if setting == "auto":
+        return max(1, math.ceil(num_clients / AUTO_GROUPS))
+    return max(1, int(setting))
+
+
+def fixed_groups(clients: Sequence[int], size: int) -> list[list[int]]:
+    """The round's clients in id order, cut into consecutive groups of ``size`` (the last may be shorter)."""
+    ordered = sorted(int(c) for c in clients)
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+def sum_results(results: Iterable[Any]) -> UploadSum:
+    """One group's sum: the finite results' uploads weighted by their training samples, in the order given (id
+    order); every result's upload is dropped (``{}``), so only the sum travels on."""
+    total = UploadSum()
+    for r in results:
+        if r.finite:
+            total.add(r.client_id, r.upload, r.num_samples)
+        r.upload = {}
+    return total
+
+
+def combine(sums: Iterable[UploadSum]) -> UploadSum:
+    """The groups' sums added in the order given (group order): one vectorised addition per group."""
+    out = UploadSum()
+    for s in sums:
+        out.merge(s)
+    return out
+
+
+def sum_in_groups(updates: Iterable[Any], clients: Sequence[int], size: int) -> UploadSum:
+    """The same sum from per-client updates (``client_id``, ``upload``, ``num_samples``) on the driver: grouped as
+    :func:`fixed_groups` groups ``clients``, summed in id order within a group and in group order across groups,
+    exactly as the workers and :func:`combine` would."""
+    index = {c: i // size for i, c in enumerate(sorted(int(c) for c in clients))}
+    groups: dict[int, UploadSum] = {}
+    for u in sorted(updates, key=lambda u: u.client_id):
+        groups.setdefault(index[u.client_id], UploadSum()).add(u.client_id, u.upload, u.num_samples)
+    return combine(groups[g] for g in sorted(groups))

@@ -1,0 +1,127 @@
+"""Partial aggregation (raysim.engine.partial): sums taken where clients trained give the numbers of sums taken on
+the driver, whatever the workers; by-hand arithmetic; every weighted-sum algorithm end to end (inline, numbers) and
+the worker path on Ray (2 workers against 1 in-process)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import read_rows, strip_timing, tiny_overrides
+from raysim.algorithms.base import ClientUpdate
+from raysim.config import load_config
+from raysim.engine.jobs import TrainResult
+from raysim.engine.partial import (UploadSum, combine, fixed_groups, flatten, group_size, sum_in_groups, sum_results,
+                                   unflatten)
+from raysim.engine.runner import run_experiment
+from raysim.registry import get_algorithm, names
+
+
+def _upload(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(3, 4, generator=g), "bn": {"mean": torch.randn(5, generator=g),
+                                                         "count": torch.randint(0, 100, (), generator=g)}}
+
+
+def test_mean_by_hand_with_an_integer_buffer():
+    total = UploadSum()
+    total.add(3, {"w": torch.tensor([0.0, 2.0]), "n": torch.tensor(1)}, 1)
+    total.add(5, {"w": torch.tensor([4.0, 6.0]), "n": torch.tensor(4)}, 3)
+    mean = total.mean()
+    assert torch.equal(mean["w"], torch.tensor([3.0, 5.0])) and mean["w"].dtype == torch.float32
+    assert mean["n"].dtype == torch.int64 and int(mean["n"]) == 3  # (1 + 12) / 4 = 3.25, rounded
+    assert total.clients == [3, 5] and total.weight == 4.0
+
+
+def test_flatten_roundtrips_nested_dicts_and_dtypes():
+    up = _upload(0) | {"half": torch.ones(2, dtype=torch.float16)}
+    layout, flat = flatten(up)
+    assert flat.dtype == torch.float64 and flat.numel() == 12 + 5 + 1 + 2
+    back = unflatten(layout, flat)
+    assert back.keys() == up.keys() and back["bn"].keys() == up["bn"].keys()
+    for a, b in ((back["w"], up["w"]), (back["bn"]["mean"], up["bn"]["mean"]), (back["bn"]["count"], up["bn"]["count"]),
+                 (back["half"], up["half"])):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert unflatten(*flatten({})) == {}
+
+
+def test_a_client_with_another_layout_or_a_list_is_refused():
+    total = UploadSum()
+    total.add(0, {"w": torch.zeros(2)}, 1)
+    with pytest.raises(ValueError, match="client 1: its upload's keys, shapes or dtypes differ"):
+        total.add(1, {"w": torch.zeros(3)}, 1)
+    with pytest.raises(TypeError, match="w: an upload that is summed .* nested dict of tensors, found list"):
+        UploadSum().add(0, {"w": [torch.zeros(2)]}, 1)
+
+
+def test_groups_depend_on_the_client_list_alone():
+    assert fixed_groups([9, 2, 5, 7, 1], 2) == [[1, 2], [5, 7], [9]]
+    assert group_size("auto", 7) == 1 and group_size("auto", 50) == 2 and group_size("auto", 1000) == 32
+    assert group_size("auto", 1) == 1 and group_size("3", 50) == 3
+
+
+def test_sums_taken_in_groups_equal_the_drivers_bit_for_bit():
+    """The workers' path (sum_results per group, combine in group order) and the driver's (sum_in_groups from
+    per-client updates) give identical bits, a non-finite client left out of both; the mean agrees with the
+    per-client formula Σ u·(n/Σn) to float64 round-off."""
+    clients = [11, 2, 7, 4, 9, 30, 5]
+    n = {c: 10 + 7 * c for c in clients}
+    uploads = {c: _upload(c) for c in clients}
+    bad = 9
+    results = {c: TrainResult(client_id=c, round=1, upload=uploads[c], num_samples=n[c], finite=c != bad, loss=0.0)
+               for c in clients}
+    groups = fixed_groups(clients, 3)
+    on_workers = combine(sum_results([results[c] for c in g]) for g in groups)
+    assert all(r.upload == {} for r in results.values())  # only the sums travel on
+    updates = [ClientUpdate(c, uploads[c], n[c]) for c in sorted(clients) if c != bad]
+    on_driver = sum_in_groups(updates, clients, 3)
+    assert on_workers.clients == on_driver.clients == sorted(c for c in clients if c != bad)
+    assert torch.equal(on_workers.total, on_driver.total) and on_workers.weight == on_driver.weight
+    mean = on_workers.mean()
+    weight = sum(n[c] for c in clients if c != bad)
+    expect = sum(uploads[c]["w"].double() * (n[c] / weight) for c in clients if c != bad)
+    assert torch.allclose(mean["w"].double(), expect, rtol=0, atol=1e-6)
+
+
+WEIGHTED_SUM = [name for name in names("algorithm")
+                if get_algorithm(name)(load_config(None, [f"algorithm.name={name}"])).sums_uploads]
+
+
+def test_the_weighted_sum_algorithms_are_those_with_the_default_aggregation():
+    assert {"fedavg", "fedprox", "local", "partialavg", "unideal", "fapd", "moon", "fedrod"} <= set(WEIGHTED_SUM)
+    assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd"} & set(WEIGHTED_SUM)
+
+
+def _algorithm_extra(name: str, tmp_path) -> dict:
+    if name == "fapd":  # a quick teacher, cached in the test's directory
+        return {"algorithm__teacher__epochs": 1, "algorithm__teacher__cache_dir": str(tmp_path / "cache")}
+    return {}
+
+
+@pytest.mark.parametrize("name", WEIGHTED_SUM)
+def test_partial_sums_change_no_metric(name, tmp_path):
+    """Every weighted-sum algorithm: sums taken in groups of 3 where the clients trained, and every upload sent to
+    the driver (today's per-client path), give identical metrics (accuracy, loss parts, bytes)."""
+    rows = {}
+    for where in ("true", "false"):
+        cfg = load_config(None, tiny_overrides(tmp_path / where, algorithm__name=name, engine__backend="inline",
+                                               engine__partial_sums=where, engine__sum_group=3, clients__num=7,
+                                               data__partition="dirichlet", log__tensorboard="false",
+                                               **_algorithm_extra(name, tmp_path)))
+        rows[where] = strip_timing(run_experiment(cfg)[1])
+    assert rows["true"] == rows["false"]
+    assert len(rows["true"]) == 2 and rows["true"][-1]["bytes_up"] > 0 or name == "local"
+
+
+def test_the_worker_path_on_two_workers(ray_cluster, tmp_path):
+    """On Ray, groups spread over two workers give the metrics of the in-process runs (one worker) that sum the same
+    groups where the clients trained or on the driver."""
+    common = dict(algorithm__name="fedrod", clients__num=7, rounds=2, engine__sum_group=2, log__tensorboard="false",
+                  data__partition="dirichlet")
+    rows = []
+    for d, extra in (("ray", {"engine__num_workers": 2}), ("inline", {"engine__backend": "inline"}),
+                     ("driver", {"engine__backend": "inline", "engine__partial_sums": "false"})):
+        cfg = load_config(None, tiny_overrides(tmp_path / d, **common, **extra))
+        rows.append(strip_timing(run_experiment(cfg)[1]))
+    assert rows[0] == rows[1] == rows[2]
+    assert read_rows(tmp_path / "ray" / "run")[-1]["round"] == 2
