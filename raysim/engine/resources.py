@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 from typing import Any, Iterator, Optional, Sequence
@@ -132,8 +133,29 @@ def required_resources(engine: Any) -> dict[str, float]:
             "GPU": engine.num_workers * engine.gpus_per_worker}
 
 
+RAY_UNITS = 10_000  # Ray counts fractional resources in units of 1/10,000
+
+
+def workers_on_node(engine: Any, node: dict) -> int:
+    """How many workers fit on a node with these resources (``{"CPU": 8, "GPU": 2}``): a worker's CPUs must all sit
+    on one node and a fractional GPU share on one GPU, so 0.4 GPU packs two to a GPU, not two and a half."""
+    eps = 1e-9
+    fit = math.floor(node.get("CPU", 0.0) / engine.cpus_per_worker + eps)
+    if engine.gpus_per_worker > 0:
+        gpus = math.floor(node.get("GPU", 0.0) + eps)  # whole GPUs: Ray gives a fraction from one GPU
+        if engine.gpus_per_worker < 1:
+            per_gpu = RAY_UNITS // round(engine.gpus_per_worker * RAY_UNITS)
+            fit = min(fit, gpus * per_gpu)
+        else:
+            fit = min(fit, math.floor(gpus / engine.gpus_per_worker + eps))
+    return fit
+
+
 def check_resources(engine: Any, total: dict | None = None, nodes: list[dict] | None = None) -> None:
-    """Raise a one-line UserError if the config asks for more than the cluster has (in all, or on one node)."""
+    """Raise a one-line UserError if the config asks for more than the cluster has: in all, on its largest node,
+    or once the workers are packed node by node and GPU by GPU (``workers_on_node``). Ray would otherwise accept
+    the config, place the workers that fit, and leave the rest (or a Tune trial's placement group) waiting for ever.
+    ``nodes``: each alive node's resources (default: ``ray.nodes()``)."""
     total = ray.cluster_resources() if total is None else total
     if nodes is None:
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
@@ -155,3 +177,20 @@ def check_resources(engine: Any, total: dict | None = None, nodes: list[dict] | 
         if per_worker > biggest + 1e-9:
             raise UserError(f"config key 'engine.{key}': {per_worker:g} {resource} per worker, but the largest node "
                             f"has {biggest:g}")
+    if not nodes:
+        return
+    fits = [workers_on_node(engine, n) for n in nodes]
+    if sum(fits) >= engine.num_workers:
+        return
+    layout = ", ".join(f"CPU {n.get('CPU', 0.0):g}" + (f" GPU {n.get('GPU', 0.0):g}" if engine.gpus_per_worker else "")
+                       for n in nodes)
+    if engine.gpus_per_worker > 0 and sum(fits) < sum(math.floor(n.get("CPU", 0.0) / engine.cpus_per_worker + 1e-9)
+                                                      for n in nodes):
+        per_gpu = RAY_UNITS // round(engine.gpus_per_worker * RAY_UNITS) if engine.gpus_per_worker < 1 else None
+        how = (f"a share must sit on one GPU, so each GPU takes {per_gpu}" if per_gpu is not None
+               else "a worker's GPUs must sit on one node")
+        raise UserError(f"config key 'engine.gpus_per_worker': {engine.num_workers} workers x "
+                        f"{engine.gpus_per_worker:g} GPU do not fit: {how}, and the nodes ({layout}) take "
+                        f"{sum(fits)}; ask for fewer workers or a share that divides a GPU (0.5, 0.25, ...)")
+    raise UserError(f"config key 'engine.num_workers': {engine.num_workers} workers x {engine.cpus_per_worker:g} CPU "
+                    f"do not fit: a worker's CPUs must sit on one node, and the nodes ({layout}) take {sum(fits)}")

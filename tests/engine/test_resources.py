@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import ray
 
 from raysim.config import load_config
@@ -108,3 +109,35 @@ def test_a_local_ray_stays_on_loopback(ray_cluster):
     listening = _listening(family)
     assert len(listening) >= 3  # GCS, raylet, this driver, the workers
     assert all(a in ("127.0.0.1", "::ffff:127.0.0.1") for a in listening), listening
+
+
+def _engine(workers: int, gpus: float, cpus: float = 1.0):
+    return load_config(None, [f"engine.num_workers={workers}", f"engine.gpus_per_worker={gpus}",
+                              f"engine.cpus_per_worker={cpus}"]).engine
+
+
+def test_gpu_shares_are_packed_gpu_by_gpu_and_node_by_node():
+    """Totals are not enough: a fractional share sits on one GPU and a worker's CPUs on one node (issue 30: five
+    workers at 0.4 GPU on two GPUs pass a totals check, 2.0 <= 2, but Ray places only four)."""
+    from raysim.engine.resources import check_resources, workers_on_node
+    from raysim.errors import UserError
+
+    two_gpus = {"CPU": 16.0, "GPU": 2.0}
+    assert workers_on_node(_engine(1, 0.4), two_gpus) == 4 and workers_on_node(_engine(1, 0.25), two_gpus) == 8
+    assert workers_on_node(_engine(1, 1 / 3), two_gpus) == 6 and workers_on_node(_engine(1, 2), two_gpus) == 1
+    assert workers_on_node(_engine(1, 0.125, cpus=4), two_gpus) == 4  # the CPUs bind first
+    with pytest.raises(UserError, match=r"^config key 'engine.gpus_per_worker': 5 workers x 0.4 GPU do not fit: a "
+                                        r"share must sit on one GPU, so each GPU takes 2, and the nodes "
+                                        r"\(CPU 16 GPU 2\) take 4; ask for fewer workers"):
+        check_resources(_engine(5, 0.4), total=two_gpus, nodes=[two_gpus])
+    check_resources(_engine(4, 0.4), total=two_gpus, nodes=[two_gpus])
+    # two one-GPU nodes: 3 x 0.5 GPU fit (2 + 1); 3 x 0.6 GPU do not (1 + 1), though 1.8 <= 2
+    one_gpu = [{"CPU": 4.0, "GPU": 1.0}] * 2
+    check_resources(_engine(3, 0.5), total={"CPU": 8.0, "GPU": 2.0}, nodes=one_gpu)
+    with pytest.raises(UserError, match=r"3 workers x 0.6 GPU do not fit: .* each GPU takes 1, .*"
+                                        r"\(CPU 4 GPU 1, CPU 4 GPU 1\) take 2;"):
+        check_resources(_engine(3, 0.6), total={"CPU": 8.0, "GPU": 2.0}, nodes=one_gpu)
+    # whole CPUs per node: 3 x 2 CPU on two 3-CPU nodes (6 <= 6 in all, 2 <= 3 per node) place only two
+    with pytest.raises(UserError, match=r"^config key 'engine.num_workers': 3 workers x 2 CPU do not fit: a worker's "
+                                        r"CPUs must sit on one node, and the nodes \(CPU 3, CPU 3\) take 2$"):
+        check_resources(_engine(3, 0, cpus=2), total={"CPU": 6.0}, nodes=[{"CPU": 3.0}] * 2)
