@@ -263,6 +263,9 @@ class EngineConfig:
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
     dashboard: bool = False  # start Ray's dashboard with a local Ray
+    # a worker on a GPU uses deterministic algorithms only (cuDNN, torch.use_deterministic_algorithms, cuBLAS's fixed
+    # workspace) and no TF32: the same numbers on every run and worker count, at some speed (docs/gpu.md)
+    deterministic: bool = True
 
     def validate(self) -> None:
         _one_of(self.backend, "engine.backend", ("auto", "ray", "inline"))
@@ -298,9 +301,12 @@ class EvalConfig:
     # whose test split is evaluated: all | sampled (the round's clients) | N (a fixed cohort of N clients drawn
     # from the seed) | auto (all up to 10,000 clients, else a cohort of 1,000)
     clients: str = "auto"
+    chunk: int = 1024  # test samples predicted per forward pass (lower it when evaluation runs out of GPU memory)
 
     def validate(self) -> None:
         require(self.every >= 1, "eval.every", "must be >= 1")
+        require(isinstance(self.chunk, int) and self.chunk >= 1, "eval.chunk",
+                 f"must be a whole number >= 1, got {self.chunk}")
         self.clients = str(self.clients)
         require(self.clients in ("auto", "all", "sampled") or (self.clients.isdigit() and int(self.clients) >= 1),
                  "eval.clients", f"must be auto, all, sampled or a number of clients >= 1, got {self.clients!r}")

@@ -17,6 +17,11 @@ class RunStopped(Exception):
     """
 
 
+class OutOfMemory(RunStopped):
+    """A job ran out of (GPU or host) memory: the run stops with its last checkpoint kept (a round-0 one when no
+    round completed, so it can be resumed with a smaller share); the message names the job and what to change."""
+
+
 def find_user_error(exc: BaseException) -> UserError | RunStopped | None:
     """Dig a UserError/RunStopped out of Ray's wrappers (RayTaskError chains keep the cause)."""
     seen = set()

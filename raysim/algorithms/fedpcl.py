@@ -414,8 +414,7 @@ def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[
             return False
         return True
 
-    def train() -> dict[str, torch.Tensor]:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # issue 30: a reserved job will choose
+    def train(device: torch.device) -> dict[str, torch.Tensor]:  # a reserved job: on a worker, on its device
         start = time.perf_counter()
         with torch_threads(cfg.engine.cpus_per_worker):
             model = train_classifier(build, x, y, feature_dim=cfg.model.feature_dim, num_classes=data.num_classes,
@@ -424,7 +423,8 @@ def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[
         require_finite(out.values(), key="algorithm.pretrain.lr",
                        what="the offline stand-in backbone diverged (NaN weights)")
         print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} carved-out samples of "
-              f"clients {members}, {p.epochs} epochs) pre-trained in {time.perf_counter() - start:.1f}s; it stands in "
+              f"clients {members}, {p.epochs} epochs) pre-trained on {device.type} "
+              f"in {time.perf_counter() - start:.1f}s; it stands in "
               f"for a public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)
         return out
 

@@ -95,8 +95,7 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData,
         return (entry.keys() == {"features", "accuracy"} and feats is not None
                 and tuple(feats.shape) == (n, cfg.model.feature_dim) and bool(torch.isfinite(feats).all()))
 
-    def train() -> dict[str, torch.Tensor]:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # issue 30: a reserved job will choose
+    def train(device: torch.device) -> dict[str, torch.Tensor]:  # a reserved job: on a worker, on its device
         start = time.perf_counter()
         view = FederatedData(domains=data.domains, num_classes=data.num_classes,
                              clients=[ClientSplit(domain=0, train=calibration, test=np.arange(n, dtype=np.int64))])
@@ -121,7 +120,8 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData,
             accuracy = float(np.concatenate(hits)[held_out].mean()) if held_out.any() else float("nan")
         require_finite([out], key="algorithm.teacher.lr", what="the offline teacher diverged (NaN features)")
         print(f"raysim: fapd: offline teacher ({arch}, {len(calibration)} calibration samples, {t.epochs} epochs) "
-              f"trained in {time.perf_counter() - start:.1f}s; accuracy on the other {int(held_out.sum())} samples "
+              f"trained on {device.type} in {time.perf_counter() - start:.1f}s; accuracy on the other "
+              f"{int(held_out.sum())} samples "
               f"{accuracy:.4f}",
               file=sys.stderr, flush=True)
         return {"features": out, "accuracy": torch.tensor(accuracy, dtype=torch.float64)}

@@ -12,15 +12,22 @@ here, once, without Ray:
 * :func:`cached`: the entry in the cache, or the trained one, stored. An entry is a dict of tensors, written
   atomically (a reader or a kill sees the old entry or the new one, never half of one) and read without running
   pickled code (:func:`read_entry`, :func:`write_entry`).
+* :func:`run_reserved`: where the training runs. The driver never picks a device: while it prepares a run's data
+  (``Algorithm.prepare_data``) the engine hands training to its executor (:func:`reserved_jobs`), which runs it as a
+  job with reserved resources, like ``server_train``: on a Ray worker, with that worker's CPU/GPU share and device,
+  or in-process on the inline executor's device. Outside a run it trains here, on the CPU. The cache lives where
+  the driver is; only the training travels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 import numpy as np
 import torch
@@ -29,6 +36,48 @@ from torch import nn
 from raysim.errors import UserError
 
 Entry = dict[str, torch.Tensor]
+T = TypeVar("T")
+Training = Callable[[torch.device], Any]  # central training, given the device of the job that runs it
+
+# the executor's ``central`` while the engine prepares a run's data (None: train in the calling process, on the CPU)
+_RESERVED: ContextVar[Optional[Callable[[Training], Any]]] = ContextVar("raysim_central_runner", default=None)
+
+
+def on_cpu(tree: Any) -> Any:
+    """``tree`` (tensors in nested dicts, lists and tuples) with every tensor detached and on the CPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: on_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(on_cpu(v) for v in tree)
+    return tree
+
+
+def run_here(train: Callable[[torch.device], T], device: Union[torch.device, str]) -> T:
+    """``train(device)`` in this process, its result (tensors, in nested containers) on the CPU."""
+    return on_cpu(train(torch.device(device)))
+
+
+@contextlib.contextmanager
+def reserved_jobs(runner: Callable[[Training], Any]) -> Iterator[None]:
+    """While the block runs (the engine preparing a run's data), :func:`run_reserved` hands training to
+    ``runner`` (the executor's ``central``: a job on a worker's reserved CPU/GPU share)."""
+    token = _RESERVED.set(runner)
+    try:
+        yield
+    finally:
+        _RESERVED.reset(token)
+
+
+def run_reserved(train: Callable[[torch.device], T]) -> T:
+    """``train(device)`` as a job with reserved resources, its result on the CPU: on a worker of the run being
+    prepared (:func:`reserved_jobs`), else in this process on the CPU (a test, a notebook). ``train`` must be a pure
+    function of what it closes over: a job on a dead worker runs again elsewhere."""
+    runner = _RESERVED.get()
+    if runner is None:
+        return run_here(train, "cpu")
+    return runner(train)
 
 
 def recipe_key(recipe: dict[str, Any], arrays: Iterable[Union[np.ndarray, torch.Tensor, None]] = ()) -> str:
@@ -105,14 +154,15 @@ def write_entry(path: Path, entry: Entry, *, who: str, what: str, dir_key: str) 
               file=sys.stderr, flush=True)
 
 
-def cached(path: Path, train: Callable[[], Entry], *, accept: Callable[[Entry], bool] = lambda entry: True,
-           who: str, what: str, dir_key: str) -> Entry:
-    """The entry at ``path`` when one can be read and ``accept`` takes it (a hit), else ``train()``'s, written to
-    ``path`` (a miss; an unreadable or refused entry is overwritten). ``train`` checks its result before it is
-    stored (:func:`require_finite`); ``who``, ``what`` and ``dir_key`` word the warning of :func:`write_entry`."""
+def cached(path: Path, train: Callable[[torch.device], Entry], *,
+           accept: Callable[[Entry], bool] = lambda entry: True, who: str, what: str, dir_key: str) -> Entry:
+    """The entry at ``path`` when one can be read and ``accept`` takes it (a hit), else ``train(device)``'s, run as
+    a reserved job (:func:`run_reserved`) and written to ``path`` (a miss; an unreadable or refused entry is
+    overwritten). ``train`` checks its result before it returns it (:func:`require_finite`); ``who``, ``what`` and
+    ``dir_key`` word the warning of :func:`write_entry`."""
     entry = read_entry(path)
     if entry is not None and accept(entry):
         return entry
-    entry = train()
+    entry = run_reserved(train)
     write_entry(path, entry, who=who, what=what, dir_key=dir_key)
     return entry

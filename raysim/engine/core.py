@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 EVAL_STREAM, SERVER_STREAM, AUGMENT_STREAM = 1, 2, 3  # tags that give evaluation, server-side training and
 # augmentation (data.augment) streams of their own
-EVAL_CHUNK = 1024  # test samples predicted per forward pass at evaluation
 
 
 def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
@@ -181,6 +180,7 @@ class ClientJobs:
         self._shared_source: Any = None  # the shared payload last given, and its copy on the device
         self._shared: dict = {}
         self._memo: dict = {}  # ClientContext.memo: values derived from the data alone, built once per process
+        self.busy: Optional[int] = None  # the client of a group being trained (train_group)
 
     # ------------------------------------------------------------------ building blocks
     def model(self, client_id: int) -> nn.Module:
@@ -283,7 +283,10 @@ class ClientJobs:
         """A fixed group of clients (``engine.sum_group``), trained one after another, their finite uploads
         summed here in id order (``raysim.engine.partial.sum_results``); returns (the group's sum, [(result without
         its upload, new state)] in job order)."""
-        done = [self.train(job, shared, own, state) for job, own, state in zip(jobs, owns, states)]
+        done = []
+        for job, own, state in zip(jobs, owns, states):
+            self.busy = job.client_id  # for an error's message: which client of the group failed
+            done.append(self.train(job, shared, own, state))
         return sum_results([result for result, _ in done]), done
 
     def eval_model(self, client_id: int, round: int, shared: dict, own: Optional[dict],
@@ -301,9 +304,10 @@ class ClientJobs:
 
     @torch.no_grad()
     def predict(self, model: nn.Module, ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
-        """Predicted classes of ``x``, in chunks of ``EVAL_CHUNK`` rows, on the CPU."""
-        return torch.cat([self.algorithm.predict(model, x[b:b + EVAL_CHUNK].to(self.device), ctx).argmax(dim=1).cpu()
-                          for b in range(0, len(x), EVAL_CHUNK)]) if len(x) else torch.zeros(0, dtype=torch.int64)
+        """Predicted classes of ``x``, in chunks of ``eval.chunk`` rows, on the CPU."""
+        chunk = self.cfg.eval.chunk
+        return torch.cat([self.algorithm.predict(model, x[b:b + chunk].to(self.device), ctx).argmax(dim=1).cpu()
+                          for b in range(0, len(x), chunk)]) if len(x) else torch.zeros(0, dtype=torch.int64)
 
     def evaluate(self, job: EvalJob, shared: dict, owns: list[Optional[dict]],
                  states: list[Optional[dict]]) -> list[ClientAccuracy]:

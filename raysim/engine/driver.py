@@ -22,12 +22,14 @@ import torch
 
 from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
+from raysim.engine.central import reserved_jobs
 from raysim.engine.core import nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.partial import UploadSum, combine, fixed_groups, group_size, sum_in_groups
-from raysim.engine.state import ClientHistoryStore, ClientStateStore, checkpoint_dir, read_checkpoint
-from raysim.errors import RunStopped
+from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, has_checkpoint,
+                                 read_checkpoint)
+from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
@@ -79,22 +81,30 @@ class Driver:
     worker actors (the workers the runner created, in ``placement_group`` for a Tune trial)."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str, resume: bool, placement_group: Any = None, *,
-                 inline: bool = False, device: str = "cpu"):
+                 inline: bool = False, device: str = "cpu", workers: Optional[list[Any]] = None):
         self._stop = threading.Event()
         self._placement_group = placement_group
-        self._started = False
-        self._setup(cfg, run_dir, resume, inline, device)
+        self._changing = False  # True between a round's first change of state and its end (see run())
+        self.executor: Executor = InlineExecutor(cfg, device) if inline else RayExecutor(cfg, placement_group)
+        try:
+            self._setup(cfg, run_dir, resume, workers)
+        except BaseException:
+            self.executor.shutdown()  # the replacements a central job's pool made, too
+            raise
 
-    def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool, inline: bool, device: str) -> None:
+    def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool, workers: Optional[list[Any]]) -> None:
+        """Everything before round 1. The driver uses no GPU: central training in ``prepare_data`` (FAPD's teacher,
+        FedPCL's stand-ins) runs as a job on the executor, on a worker's reserved share (raysim.engine.central)."""
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
-        self.data = self.algorithm.prepare_data(build_federated_data(cfg))
+        self.executor.start(workers)  # under Ray: the runner's workers (created when None), data to come
+        with reserved_jobs(self.executor.central):
+            self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
-        self.executor: Executor = (InlineExecutor(cfg, self.data, device) if inline
-                                   else RayExecutor(cfg, self.data, self._placement_group))
+        self.executor.attach(self.data)
         self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the sampled clients
         self.states = ClientStateStore(self.executor)
         # server_keep's per-client window
@@ -122,12 +132,8 @@ class Driver:
                 write_run_header(self.run_dir, cfg, self.algorithm.tensorboard_charts)
 
     # ------------------------------------------------------------------ control (callable while run() streams)
-    def start(self, workers: Optional[list[Any]] = None) -> int:
-        """Get the executor ready (under Ray: take the workers the runner created, or create them when None, and
-        send them the data), and return the round the run continues after."""
-        if not self._started:
-            self.executor.start(workers)
-            self._started = True
+    def start(self) -> int:
+        """The round the run continues after (the executor got its workers and the data while the driver was made)."""
         return self.round
 
     def worker_info(self) -> list[dict]:
@@ -167,9 +173,13 @@ class Driver:
             while self.round < self.cfg.rounds and not self._stop.is_set():
                 yield self.run_round(self.round + 1)
         except RunStopped as exc:
-            if not isinstance(exc, WriteFailed) and self.round > self._checkpointed:
+            # the last complete round, whatever log.checkpoint_every says; and after running out of memory before any
+            # round completed, round 0, so that the run resumes with a smaller share instead of being removed. Never
+            # once this round has begun to change the server's or the clients' state: that state is no round's.
+            due = self.round > self._checkpointed or (isinstance(exc, OutOfMemory) and not has_checkpoint(self.run_dir))
+            if not isinstance(exc, WriteFailed) and not self._changing and due:
                 with self._writing("the checkpoint"):
-                    self.checkpoint()  # the last complete round, whatever log.checkpoint_every says
+                    self.checkpoint()
             raise
         finally:
             failing = sys.exc_info()[1] is not None
@@ -208,6 +218,7 @@ class Driver:
         bytes_down, results, sums = self._train_clients(sampled, rnd)
         finished, kept, skipped = self._collect(results, rnd)
         updates = [_update(r) for r in finished]
+        self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
         self._keep_history(updates, rnd)
         self._aggregate(updates, rnd, sampled, sums)
         for cid, ref in kept:
@@ -344,6 +355,7 @@ class Driver:
         if self.executor.replacements:
             metrics["workers_replaced"] = self.executor.replacements  # cumulative, this invocation
         self.round = rnd
+        self._changing = False
         metrics["wall_s"] = time.perf_counter() - start
         self.totals["bytes_up_total"] += metrics["bytes_up"]
         self.totals["bytes_down_total"] += metrics["bytes_down"]

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 
+from raysim.engine.central import run_here
 from raysim.engine.core import ClientJobs, copy_tree, threads_for
+from raysim.engine.device import configure, cuda_unusable, job_guard, node_name, restore
 from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.partial import UploadSum
 
@@ -65,9 +67,11 @@ def inline_device(engine: Any) -> str:
         return "cpu"
     from raysim.errors import UserError
 
-    if not torch.cuda.is_available():
-        raise UserError(f"config key 'engine.gpus_per_worker': {engine.gpus_per_worker:g} GPU asked for, but CUDA "
-                        f"is not usable in this process (engine.backend=inline); set engine.gpus_per_worker=0")
+    cause = cuda_unusable()
+    if cause is not None:
+        raise UserError(f"config key 'engine.gpus_per_worker': {engine.gpus_per_worker:g} GPU asked for, but this "
+                        f"process on {node_name()} cannot use CUDA (engine.backend=inline): {cause}; set "
+                        f"engine.gpus_per_worker=0")
     return "cuda"
 
 
@@ -84,7 +88,16 @@ class Executor:
         raise NotImplementedError
 
     def start(self, workers: Optional[list[Any]] = None) -> None:
-        """Get ready to run jobs (the Ray executor takes or creates its workers here)."""
+        """Get ready to run jobs (the Ray executor takes or creates its workers here); the data comes later."""
+
+    def central(self, train: Callable[[torch.device], Any]) -> Any:
+        """Central training as a job with reserved resources: ``train(device)`` where client jobs run, its result
+        on the CPU (``raysim.engine.central.run_reserved``, while the driver prepares the data)."""
+        raise NotImplementedError
+
+    def attach(self, data: Any) -> None:
+        """Hand the run's prepared data to where the jobs run (once, before the first client job)."""
+        raise NotImplementedError
 
     def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
         """Train every job's client; returns {client id: (result, handle of its new state)}."""
@@ -118,9 +131,27 @@ class InlineExecutor(Executor):
     its own copy of the states it reads, so a hook that changes a tensor in place changes nothing anyone else sees,
     exactly as when the objects cross Ray's object store."""
 
-    def __init__(self, cfg: ExperimentConfig, data: Any, device: torch.device | str = "cpu"):
+    def __init__(self, cfg: ExperimentConfig, device: torch.device | str = "cpu"):
         self.cfg = cfg
-        self.jobs = ClientJobs(cfg, data, device)
+        self.device = torch.device(device)
+        self.where = f"this process on {node_name()} ({self.device})"
+        self.jobs: Optional[ClientJobs] = None  # made once the data is prepared (attach)
+        self._restore = configure(self.device, cfg.engine.deterministic, cfg.engine.gpus_per_worker)
+
+    def attach(self, data: Any) -> None:
+        self.jobs = ClientJobs(self.cfg, data, self.device)
+
+    def central(self, train: Callable[[torch.device], Any]) -> Any:
+        with self._threads(), self._guard("central training"):
+            return run_here(train, self.device)
+
+    def _guard(self, what: Any) -> Any:
+        return job_guard(what, self.where, self.cfg)
+
+    def shutdown(self) -> None:
+        """Give the process back its torch settings (a GPU run switched determinism on)."""
+        restore(self._restore)
+        self._restore = {}
 
     def put(self, obj: Any) -> Any:
         return copy_tree(obj)
@@ -142,7 +173,8 @@ class InlineExecutor(Executor):
         self.progress = (0, len(jobs), "train")
         with self._threads():
             for job, state in zip(jobs, states):
-                result, keep = self.jobs.train(job, job.payload_ref, job.own_payload_ref, copy_tree(state))
+                with self._guard(f"client {job.client_id}'s training in round {job.round}"):
+                    result, keep = self.jobs.train(job, job.payload_ref, job.own_payload_ref, copy_tree(state))
                 result.upload = copy_tree(result.upload)  # a snapshot: nothing of the job's model stays shared
                 out[job.client_id] = (result, copy_tree(keep))
                 self.progress = (len(out), len(jobs), "train")
@@ -155,8 +187,11 @@ class InlineExecutor(Executor):
         self.progress = (0, len(groups), "train")
         with self._threads():
             for group, group_states in zip(groups, states):
-                total, done = self.jobs.train_group(group, group[0].payload_ref, [j.own_payload_ref for j in group],
-                                                    [copy_tree(s) for s in group_states])
+                rnd = group[0].round
+                with self._guard(lambda: f"client {self.jobs.busy}'s training in round {rnd}"):  # noqa: B023
+                    total, done = self.jobs.train_group(group, group[0].payload_ref,
+                                                        [j.own_payload_ref for j in group],
+                                                        [copy_tree(s) for s in group_states])
                 sums.append(total)
                 out.update((result.client_id, (result, copy_tree(keep))) for result, keep in done)
                 self.progress = (len(sums), len(groups), "train")
@@ -168,13 +203,14 @@ class InlineExecutor(Executor):
         with self._threads():
             for i, (job, chunk_states) in enumerate(zip(jobs, states)):
                 owns = job.own_payload_refs or [None] * len(job.client_ids)
-                out[i] = self.jobs.evaluate(job, job.payload_ref, owns, [copy_tree(s) for s in chunk_states])
+                with self._guard(f"the evaluation of clients {job.client_ids} after round {job.round}"):
+                    out[i] = self.jobs.evaluate(job, job.payload_ref, owns, [copy_tree(s) for s in chunk_states])
                 self.progress = (len(out), len(jobs), "evaluate")
         return out
 
     def server_train(self, job: ServerTrainJob) -> dict:
         self.progress = (0, 1, "server")
-        with self._threads():
+        with self._threads(), self._guard(f"the server-side training of round {job.round}"):
             history = {cid: copy_tree(list(objs)) for cid, objs in job.history_refs.items()}
             return self.jobs.server_train(job.round, job.state_ref, job.updates_ref, history)
 
@@ -183,7 +219,7 @@ class InlineExecutor(Executor):
 class RayExecutor(Executor):
     """Jobs on a pool of ``ClientWorker`` actors (``raysim.engine.pool``); objects in Ray's object store."""
 
-    def __init__(self, cfg: ExperimentConfig, data: Any, placement_group: Any = None):
+    def __init__(self, cfg: ExperimentConfig, placement_group: Any = None):
         import ray
 
         from raysim.engine.worker import enable_fast_tensor_serialization
@@ -191,7 +227,6 @@ class RayExecutor(Executor):
         enable_fast_tensor_serialization()  # the driver's payload puts and result gets
         self.cfg = cfg
         self._ray = ray
-        self._data_ref = ray.put(data)  # once per run; jobs carry client ids, never samples
         self._placement_group = placement_group
         self.pool: Any = None
 
@@ -213,7 +248,19 @@ class RayExecutor(Executor):
         from raysim.engine.pool import WorkerPool
 
         if self.pool is None:
-            self.pool = WorkerPool(self.cfg, self._data_ref, self._placement_group, workers)
+            self.pool = WorkerPool(self.cfg, None, self._placement_group, workers)
+
+    def attach(self, data: Any) -> None:
+        self.start()
+        self.pool.attach(self._ray.put(data))  # once per run; jobs carry client ids, never samples
+
+    def central(self, train: Callable[[torch.device], Any]) -> Any:
+        """On whichever worker is free first, with its reserved CPU/GPU share; re-run elsewhere if it dies."""
+        from raysim.engine.pool import Job
+
+        self.start()
+        return self.pool.run([Job(key=0, submit=lambda w: w.central.remote(train), clients=[], round=0,
+                                  kind="central")])[0]
 
     def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
         from raysim.engine.pool import Job

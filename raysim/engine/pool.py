@@ -87,11 +87,11 @@ class WorkerPool:
     before it takes a job. Results come back keyed by ``Job.key``, whatever order they finish in.
     """
 
-    def __init__(self, cfg: ExperimentConfig, data_ref: ray.ObjectRef, placement_group: Optional[Any] = None,
+    def __init__(self, cfg: ExperimentConfig, data_ref: Optional[ray.ObjectRef], placement_group: Optional[Any] = None,
                  workers: Optional[list[Any]] = None):
         enable_fast_tensor_serialization()  # the driver's payload puts and result gets
         self.cfg = cfg
-        self._data_ref = data_ref
+        self._data_ref = data_ref  # None until the driver has prepared the data (central jobs run before: attach)
         self._pg = placement_group
         # a worker's first call (attach) completes once its process is up; until then no job is queued on it, so
         # the first round starts on the workers that are ready instead of waiting for the slowest cold start
@@ -102,8 +102,15 @@ class WorkerPool:
         self._closed = False
         self._client_s: Optional[float] = None  # running mean of one client update's time, as workers measure it
 
+    def attach(self, data_ref: ray.ObjectRef) -> None:
+        """Send the run's data to every worker (after the central jobs that prepared it); a worker takes no client
+        job before its copy has arrived."""
+        self._data_ref = data_ref
+        for i, worker in enumerate(self.workers):
+            self._attach(i, worker)
+
     def _attach(self, index: int, actor: Any) -> Any:
-        probe = actor.attach.remote(self._data_ref)
+        probe = actor.attach.remote(self._data_ref) if self._data_ref is not None else actor.info.remote()
         if index < len(self._starting):
             self._starting[index] = probe
         else:
@@ -145,6 +152,15 @@ class WorkerPool:
             [j.batch[0] for j in group], *[j.batch[1] for j in group])
         return group, [refs[2 * i:2 * i + 2] for i in range(len(group))]
 
+    @staticmethod
+    def _started(probe: ray.ObjectRef) -> None:
+        """Raise what a worker's first call raised (a GPU share it cannot use, data it cannot load), in its own
+        words; a worker that died is replaced when its first job fails."""
+        try:
+            ray.get(probe)
+        except _WORKER_DIED:
+            pass
+
     def _measured(self, value: Any) -> None:
         seconds = getattr(value, "seconds", None)
         if isinstance(seconds, (int, float)) and seconds > 0:
@@ -170,8 +186,9 @@ class WorkerPool:
             starting = [r for r in self._starting if r is not None]
             ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
             ref = ready[0]
-            if ref not in inflight:  # a worker came up (or failed to: its first job then fails as before)
+            if ref not in inflight:  # a worker came up (or died starting: its first job is then re-queued)
                 self._starting[self._starting.index(ref)] = None
+                self._started(ref)
                 continue
             group, w, outs = inflight.pop(ref)
             load[w] -= 1

@@ -221,8 +221,8 @@ def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable
     driver: Optional[Driver] = None
     previous = None
     try:
-        driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device)
-        start_round = driver.start(workers)
+        driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device, workers=workers)
+        start_round = driver.start()
         previous = started(RunControl(driver), start_round)
         for metrics in driver.run():
             record(metrics)

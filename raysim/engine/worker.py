@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import ray
 import torch
 
+from raysim.engine.central import run_here
 from raysim.engine.core import ClientJobs
+from raysim.engine.device import configure, cuda_unusable, job_guard, memory_info, node_name, refuse_gpu_share
 from raysim.engine.jobs import ClientAccuracy, EvalJob, GroupResult, ServerTrainJob, TrainJob, TrainResult
+from raysim.errors import UserError
 from raysim.registry import import_plugins
 
 if TYPE_CHECKING:
@@ -59,7 +62,11 @@ def enable_fast_tensor_serialization() -> None:
 
 
 class ClientWorker:
-    """The actor body (wrapped with ``ray.remote`` by the pool, which sets its CPU/GPU share)."""
+    """The actor body (wrapped with ``ray.remote`` by the pool, which sets its CPU/GPU share).
+
+    A worker that holds a GPU share trains on CUDA or not at all: where CUDA is unusable (no driver, one too old for
+    this torch's CUDA build), every call raises one line naming the node and the cause (raised from calls, not from
+    here: Ray reports an exception in an actor's constructor without its message)."""
 
     def __init__(self, cfg: ExperimentConfig):
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.6 s): paid before attach()
@@ -73,11 +80,26 @@ class ClientWorker:
         enable_fast_tensor_serialization()
         import_plugins(cfg.plugins)
         self.cfg = cfg
-        gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
-        self.device = torch.device("cuda" if gpu else "cpu")
+        self.device = torch.device("cpu")
+        self._refusal: Optional[str] = None
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids:
+            cause = cuda_unusable()
+            if cause is None:
+                self.device = torch.device("cuda")
+            else:
+                self._refusal = refuse_gpu_share(cfg.engine.gpus_per_worker, gpu_ids, cause, node_name())
+        configure(self.device, cfg.engine.deterministic, cfg.engine.gpus_per_worker)
+        self.where = f"worker pid {os.getpid()} on {node_name()} ({self.device})"
         self.jobs: Optional[ClientJobs] = None  # the core, made once the data arrives (attach)
         self._payload_ref: Optional[ray.ObjectRef] = None
         self._payload: dict = {}
+
+    def _guard(self, what: Any) -> Any:
+        """Every call: refuse a GPU share this process cannot use; an out-of-memory error in ``what`` is one line."""
+        if self._refusal is not None:
+            raise UserError(self._refusal)
+        return job_guard(what, self.where, self.cfg)
 
     def attach(self, data: Any) -> dict:
         """Receive the run's dataset (an object-store reference that Ray resolves for this call); returns info().
@@ -85,12 +107,15 @@ class ClientWorker:
         Data comes after construction so that a worker's process can be started before the driver has built the
         data: the host creates the workers beside the driver, and their cold starts overlap instead of queueing.
         """
-        self.jobs = ClientJobs(self.cfg, data, self.device)
+        with self._guard("attaching the data"):
+            self.jobs = ClientJobs(self.cfg, data, self.device)
         return self.info()
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
-                "node": ray.get_runtime_context().get_node_id()}
+        """pid, device, torch threads, Ray node id and, on a GPU, this process's peak CUDA memory."""
+        with self._guard("reporting its state"):
+            return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
+                    "node": ray.get_runtime_context().get_node_id(), **memory_info(self.device)}
 
     def _shared(self, ref: Any) -> dict:
         """The round's shared payload, fetched and deserialised once per worker and round (the core gives every
@@ -104,8 +129,9 @@ class ClientWorker:
     @ray.method(num_returns=2)
     def train(self, job: TrainJob, state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
         """Local training of one client for one round; returns (its result with the upload, its new state)."""
-        own = ray.get(job.own_payload_ref) if job.own_payload_ref is not None else None
-        return self.jobs.train(job, self._shared(job.payload_ref), own, state)
+        with self._guard(f"client {job.client_id}'s training in round {job.round}"):
+            own = ray.get(job.own_payload_ref) if job.own_payload_ref is not None else None
+            return self.jobs.train(job, self._shared(job.payload_ref), own, state)
 
     def train_many(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
         """Several clients in one Ray call (``engine.clients_per_call``), one after another exactly as ``train``
@@ -120,23 +146,32 @@ class ClientWorker:
         """A fixed group of clients (``engine.sum_group``) in one call, their uploads summed here; returns
         [GroupResult (the sum and each client's result without its upload), new state per client], flat, so that
         each state becomes its own object in the store (the caller sets ``num_returns=1 + len(jobs)``)."""
-        owns = [ray.get(j.own_payload_ref) if j.own_payload_ref is not None else None for j in jobs]
-        total, done = self.jobs.train_group(jobs, self._shared(jobs[0].payload_ref), owns, list(states))
+        with self._guard(lambda: f"client {self.jobs.busy}'s training in round {jobs[0].round}"):
+            owns = [ray.get(j.own_payload_ref) if j.own_payload_ref is not None else None for j in jobs]
+            total, done = self.jobs.train_group(jobs, self._shared(jobs[0].payload_ref), owns, list(states))
         return [GroupResult(upload_sum=total, results=[result for result, _ in done]), *[keep for _, keep in done]]
 
     def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
         """Test accuracy of the model each client would use after this round's aggregation."""
-        present = [r for r in state_refs if r is not None]
-        fetched = iter(ray.get(present)) if present else iter(())
-        states = [next(fetched) if ref is not None else None for ref in state_refs]
-        own_refs = job.own_payload_refs or [None] * len(job.client_ids)
-        present_own = [r for r in own_refs if r is not None]
-        fetched_own = iter(ray.get(present_own)) if present_own else iter(())
-        owns = [next(fetched_own) if ref is not None else None for ref in own_refs]
-        return self.jobs.evaluate(job, self._shared(job.payload_ref), owns, states)
+        with self._guard(f"the evaluation of clients {job.client_ids} after round {job.round}"):
+            present = [r for r in state_refs if r is not None]
+            fetched = iter(ray.get(present)) if present else iter(())
+            states = [next(fetched) if ref is not None else None for ref in state_refs]
+            own_refs = job.own_payload_refs or [None] * len(job.client_ids)
+            present_own = [r for r in own_refs if r is not None]
+            fetched_own = iter(ray.get(present_own)) if present_own else iter(())
+            owns = [next(fetched_own) if ref is not None else None for ref in own_refs]
+            return self.jobs.evaluate(job, self._shared(job.payload_ref), owns, states)
 
     def server_train(self, job: ServerTrainJob) -> dict:
         """The algorithm's server-side training for one round, on this worker's reserved CPU/GPU share."""
-        state, updates = ray.get([job.state_ref, job.updates_ref])
-        history = {cid: ray.get(list(refs)) for cid, refs in job.history_refs.items()}
-        return self.jobs.server_train(job.round, state, updates, history)
+        with self._guard(f"the server-side training of round {job.round}"):
+            state, updates = ray.get([job.state_ref, job.updates_ref])
+            history = {cid: ray.get(list(refs)) for cid, refs in job.history_refs.items()}
+            return self.jobs.server_train(job.round, state, updates, history)
+
+    def central(self, train: Callable[[torch.device], Any]) -> Any:
+        """Central training (FAPD's offline teacher, FedPCL's stand-in backbones) on this worker's reserved CPU/GPU
+        share: ``train(device)``, its result on the CPU (``raysim.engine.central.run_reserved``)."""
+        with self._guard("central training"):
+            return run_here(train, self.device)

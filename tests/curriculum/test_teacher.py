@@ -4,6 +4,7 @@ batches."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -77,15 +78,18 @@ def test_central_training_merges_a_trailing_single_sample_like_the_workers():
 
 
 def test_the_device_is_not_part_of_the_cache_identity(tmp_path, monkeypatch, capsys):
-    """Features trained on the CPU are the teacher's on a GPU node too: the same entry is read, nothing retrained."""
+    """Features trained on the CPU are the teacher's on a GPU worker too: the same entry is read, nothing retrained
+    (a miss would hand the training to the run's reserved job, here one that says it would train on CUDA)."""
+    from raysim.engine.central import reserved_jobs
+
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
     cfg = load_config(None, ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4",
                              "model.feature_dim=16", "model.hidden=[32]", "algorithm.teacher.epochs=1"])
     data = build_federated_data(cfg)
     calibration = carve_calibration(data, cfg.algorithm.teacher.calibration_fraction, cfg.seed)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     on_cpu, _ = offline_teacher_features(cfg, data, calibration)
-    assert "offline teacher" in capsys.readouterr().err
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # would train on "cuda" on a miss, and fail here
-    on_gpu_node, _ = offline_teacher_features(cfg, data, calibration)
-    assert capsys.readouterr().err == "" and np.array_equal(on_cpu, on_gpu_node)
+    assert "offline teacher (mlp, " in capsys.readouterr().err
+    on_gpu_worker: list = []
+    with reserved_jobs(lambda train: on_gpu_worker.append(train) or pytest.fail("retrained on a cache hit")):
+        again, _ = offline_teacher_features(cfg, data, calibration)
+    assert not on_gpu_worker and capsys.readouterr().err == "" and np.array_equal(on_cpu, again)

@@ -58,7 +58,8 @@ def _cached(path, train, **kw):
 def test_a_miss_trains_and_stores_a_hit_reads_back(tmp_path):
     calls = []
 
-    def train() -> dict:
+    def train(device: torch.device) -> dict:
+        assert device == torch.device("cpu")  # outside a run: here, on the CPU
         calls.append(1)
         return {"features": torch.full((2, 3), float(len(calls))), "accuracy": torch.tensor(0.5, dtype=torch.float64)}
 
@@ -91,7 +92,7 @@ def test_an_interrupted_write_leaves_the_old_entry_and_no_partial_file(tmp_path,
 
     monkeypatch.setattr(central.torch, "save", dies_midway)
     with pytest.raises(KeyboardInterrupt):
-        _cached(path, lambda: {"w": torch.ones(3)}, accept=lambda e: False)
+        _cached(path, lambda device: {"w": torch.ones(3)}, accept=lambda e: False)
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["k.pt"]  # no temporary file left behind
     assert torch.equal(read_entry(path)["w"], old["w"])  # the old entry, whole
@@ -100,8 +101,27 @@ def test_an_interrupted_write_leaves_the_old_entry_and_no_partial_file(tmp_path,
 def test_an_unwritable_cache_costs_a_warning_not_the_result(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    entry = _cached(blocker / "sub" / "k.pt", lambda: {"w": torch.ones(2)})
+    entry = _cached(blocker / "sub" / "k.pt", lambda device: {"w": torch.ones(2)})
     assert torch.equal(entry["w"], torch.ones(2))
     err = capsys.readouterr().err
     assert err.startswith("raysim: fapd: warning: could not cache teacher features in ") and err.count("\n") == 1
     assert err.rstrip().endswith("set algorithm.teacher.cache_dir")
+
+
+def test_training_goes_to_the_reserved_runner_while_a_run_is_prepared():
+    """Inside ``reserved_jobs`` (the driver preparing a run's data) central training is handed to the executor's
+    runner, which picks the device; outside, it runs here on the CPU; the runner is gone when the block ends."""
+    seen: list = []
+
+    def train(device: torch.device) -> dict:
+        seen.append(device)
+        return {"w": torch.ones(2, requires_grad=True) * 2}
+
+    def runner(fn):  # what an executor's ``central`` does: run it where the jobs run, on that job's device
+        return central.run_here(fn, "meta")
+
+    with central.reserved_jobs(runner):
+        out = central.run_reserved(train)
+    assert seen == [torch.device("meta")] and out["w"].device.type == "cpu" and not out["w"].requires_grad
+    out = central.run_reserved(train)
+    assert seen[-1] == torch.device("cpu") and torch.equal(out["w"], torch.full((2,), 2.0))
