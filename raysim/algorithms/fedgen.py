@@ -126,9 +126,11 @@ class Generator(nn.Module):
 
 
 def make_generator(num_classes: int, feature_dim: int, config: FedGenConfig, seed: int = 0) -> Generator:
-    """A generator with initial weights drawn from ``seed``, leaving the caller's RNG untouched."""
+    """A generator with initial weights drawn from ``seed``, leaving every RNG of the caller untouched: it is built
+    on the CPU from the CPU generator, forked and seeded. (``torch.manual_seed`` here would also reseed every CUDA
+    device to a constant in the middle of a client job, so that on a GPU every client drew the same ε and ŷ.)"""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(np.random.SeedSequence([seed, GENERATOR_STREAM]).generate_state(1)[0]))
+        torch.default_generator.manual_seed(int(np.random.SeedSequence([seed, GENERATOR_STREAM]).generate_state(1)[0]))
         return Generator(num_classes, feature_dim, config.generator_hidden_dim, config.noise_dim)
 
 

@@ -221,8 +221,8 @@ class FedKD(Algorithm):
         shape, cid = model.input_shape, model.client_id
         mcfg = self._mentor_model_config()
         arch = self.config.mentor.name or self.cfg.model.for_client(cid)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed(self.cfg.seed, f"fedkd-mentor:{arch}:{shape}"))
+        with torch.random.fork_rng(devices=[]):  # the CPU generator, forked and seeded; no CUDA device's touched
+            torch.default_generator.manual_seed(init_seed(self.cfg.seed, f"fedkd-mentor:{arch}:{shape}"))
             backbone = get_model(arch)(input_shape=shape, cfg=mcfg, client_id=cid, seed=self.cfg.seed)
             mentor = ClassifierModel(backbone, mcfg.feature_dim, model.head.out_features)
             s_widths, t_widths = _stage_widths(model, shape), _stage_widths(mentor, shape)

@@ -100,7 +100,8 @@ def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, 
     from raysim.registry import get_model
 
     factory = get_model(arch)
-    torch.manual_seed(init_seed(cfg.seed, f"{arch}:{input_shape}"))
+    # the CPU generator only (modules are built on the CPU): torch.manual_seed would also reseed every CUDA device
+    torch.default_generator.manual_seed(init_seed(cfg.seed, f"{arch}:{input_shape}"))
     backbone = factory(input_shape=input_shape, cfg=cfg.model, client_id=client_id, seed=cfg.seed)
     weights = cfg.model.weights_for(client_id) if hasattr(cfg.model, "weights_for") else None
     if weights:

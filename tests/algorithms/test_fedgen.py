@@ -186,6 +186,31 @@ def test_server_aggregate_and_train_without_ray(tmp_path):
     assert torch.load(tmp_path / "s.pt", weights_only=True)["generator_opt"]["state"][0]["step"].item() == 20
 
 
+def test_a_client_job_never_reseeds_cuda(monkeypatch):
+    """A whole round-2 client job (model built, generator loaded from the payload, generated samples drawn) calls
+    neither torch.cuda.manual_seed_all nor torch.cuda.manual_seed: on a GPU the job's CUDA stream, seeded from
+    (seed, client, round), stays the job's own, so clients draw different ε and ŷ (make_generator used to reseed
+    every CUDA device to a constant there)."""
+    from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
+    from raysim.engine.jobs import TrainJob
+
+    cfg = load_config(None, ["algorithm.name=fedgen", "data.name=sklearn_digits", "clients.num=4", "model.name=mlp",
+                             "model.hidden=[8]", "model.feature_dim=6", "train.batch_size=16"])
+    data = build_federated_data(cfg)
+    algo = get_algorithm("fedgen")(cfg)
+    state = algo.init_server_state(build_model(cfg, "mlp", data.input_shape(0), data.num_classes, 0, algo).state_dict())
+    state.update(generator_opt={}, labels_seen=torch.ones(data.num_classes, dtype=torch.bool))  # as after round 1
+    payload = algo.server_payload(state, 2)
+    assert {"generator", "labels"} <= set(payload)
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: calls.append(("manual_seed_all", seed)))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: calls.append(("manual_seed", seed)))
+    result, _ = ClientJobs(cfg, data).train(TrainJob(client_id=1, round=2, payload_ref=None), payload, None, None)
+    assert result.finite and result.parts["gen"] > 0  # the generator was used
+    assert calls == []
+
+
 def test_fedgen_p_is_one_override():
     """FedGen-P (head shared, body local) is FedGen with ``shared = "head"``: uploads, averaging and the
     generator's teachers all follow."""
