@@ -22,6 +22,11 @@ class OutOfMemory(RunStopped):
     round completed, so it can be resumed with a smaller share); the message names the job and what to change."""
 
 
+class NotOnCPU(TypeError):
+    """A tensor on a device was about to enter Ray's object store or a checkpoint, which hold CPU tensors only (the
+    engine moves what leaves a job to the CPU, so this is a tensor that escaped that path)."""
+
+
 def find_user_error(exc: BaseException) -> UserError | RunStopped | None:
     """Dig a UserError/RunStopped out of Ray's wrappers (RayTaskError chains keep the cause)."""
     seen = set()

@@ -23,7 +23,7 @@ import torch
 from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
 from raysim.engine.central import reserved_jobs
-from raysim.engine.core import nbytes
+from raysim.engine.core import detached_cpu, nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.partial import UploadSum, combine, fixed_groups, group_size, sum_in_groups
@@ -301,8 +301,9 @@ class Driver:
             total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, self._sum_group(sampled))
             if total.layout:  # nothing uploaded (shared = "none"): nothing to aggregate
                 self.server_state = self.algorithm.server_aggregate_mean(total.mean(), self.server_state, rnd)
+            self.server_state = detached_cpu(self.server_state)  # what payloads and checkpoints are made of
             return
-        self.server_state = self.algorithm.server_aggregate(updates, self.server_state, rnd)
+        self.server_state = detached_cpu(self.algorithm.server_aggregate(updates, self.server_state, rnd))
         if self.algorithm.trains_on_server:
             put = self.executor.put
             work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(updates),

@@ -24,6 +24,7 @@ from raysim.engine.core import ClientJobs, copy_tree, threads_for
 from raysim.engine.device import configure, cuda_unusable, job_guard, node_name, restore
 from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.partial import UploadSum
+from raysim.engine.state import require_cpu
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -154,6 +155,8 @@ class InlineExecutor(Executor):
         self._restore = {}
 
     def put(self, obj: Any) -> Any:
+        """A private copy, as Ray's object store would give: of CPU tensors only, as there."""
+        require_cpu(obj, "an object put into the store")
         return copy_tree(obj)
 
     def get(self, handles: list) -> list:

@@ -26,7 +26,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from raysim.errors import UserError
+from raysim.errors import NotOnCPU, UserError
 from raysim.fsutil import atomic_writer
 
 FORMAT_VERSION = 1
@@ -76,11 +76,27 @@ def history_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
     return Path(ckpt_dir) / HISTORY_DIR / entry_name(client_id, round)
 
 
+def require_cpu(tree: Any, what: str, path: str = "") -> None:
+    """Raise :class:`~raysim.errors.NotOnCPU` naming the entry when a tensor of ``tree`` (nested dicts, lists,
+    tuples) is not on the CPU: a checkpoint must load, and a stored object be read, where that device is not."""
+    if isinstance(tree, torch.Tensor):
+        if tree.device.type != "cpu":
+            raise NotOnCPU(f"{what}{path}: a {tree.device} tensor of shape {list(tree.shape)}, where only CPU "
+                           f"tensors may go (a checkpoint, the object store)")
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            require_cpu(v, what, f"{path}[{k!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            require_cpu(v, what, f"{path}[{i}]")
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same directory, fsync, then rename over ``path``.
 
     fsync: a checkpoint is what a resumed run restarts from, so it must be on disk before the round counts as saved.
     """
+    require_cpu(obj, str(path.name))
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path, fsync=True) as fh:
         torch.save(obj, fh)
@@ -93,6 +109,8 @@ def save_all_durably(items: list[tuple[Any, Path]]) -> None:
     but the first fsync commits the whole batch and the rest find little left to flush: 100 client files a round
     cost ~40 ms each with one fsync per write, a few ms each batched.
     """
+    for obj, path in items:
+        require_cpu(obj, str(path.name))
     pending: list[tuple[str, Path]] = []
     try:
         for obj, path in items:

@@ -20,7 +20,7 @@ from raysim.engine.central import run_here
 from raysim.engine.core import ClientJobs
 from raysim.engine.device import configure, cuda_unusable, job_guard, memory_info, node_name, refuse_gpu_share
 from raysim.engine.jobs import ClientAccuracy, EvalJob, GroupResult, ServerTrainJob, TrainJob, TrainResult
-from raysim.errors import UserError
+from raysim.errors import NotOnCPU, UserError
 from raysim.registry import import_plugins
 
 if TYPE_CHECKING:
@@ -29,22 +29,26 @@ if TYPE_CHECKING:
 
 def _reduce_tensor(t: torch.Tensor) -> tuple:
     """Ray's default pickling of a tensor runs a whole ``torch.save`` per storage (~2 ms for a small state dict,
-    ~1.5 ms more to load it); a byte view as a numpy array goes through pickle 5's out-of-band buffers instead."""
-    cpu = t.detach().cpu().contiguous()
+    ~1.5 ms more to load it); a byte view as a numpy array goes through pickle 5's out-of-band buffers instead.
+
+    Only CPU tensors enter the object store: the engine moves uploads, kept states and server states to the CPU
+    before they leave a job, so a device tensor here is a tensor that escaped that path (a hook's own object), and
+    one that would be rebuilt on a device the reader may not have (a CPU driver) or on GPU 0."""
+    if t.device.type != "cpu":
+        raise NotOnCPU(f"a {t.device} tensor of shape {list(t.shape)} was about to enter Ray's object store, which "
+                       f"holds CPU tensors only; move it to the CPU (.cpu()) in the hook that returns it")
+    cpu = t.detach().contiguous()
     raw = cpu.reshape(-1).view(torch.uint8).numpy() if cpu.numel() else np.empty(0, dtype=np.uint8)
-    return _rebuild_tensor, (raw, cpu.dtype, tuple(cpu.shape), t.requires_grad, str(t.device))
+    return _rebuild_tensor, (raw, cpu.dtype, tuple(cpu.shape), t.requires_grad)
 
 
-def _rebuild_tensor(raw: np.ndarray, dtype: torch.dtype, shape: tuple, requires_grad: bool,
-                    device: str) -> torch.Tensor:
-    """The tensor ``_reduce_tensor`` took apart: a private, writable copy (the buffer may be read-only shared
+def _rebuild_tensor(raw: np.ndarray, dtype: torch.dtype, shape: tuple, requires_grad: bool) -> torch.Tensor:
+    """The CPU tensor ``_reduce_tensor`` took apart: a private, writable copy (the buffer may be read-only shared
     memory)."""
     if raw.size == 0:  # an empty numpy buffer has stride 0, which torch cannot view as a wider dtype
         t = torch.empty(shape, dtype=dtype)
     else:
         t = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True)).view(dtype).reshape(shape)
-    if device != "cpu":
-        t = t.to(device)
     return t.requires_grad_(requires_grad) if requires_grad else t
 
 
@@ -52,8 +56,9 @@ def enable_fast_tensor_serialization() -> None:
     """Serialise plain ``torch.Tensor``s (uploads, payloads, client states) as byte arrays in this process.
 
     Called by every raysim process that puts tensors into the object store (workers, and the driver through the
-    pool and the state store); the rebuilt tensors are equal bit for bit, with the same dtype, shape, device and
-    ``requires_grad``. Subclasses (``nn.Parameter``) keep the default path. This is the table that
+    pool and the state store); the rebuilt tensors are equal bit for bit, with the same dtype, shape and
+    ``requires_grad``, on the CPU (a device tensor is refused: :class:`NotOnCPU`). Subclasses (``nn.Parameter``)
+    keep their own reduction, whose plain data tensor comes back here. This is the table that
     ``ray.util.register_serializer`` fills; a reducer already there (Ray's own zero-copy one) is left alone.
     """
     import ray.cloudpickle

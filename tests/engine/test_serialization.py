@@ -78,3 +78,36 @@ def test_ray_uses_it_for_plain_tensors_only(ray_cluster):
     assert torch.equal(back["w"], tree["w"]) and back["w"].dtype == torch.float64
     assert back["g"].requires_grad and isinstance(back["p"], torch.nn.Parameter)
     assert torch.equal(back["n"][0], torch.tensor(7)) and back["n"][1].shape == (0, 4)
+
+
+def test_a_device_tensor_never_enters_the_object_store():
+    """The serialiser refuses a tensor that is not on the CPU (a "meta" tensor stands for a GPU one here), plain or
+    as a Parameter's data, with a message that names its device and shape; nothing is rebuilt on a device."""
+    import ray.cloudpickle
+
+    from raysim.errors import NotOnCPU
+
+    enable_fast_tensor_serialization()
+    for obj in ({"upload": {"w": torch.zeros(3, 2, device="meta")}}, torch.nn.Parameter(torch.zeros(4, device="meta"))):
+        with pytest.raises(NotOnCPU, match=r"^a meta tensor of shape \[\d(, 2)?\] was about to enter Ray's object "
+                                           r"store, which holds CPU tensors only"):
+            ray.cloudpickle.dumps(obj)
+    rebuild, args = _reduce_tensor(torch.ones(2))
+    assert len(args) == 4 and rebuild(*args).device.type == "cpu"  # no device is recorded
+
+
+def test_a_device_tensor_never_enters_a_checkpoint_nor_the_in_process_store(tmp_path):
+    from raysim.config import load_config
+    from raysim.engine.executor import InlineExecutor
+    from raysim.engine.state import atomic_save, save_all_durably
+    from raysim.errors import NotOnCPU
+
+    state = {"server_state": {"model": {"w": torch.ones(2)}, "extra": [torch.zeros(1, device="meta")]}}
+    with pytest.raises(NotOnCPU, match=r"^server.pt\['server_state'\]\['extra'\]\[0\]: a meta tensor of shape \[1\]"):
+        atomic_save(state, tmp_path / "server.pt")
+    with pytest.raises(NotOnCPU, match=r"^c000001_r00002.pt\['h'\]: a meta tensor"):
+        save_all_durably([({"w": torch.ones(1)}, tmp_path / "c000000_r00002.pt"),
+                          ({"h": torch.ones(1, device="meta")}, tmp_path / "c000001_r00002.pt")])
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+    with pytest.raises(NotOnCPU, match=r"^an object put into the store\['w'\]: a meta tensor"):
+        InlineExecutor(load_config(None, [])).put({"w": torch.ones(1, device="meta")})
