@@ -110,8 +110,10 @@ def train_classifier(build_backbone: Callable[[], nn.Module], x: torch.Tensor, y
     from raysim.engine.epochs import fit_classifier
     from raysim.models import ClassifierModel
 
+    from raysim.models.pooling import deterministic_pooling
+
     torch.manual_seed(seed)
-    model = ClassifierModel(build_backbone(), feature_dim, num_classes).to(device)
+    model = deterministic_pooling(ClassifierModel(build_backbone(), feature_dim, num_classes)).to(device)
     fit_classifier(model, x.to(device), y.to(device), epochs=epochs, lr=lr, batch_size=batch_size,
                    generator=torch.Generator().manual_seed(seed))
     return model

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from raysim.errors import UserError
+from raysim.models.pooling import deterministic_pooling
 
 HEAD_PREFIX = "head."
 BACKBONE_PREFIX = "backbone."
@@ -109,7 +110,8 @@ def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, 
     model = ClassifierModel(backbone, cfg.model.feature_dim, num_classes)
     # what the model was built for, so that adapt_model can build more modules for it (FedKD's mentor)
     model.input_shape, model.client_id = tuple(input_shape), client_id
-    return algorithm.adapt_model(model) if algorithm is not None else model
+    # adaptive pooling that a GPU run with engine.deterministic can train through (raysim.models.pooling)
+    return deterministic_pooling(algorithm.adapt_model(model) if algorithm is not None else model)
 
 
 def load_backbone_weights(backbone: nn.Module, path: str, arch: str, input_shape: tuple[int, ...]) -> None:

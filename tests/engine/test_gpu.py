@@ -157,3 +157,60 @@ def test_the_hint_names_a_larger_gpu_share_and_a_smaller_chunk():
                    "out of memory. Tried to allocate 1 GiB; try fewer workers per GPU (engine.gpus_per_worker=0.5 "
                    "instead of 0.25), a smaller evaluation chunk (eval.chunk=128 instead of 512) or a smaller "
                    "train.batch_size")
+
+
+def test_a_gpu_process_is_made_deterministic_and_capped_at_its_share(monkeypatch):
+    """configure() on a CUDA device (torch.cuda's memory cap recorded, not called: there is no GPU here): cuDNN's
+    deterministic algorithms without benchmarking, torch's deterministic algorithms, cuBLAS's fixed workspace, no
+    TF32, the process's memory capped at its share; restore() gives the process its settings back; with
+    engine.deterministic=false the opposite, and a CPU process is left alone."""
+    import torch
+
+    from raysim.engine.device import configure, restore
+
+    caps: list = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: caps.append((f, d)))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert configure(torch.device("cpu"), True, 0.25) == {} and not torch.are_deterministic_algorithms_enabled()
+    before = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+              torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    previous = configure(torch.device("cuda"), True, 0.25)
+    try:
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.backends.cuda.matmul.fp32_precision == torch.backends.cudnn.conv.fp32_precision == "ieee"
+        assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and caps == [(0.25, 0)]
+    finally:
+        restore(previous)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+    previous = configure(torch.device("cuda"), False, 1.0)
+    try:
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32" and caps == [(0.25, 0)]  # a whole GPU: no cap
+    finally:
+        restore(previous)
+
+
+def test_why_cuda_is_unusable_here_in_cudas_words():
+    from raysim.engine.device import cuda_unusable
+
+    cause = cuda_unusable()  # this machine has no GPU (a CUDA build of torch, no driver)
+    assert cause is not None and cause.count("\n") == 0 and ("NVIDIA driver" in cause or "without CUDA" in cause)
+
+
+def test_an_operation_without_a_deterministic_kernel_is_one_line_naming_the_key():
+    from raysim.engine.device import job_guard
+    from raysim.errors import UserError
+
+    cfg = load_config(None, [])
+    with pytest.raises(UserError, match=r"^config key 'engine.deterministic': in client 3's training in round 1 on "
+                                        r"worker pid 9 on n1 \(cuda\): upsample_bilinear2d_backward_out_cuda does not "
+                                        r"have a deterministic implementation, but you set .*; set "
+                                        r"engine.deterministic=false"):
+        with job_guard("client 3's training in round 1", "worker pid 9 on n1 (cuda)", cfg):
+            raise RuntimeError("upsample_bilinear2d_backward_out_cuda does not have a deterministic implementation, "
+                               "but you set 'torch.use_deterministic_algorithms(True)'. You can turn off determinism "
+                               "just for this operation...")
