@@ -1,13 +1,21 @@
-"""Fractional-GPU packing: raysim workers at 1, 0.5, 0.25 and 0.125 GPU each on one GPU, ResNet-18 clients.
+"""Fractional-GPU packing: 1, 2, 4 and 8 raysim workers per GPU, determinism on and off, ResNet-18 clients.
 
-    .venv/bin/python benchmarks/fractional_gpu.py [--fractions 1,0.5,0.25,0.125] [--clients 64] [--rounds 4]
+    .venv/bin/python benchmarks/fractional_gpu.py [--per-gpu 1,2,4,8] [--determinism on,off] [--gpus N]
+    .venv/bin/python benchmarks/fractional_gpu.py --smoke --no-wait     # the wiring on a CPU, small CNN, no GPU asked
 
-For a machine with a CUDA GPU: with fraction f, 1/f workers share the one GPU (``engine.gpus_per_worker=f``). The
-workload is FedAvg with ResNet-18 (``model.name=resnet18``, small-input stem) on 32x32 MNIST-M clients (iid, every
-client sampled each round, 1 local epoch). Reported per fraction: client updates per second (clients per round /
-median round period over rounds 2..R) and GPU memory per worker (nvidia-smi's per-process figure, peak over rounds).
-Without a GPU it refuses with one line and exit code 2; ``--smoke`` runs the same wiring on the CPU with a small
-CNN and no GPU request, to check the script itself.
+For a machine with CUDA GPUs: with k workers per GPU each worker holds 1/k GPU (``engine.gpus_per_worker``) and
+``--cpus-per-worker`` CPUs, the same for every k, so only the packing changes. The workload is FedAvg with ResNet-18
+(small-input stem) on 32x32 MNIST-M, ``--clients`` clients, all sampled every round, each with about
+5,000 / clients training images and ``--local-epochs`` local epochs: an update is tens of optimiser steps, so the
+clients' computation, not the driver's aggregation (summed where the clients trained, ``engine.partial_sums``), sets
+the round time. Each packing runs with ``engine.deterministic`` true and false.
+
+Reported per (k, determinism): client updates per second (clients per round / median round time over rounds 2..R-1;
+round 1 starts the workers, the last one also evaluates), the GPUs' mean utilisation while those rounds ran
+(``nvidia-smi --query-gpu``, sampled every 0.5 s; device-level, so it works in containers), and each worker's peak
+memory as its own process saw it (``torch.cuda.max_memory_reserved()``, read inside the worker). The script asserts
+that every worker reports ``cuda``: a worker that silently trained on the CPU would make the figures meaningless.
+Without a GPU it refuses with one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -28,119 +37,170 @@ sys.path.insert(0, str(HERE))
 from _common import OUT, fmt, machine_info, save_json, start_ray, summary, wait_quiet  # noqa: E402
 
 
-def gpu_memory_by_pid() -> dict[int, float]:
-    """MiB of GPU memory per process, as the driver accounts it (includes each process's CUDA context)."""
+def nvidia_smi(query: str) -> list[list[str]]:
+    """Rows of ``nvidia-smi --query-gpu=QUERY`` (one per GPU), [] where nvidia-smi is not there."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return {}
-    usage: dict[int, float] = {}
-    for line in out.splitlines():
-        parts = [s.strip() for s in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            try:
-                usage[int(parts[0])] = float(parts[1])
-            except ValueError:
-                pass
-    return usage
+        return []
+    return [[s.strip() for s in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
-def gpu_name() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+class Utilisation:
+    """The GPUs' utilisation (%) sampled in a thread while ``on`` is set; ``mean()`` over the samples taken."""
+
+    def __init__(self, gpus: int, period_s: float = 0.5):
+        self.gpus, self.period_s = gpus, period_s
+        self.on = threading.Event()
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.on.is_set():
+                rows = nvidia_smi("utilization.gpu")[:self.gpus]
+                try:
+                    self.samples.append(statistics.mean(float(r[0]) for r in rows))
+                except (ValueError, IndexError, statistics.StatisticsError):
+                    pass
+            self._stop.wait(self.period_s)
+
+    def mean(self) -> Optional[float]:
+        return statistics.mean(self.samples) if self.samples else None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
-def one_run(fraction: float, args: argparse.Namespace) -> dict[str, Any]:
-
+def one_run(per_gpu: int, deterministic: bool, args: argparse.Namespace) -> dict[str, Any]:
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
 
-    workers = max(1, round(1 / fraction))
-    cpus = max(1, min(args.max_cpus_per_worker, (os.cpu_count() or 2) // workers))
-    run_dir = OUT / f"fractional-gpu-{fraction:g}"
+    workers = per_gpu * args.gpus
+    share = 0 if args.smoke else 1 / per_gpu
+    name = f"fractional-gpu-{per_gpu}-{'det' if deterministic else 'fast'}"
+    run_dir = OUT / name
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config(None, [
-        f"name=fractional-gpu-{fraction:g}", "seed=0", f"rounds={args.rounds}", f"clients.num={args.clients}",
-        "clients.fraction=1.0", "data.name=mnistm", "data.partition=iid", f"model.name={args.model}",
-        "train.lr=0.05", f"train.batch_size={args.batch_size}", "train.local_epochs=1", f"eval.every={args.rounds}",
-        "eval.clients=sampled", f"engine.num_workers={workers}", f"engine.cpus_per_worker={cpus}",
-        f"engine.gpus_per_worker={0 if args.smoke else fraction}", f"log.dir={run_dir}", "log.tensorboard=false"])
-    probe: dict[str, Any] = {"stamps": [], "gpu_mib": {}}
+        f"name={name}", "seed=0", f"rounds={args.rounds}", f"clients.num={args.clients}", "clients.fraction=1.0",
+        "data.name=mnistm", "data.partition=iid", f"model.name={args.model}", "train.lr=0.05",
+        f"train.batch_size={args.batch_size}", f"train.local_epochs={args.local_epochs}", f"eval.every={args.rounds}",
+        "eval.clients=sampled", "engine.backend=ray", f"engine.num_workers={workers}",
+        f"engine.cpus_per_worker={args.cpus_per_worker}", f"engine.gpus_per_worker={share:g}",
+        f"engine.deterministic={str(deterministic).lower()}", f"log.dir={run_dir}", "log.tensorboard=false",
+        "log.progress=false"])
+    probe: dict[str, Any] = {"stamps": [], "info": []}
+    util = Utilisation(args.gpus)
 
     def on_start(info: dict) -> None:
-        probe["stamps"].append(time.perf_counter())
+        probe["control"] = info["control"]
         winfo = info["control"].worker_info()
-        probe["pids"] = [w["pid"] for w in winfo]
-        probe["devices"] = sorted({w["device"] for w in winfo})
+        devices = sorted({w["device"] for w in winfo})
+        if not args.smoke and devices != ["cuda"]:
+            raise SystemExit(f"fractional_gpu: the workers report {devices}, not cuda: these figures would not be "
+                             f"GPU figures")
+        probe["devices"] = devices
+        probe["stamps"].append(time.perf_counter())
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
-        usage = gpu_memory_by_pid()
-        for pid in probe["pids"]:
-            if pid in usage:
-                probe["gpu_mib"][pid] = max(probe["gpu_mib"].get(pid, 0.0), usage[pid])
+        # rounds 2..R-1 are the timed ones: utilisation is sampled while they run
+        if m["round"] == 1:
+            util.on.set()
+        elif m["round"] == args.rounds - 1:
+            util.on.clear()
+        probe["info"] = probe["control"].worker_info()  # between rounds, so the workers answer at once
 
-    run_experiment(cfg, on_start=on_start, on_round=on_round)
+    try:
+        run_experiment(cfg, on_start=on_start, on_round=on_round)
+    finally:
+        util.close()
     shutil.rmtree(run_dir, ignore_errors=True)
     st = probe["stamps"]
     periods = [b - a for a, b in zip(st, st[1:])]
-    body = periods[1:-1] or periods[1:] or periods  # round 1 starts workers, the last also evaluates
+    body = periods[1:-1] or periods[1:] or periods  # round 1 starts the workers, the last also evaluates
     round_s = statistics.median(body)
-    return {"fraction": fraction, "workers": workers, "cpus_per_worker": cpus, "devices": probe["devices"],
-            "round_s": round_s, "updates_per_s": args.clients / round_s, "round1_s": periods[0],
-            "gpu_mib_per_worker": [probe["gpu_mib"].get(p, float("nan")) for p in probe["pids"]]}
+    return {"per_gpu": per_gpu, "deterministic": deterministic, "workers": workers, "gpu_share": share,
+            "cpus_per_worker": args.cpus_per_worker, "devices": probe["devices"], "round_s": round_s,
+            "updates_per_s": args.clients / round_s, "round1_s": periods[0], "gpu_util_pct": util.mean(),
+            "gpu_mib_per_worker": [w.get("gpu_max_reserved_mib", float("nan")) for w in probe["info"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fractions", default="1,0.5,0.25,0.125")
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--per-gpu", default=None, help="workers per GPU, one run each (default 1,2,4,8; 1,2 with --smoke)")
+    p.add_argument("--determinism", default="on,off", help="engine.deterministic settings, one run each")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: every visible one)")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--max-cpus-per-worker", type=int, default=2)
-    p.add_argument("--smoke", action="store_true", help="CPU only, no GPU request: checks the script's wiring")
+    p.add_argument("--local-epochs", type=int, default=10)
+    p.add_argument("--model", default=None, help="default: resnet18 (cnn with --smoke)")
+    p.add_argument("--cpus-per-worker", type=int, default=1, help="the same for every packing")
+    p.add_argument("--smoke", action="store_true",
+                   help="on the CPU, no GPU asked: a small CNN, 1 and 2 workers, 3 rounds (checks the script only)")
     p.add_argument("--no-wait", action="store_true")
     args = p.parse_args(argv)
     import torch
 
-    if not args.smoke and not torch.cuda.is_available():
-        print("fractional_gpu: no CUDA GPU visible (torch.cuda.is_available() is False); run it on a GPU machine "
-              "(or pass --smoke to check the script on the CPU)", file=sys.stderr)
+    if args.smoke:
+        args.model = args.model or "cnn"
+        args.gpus, args.rounds, args.repeats, args.local_epochs, args.clients = 1, 3, 1, 1, 8
+        args.per_gpu = args.per_gpu or "1,2"
+    else:
+        args.model = args.model or "resnet18"
+        args.per_gpu = args.per_gpu or "1,2,4,8"
+        if not torch.cuda.is_available():
+            print("fractional_gpu: no CUDA GPU visible (torch.cuda.is_available() is False); run it on a GPU machine "
+                  "(or pass --smoke to check the script on the CPU)", file=sys.stderr)
+            return 2
+        args.gpus = args.gpus or torch.cuda.device_count()
+    per_gpu = [int(k) for k in args.per_gpu.split(",") if k]
+    determinism = [{"on": True, "off": False}[d] for d in args.determinism.split(",") if d]
+    need = max(per_gpu) * args.gpus * args.cpus_per_worker
+    cpus = os.cpu_count() or 2
+    if need > cpus:
+        print(f"fractional_gpu: {max(per_gpu)} workers per GPU x {args.gpus} GPUs x {args.cpus_per_worker} CPU = "
+              f"{need} CPUs, but this machine has {cpus}; lower --per-gpu or --cpus-per-worker", file=sys.stderr)
         return 2
-    fractions = [float(f) for f in args.fractions.split(",") if f]
-    info = machine_info() | {"gpu": gpu_name() if not args.smoke else "none (--smoke)"}
+    info = machine_info() | {"gpus": nvidia_smi("name,memory.total")[:args.gpus] if not args.smoke else "none"}
     print(f"[fractional_gpu] {info}", flush=True)
-    start_ray(num_cpus=os.cpu_count() or 2)
+    start_ray(num_cpus=cpus)
     import ray
 
-    result: dict[str, Any] = {"machine": info, "args": vars(args), "fractions": {}}
+    runs: dict[tuple[int, bool], list[dict]] = {(k, d): [] for k in per_gpu for d in determinism}
     try:
-        runs: dict[float, list[dict]] = {f: [] for f in fractions}
         for rep in range(args.repeats):
             wait_quiet(enabled=not args.no_wait and not args.smoke)
-            for f in fractions:
-                r = one_run(f, args)
-                runs[f].append(r)
-                print(f"[fractional_gpu] rep {rep} {f:g} GPU x {r['workers']} workers: {r['updates_per_s']:.1f} "
-                      f"updates/s, GPU MiB per worker {[f'{m:.0f}' for m in r['gpu_mib_per_worker']]}", flush=True)
+            for (k, d) in runs:
+                r = one_run(k, d, args)
+                runs[(k, d)].append(r)
+                util = f"{r['gpu_util_pct']:.0f}%" if r["gpu_util_pct"] is not None else "n/a"
+                print(f"[fractional_gpu] rep {rep} {k} per GPU x {args.gpus} GPU, deterministic={d}: "
+                      f"{r['updates_per_s']:.2f} updates/s, GPU utilisation {util}, peak MiB per worker "
+                      f"{[f'{m:.0f}' for m in r['gpu_mib_per_worker']]}", flush=True)
     finally:
         ray.shutdown()
-    for f, rs in runs.items():
-        result["fractions"][f] = {"workers": rs[0]["workers"], "cpus_per_worker": rs[0]["cpus_per_worker"],
-                                  "updates_per_s": summary(r["updates_per_s"] for r in rs),
-                                  "gpu_mib_per_worker": summary(m for r in rs for m in r["gpu_mib_per_worker"]),
-                                  "runs": rs}
+    result: dict[str, Any] = {"machine": info, "args": vars(args), "runs": {}}
+    for (k, d), rs in runs.items():
+        utils = [r["gpu_util_pct"] for r in rs if r["gpu_util_pct"] is not None]
+        result["runs"][f"{k}-per-gpu-{'det' if d else 'fast'}"] = {
+            "per_gpu": k, "deterministic": d, "workers": rs[0]["workers"], "cpus_per_worker": args.cpus_per_worker,
+            "updates_per_s": summary(r["updates_per_s"] for r in rs),
+            "gpu_util_pct": summary(utils) if utils else None,
+            "gpu_mib_per_worker": summary(m for r in rs for m in r["gpu_mib_per_worker"]), "runs": rs}
     path = save_json("fractional_gpu" + ("-smoke" if args.smoke else ""), result)
     print(f"\n[fractional_gpu] results in {path}")
-    for f, e in result["fractions"].items():
-        print(f"{f:g} GPU/worker x {e['workers']}: {fmt(e['updates_per_s'], 1, 1)} client updates/s, GPU memory per "
-              f"worker {fmt(e['gpu_mib_per_worker'], 1, 0)} MiB")
+    for e in result["runs"].values():
+        util = fmt(e["gpu_util_pct"], 1, 0) + " %" if e["gpu_util_pct"] else "n/a"
+        print(f"{e['per_gpu']} per GPU ({e['workers']} workers), deterministic={e['deterministic']}: "
+              f"{fmt(e['updates_per_s'], 1, 2)} client updates/s, GPU utilisation {util}, peak memory per worker "
+              f"{fmt(e['gpu_mib_per_worker'], 1, 0)} MiB")
     return 0
 
 
