@@ -129,8 +129,8 @@ def out_of_memory_message(exc: BaseException, what: str, where: str, engine: Any
                  f"{engine.gpus_per_worker:g})")
     else:
         fewer = f"fewer workers per machine (engine.num_workers, now {engine.num_workers})"
-    return (f"out of memory in {what} on {where}: {_first_sentences(exc)}; try {fewer}, a smaller evaluation chunk "
-            f"(eval.chunk={max(1, eval_chunk // 4)} instead of {eval_chunk}) or a smaller train.batch_size")
+    return (f"out of memory in {what} on {where}: {_first_sentences(exc)}; try {fewer} or a smaller evaluation "
+            f"chunk (eval.chunk={max(1, eval_chunk // 4)} instead of {eval_chunk})")
 
 
 @contextlib.contextmanager

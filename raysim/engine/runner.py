@@ -23,7 +23,7 @@ from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint,
 from raysim.errors import RunStopped, UserError, find_user_error
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
-_RESUMABLE_PREFIXES = ("engine.", "log.", "rounds", "eval.every")
+_RESUMABLE_PREFIXES = ("engine.", "log.", "rounds", "eval.every", "eval.chunk")
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:

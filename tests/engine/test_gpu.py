@@ -110,7 +110,7 @@ def _stopped_by_oom(code: int, lines: list[str], rnd: int, run_dir: Path) -> Non
     line = lines[0]
     assert line.startswith("raysim: stopped: out of memory in client ") and f"'s training in round {rnd} on " in line
     assert ": CUDA out of memory. Tried to allocate 2.00 GiB; try fewer workers per machine (engine.num_workers, " \
-           "now 1), a smaller evaluation chunk (eval.chunk=256 instead of 1024) or a smaller train.batch_size" in line
+           "now 1) or a smaller evaluation chunk (eval.chunk=256 instead of 1024)" in line
     assert line.endswith(f"; resume with: raysim run --resume {run_dir}"), line
     assert read_checkpoint(run_dir)["round"] == rnd - 1
 
@@ -130,13 +130,13 @@ def test_out_of_memory_on_a_worker_crosses_ray_as_the_same_line(ray_cluster, tmp
 
 
 def test_out_of_memory_in_round_1_keeps_the_run_to_resume(tmp_path, monkeypatch):
-    """Nothing completed, yet the run is kept with a round-0 checkpoint: resumed (here, without the shortage) it ends
-    with the metrics of a run never interrupted."""
+    """Nothing completed, yet the run is kept with a round-0 checkpoint: resumed with the hint's smaller evaluation
+    chunk (and here without the shortage) it ends with the metrics of a run never interrupted."""
     monkeypatch.setenv("RAYSIM_TEST_OOM_ROUND", "1")
     code, lines = _cli(_oom_run(tmp_path, "short", engine__backend="inline"))
     _stopped_by_oom(code, lines, 1, tmp_path / "short" / "run")
     monkeypatch.setenv("RAYSIM_TEST_OOM_ROUND", "0")
-    assert _cli(["--resume", str(tmp_path / "short" / "run")])[0] == 0
+    assert _cli(["--resume", str(tmp_path / "short" / "run"), "eval.chunk=256"])[0] == 0  # as the hint says
     assert _cli(_oom_run(tmp_path, "whole", engine__backend="inline"))[0] == 0
     from conftest import read_rows, strip_timing
 
@@ -155,8 +155,7 @@ def test_the_hint_names_a_larger_gpu_share_and_a_smaller_chunk():
                                 "the evaluation of clients [3] after round 4", "worker pid 7 on n1 (cuda)", engine, 512)
     assert msg == ("out of memory in the evaluation of clients [3] after round 4 on worker pid 7 on n1 (cuda): CUDA "
                    "out of memory. Tried to allocate 1 GiB; try fewer workers per GPU (engine.gpus_per_worker=0.5 "
-                   "instead of 0.25), a smaller evaluation chunk (eval.chunk=128 instead of 512) or a smaller "
-                   "train.batch_size")
+                   "instead of 0.25) or a smaller evaluation chunk (eval.chunk=128 instead of 512)")
 
 
 def test_a_gpu_process_is_made_deterministic_and_capped_at_its_share(monkeypatch):
