@@ -250,7 +250,8 @@ class EngineConfig:
     address: Optional[str] = None
     driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
-    # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N
+    # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N;
+    # sum groups (partial_sums) go whole, as many as fit in N clients
     clients_per_call: str = "auto"
     # a weighted-sum algorithm's uploads (FedAvg, FedProx, UNIDEAL, FAPD, ...) are summed where the clients trained:
     # each group of sum_group clients trains in one call and only its sum travels to the driver. false: every

@@ -281,7 +281,8 @@ class RayExecutor(Executor):
 
         def job(i: int, works: list[TrainJob], group_states: list[Any]) -> Job:
             return Job(key=i, submit=lambda w: w.train_group.options(num_returns=1 + len(works)).remote(
-                works, *group_states), clients=[j.client_id for j in works], round=works[0].round)
+                works, *group_states), clients=[j.client_id for j in works], round=works[0].round,
+                sum_group=(works, group_states))
 
         done = self.pool.run([job(i, g, s) for i, (g, s) in enumerate(zip(groups, states))])
         out: dict[int, tuple[TrainResult, Any]] = {}

@@ -45,6 +45,11 @@ class GroupResult:
     upload_sum: Any
     results: list[TrainResult]
 
+    @property
+    def seconds(self) -> float:
+        """Mean training time of one of the group's clients (what the pool's call batching measures)."""
+        return sum(r.seconds for r in self.results) / max(len(self.results), 1)
+
 
 @dataclass
 class EvalJob:

@@ -7,7 +7,9 @@ place. Jobs are pure functions of (config, client state, payload, seed), so a re
 Many clients per call: a client update shorter than a Ray round trip is dominated by the hand-offs around it, so
 training jobs are sent several to a call (``ClientWorker.train_many``) when ``engine.clients_per_call`` says so, or,
 with ``auto``, as many as make a call about ``TARGET_CALL_S`` of the measured per-client time. Each client still
-gets its own result and state object, and a batch whose worker dies is re-queued client by client.
+gets its own result and state object, and a batch whose worker dies is re-queued client by client. Sum groups
+(``engine.sum_group``: clients whose uploads are summed where they train) are batched whole, several to a
+``ClientWorker.train_groups`` call, by the same measure.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Job:
     tries: int = field(default=0)
     # (TrainJob, state ref) of a training job that may share one ``train_many`` call with others; None: never
     batch: Optional[tuple[Any, Any]] = None
+    # ([TrainJob], [state ref]) of a sum group (``engine.sum_group``) that may share one ``train_groups`` call with
+    # the groups after it; its refs are (GroupResult, its clients' states)
+    sum_group: Optional[tuple[list, list]] = None
 
 
 TARGET_CALL_S = 0.02  # auto batching: a call carries about this much measured client time
@@ -146,6 +151,13 @@ class WorkerPool:
             k = self.clients_per_call(len(queue) + 1)
             while len(group) < k and queue and queue[0].batch is not None:
                 group.append(queue.popleft())
+        elif group[0].sum_group is not None:  # whole groups, as many as make about k clients
+            k, clients = self.clients_per_call(len(queue) + 1), len(group[0].sum_group[0])
+            while queue and queue[0].sum_group is not None and clients + len(queue[0].sum_group[0]) <= k:
+                clients += len(queue[0].sum_group[0])
+                group.append(queue.popleft())
+            if len(group) > 1:
+                return group, self._submit_groups(group, worker)
         if len(group) == 1:
             return group, [group[0].submit(worker)]
         refs = worker.train_many.options(num_returns=2 * len(group)).remote(
@@ -161,8 +173,20 @@ class WorkerPool:
         except _WORKER_DIED:
             pass
 
+    @staticmethod
+    def _submit_groups(jobs: list[Job], worker: Any) -> list[Submitted]:
+        """Several sum groups in one ``train_groups`` call; each job's refs are [its GroupResult, its states]."""
+        works = [j.sum_group[0] for j in jobs]
+        refs = worker.train_groups.options(num_returns=len(jobs) + sum(len(w) for w in works)).remote(
+            works, *[s for j in jobs for s in j.sum_group[1]])
+        outs, at = [], len(jobs)
+        for i, w in enumerate(works):
+            outs.append([refs[i], *refs[at:at + len(w)]])
+            at += len(w)
+        return outs
+
     def _measured(self, value: Any) -> None:
-        seconds = getattr(value, "seconds", None)
+        seconds = getattr(value, "seconds", None)  # a TrainResult's, or a GroupResult's mean per client
         if isinstance(seconds, (int, float)) and seconds > 0:
             self._client_s = seconds if self._client_s is None else 0.7 * self._client_s + 0.3 * seconds
 

@@ -156,6 +156,18 @@ class ClientWorker:
             total, done = self.jobs.train_group(jobs, self._shared(jobs[0].payload_ref), owns, list(states))
         return [GroupResult(upload_sum=total, results=[result for result, _ in done]), *[keep for _, keep in done]]
 
+    def train_groups(self, groups: list[list[TrainJob]], *states: Optional[dict]) -> list:
+        """Several sum groups in one call (``engine.clients_per_call``: short clients), one after another exactly as
+        ``train_group`` runs each; returns [GroupResult per group, then every client's new state, in order] (the
+        caller sets ``num_returns``)."""
+        results, kept, at = [], [], 0
+        for jobs in groups:
+            out = self.train_group(jobs, *states[at:at + len(jobs)])
+            at += len(jobs)
+            results.append(out[0])
+            kept.extend(out[1:])
+        return results + kept
+
     def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
         """Test accuracy of the model each client would use after this round's aggregation."""
         with self._guard(f"the evaluation of clients {job.client_ids} after round {job.round}"):

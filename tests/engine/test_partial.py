@@ -117,7 +117,7 @@ def test_the_worker_path_on_two_workers(ray_cluster, tmp_path):
     """On Ray, groups spread over two workers give the metrics of the in-process runs (one worker) that sum the same
     groups where the clients trained or on the driver."""
     common = dict(algorithm__name="fedrod", clients__num=7, rounds=2, engine__sum_group=2, log__tensorboard="false",
-                  data__partition="dirichlet")
+                  data__partition="dirichlet", engine__clients_per_call=4)  # on Ray, two groups to a call
     rows = []
     for d, extra in (("ray", {"engine__num_workers": 2}), ("inline", {"engine__backend": "inline"}),
                      ("driver", {"engine__backend": "inline", "engine__partial_sums": "false"})):

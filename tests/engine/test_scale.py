@@ -66,6 +66,14 @@ class _FakeWorker:
         self.calls: list = []
         self.one = SimpleNamespace(remote=lambda x: self.calls.append(("one", [x])) or f"ref{x}")
         self.train_many = SimpleNamespace(options=self._options)
+        self.train_groups = SimpleNamespace(options=self._group_options)
+
+    def _group_options(self, num_returns: int):
+        def remote(groups, *states):
+            assert len(states) == sum(len(g) for g in groups) and num_returns == len(groups) + len(states)
+            self.calls.append(("groups", [list(g) for g in groups]))
+            return [f"sum{g[0]}" for g in groups] + [f"state{c}" for g in groups for c in g]
+        return SimpleNamespace(remote=remote)
 
     def _options(self, num_returns: int):
         def remote(works, *states):
@@ -86,3 +94,21 @@ def test_batches_take_only_batchable_jobs_and_give_each_client_its_refs():
         outs.extend(zip([j.key for j in group], refs))
     assert worker.calls == [("many", [0, 1]), ("one", [2]), ("many", [3, 4, 5])]
     assert outs[0] == (0, ["result0", "state0"]) and outs[2] == (2, "ref2") and outs[5] == (5, ["result5", "state5"])
+
+
+def test_sum_groups_are_batched_whole_and_each_gets_its_sum_and_its_clients_states():
+    worker = _FakeWorker()
+    groups = [[0, 1], [2, 3], [4, 5], [6]]
+    jobs = [Job(key=i, submit=lambda w, i=i: w.one.remote(i), clients=g, round=1, sum_group=(g, [None] * len(g)))
+            for i, g in enumerate(groups)]
+    queue, pool = deque(jobs), _pool("5")  # at most 5 clients a call: two whole groups of two
+    outs = []
+    while queue:
+        group, refs = pool._submit(queue, worker)
+        outs.extend(zip([j.key for j in group], refs))
+    assert worker.calls == [("groups", [[0, 1], [2, 3]]), ("groups", [[4, 5], [6]])]
+    assert outs[0] == (0, ["sum0", "state0", "state1"]) and outs[1] == (1, ["sum2", "state2", "state3"])
+    assert outs[3] == (3, ["sum6", "state6"])
+    single = _FakeWorker()
+    group, refs = _pool("1")._submit(deque(jobs[:2]), single)  # a group larger than the call: alone, via submit
+    assert [j.key for j in group] == [0] and single.calls == [("one", [0])]
