@@ -125,3 +125,13 @@ def test_the_worker_path_on_two_workers(ray_cluster, tmp_path):
         rows.append(strip_timing(run_experiment(cfg)[1]))
     assert rows[0] == rows[1] == rows[2]
     assert read_rows(tmp_path / "ray" / "run")[-1]["round"] == 2
+
+
+def test_bad_group_settings_are_one_line_naming_the_key():
+    from conftest import refused_config
+
+    assert "must be auto or a whole number of clients >= 1, got '0'" in refused_config(
+        "engine.sum_group", "experiments/smoke.yaml", "engine.sum_group=0")
+    assert "is not a valid bool" in refused_config("engine.partial_sums", "experiments/smoke.yaml",
+                                                   "engine.partial_sums=x")
+    assert "whole number >= 1, got 0" in refused_config("eval.chunk", "experiments/smoke.yaml", "eval.chunk=0")
