@@ -56,11 +56,12 @@ def load(workload: str, rounds: int, extra: list[str] = ()) -> Any:
 # ---------------------------------------------------------------------------------------------------- reference
 def reference(cfg: Any) -> dict[str, Any]:
     """FedAvg as a plain serial loop on one core: what raysim computes, with no engine around it."""
-    from raysim.algorithms.base import weighted_average
+    from raysim.algorithms.base import ClientUpdate
     from raysim.data import build_federated_data
     from raysim.engine.driver import sample_clients
     from raysim.engine.core import job_seed
     from raysim.engine.epochs import batch_bounds
+    from raysim.engine.partial import group_size, sum_in_groups
     from raysim.models import build_model
 
     torch.set_num_threads(1)  # one raysim worker's share (engine.cpus_per_worker=1)
@@ -74,7 +75,8 @@ def reference(cfg: Any) -> dict[str, Any]:
     for rnd in range(1, cfg.rounds + 1):
         t0 = time.perf_counter()
         uploads, weights, losses = [], [], []
-        for cid in sample_clients(cfg.seed, rnd, cfg.clients.num, cfg.clients.fraction):
+        sampled = sample_clients(cfg.seed, rnd, cfg.clients.num, cfg.clients.fraction)
+        for cid in sampled:
             seed = job_seed(cfg.seed, cid, rnd)
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
@@ -97,7 +99,9 @@ def reference(cfg: Any) -> dict[str, Any]:
             uploads.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             weights.append(n)
             losses.append(float(loss_sum) / (n * tcfg.local_epochs))
-        global_state = weighted_average(uploads, weights)
+        # FedAvg's mean as raysim takes it (the same groups, the same order: raysim.engine.partial)
+        updates = [ClientUpdate(c, u, w) for c, u, w in zip(sampled, uploads, weights)]
+        global_state = sum_in_groups(updates, sampled, group_size(cfg.engine.sum_group, len(sampled))).mean()
         loss = sum(l * w for l, w in zip(losses, weights)) / float(sum(weights))
         rounds.append({"round": rnd, "loss": loss, "wall_s": time.perf_counter() - t0})
     model.load_state_dict(global_state)
