@@ -105,8 +105,7 @@ def measure(model: str, clients: int, repeats: int) -> dict[str, Any]:
     sum_blobs = [cloudpickle.dumps(s, protocol=5) for s in sums]
     out = {"model": model, "parameters": sum(v.numel() for v in base.values()), "tensors": len(base),
            "clients": clients, "groups": len(groups), "group_size": size,
-           "upload_mb": sum(v.numel() * v.element_size() for v in base.values()) / 1e6,
-           "sum_mb": sums[0].total.numel() * 8 / 1e6}
+           "upload_mb": len(blobs[0]) / 1e6, "sum_mb": len(sum_blobs[0]) / 1e6}  # as pickled for the store
     out["per_tensor_s"] = timed(lambda: per_tensor_average([pickle.loads(b) for b in blobs], weights), repeats)
     out["flat_s"] = timed(lambda: weighted_average([pickle.loads(b) for b in blobs], weights), repeats)
     out["partial_driver_s"] = timed(lambda: combine(pickle.loads(b) for b in sum_blobs).mean(), repeats)

@@ -47,6 +47,11 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, 
                         f"found {type(tree).__name__}")
 
 
+def layout_of(tree: dict) -> Layout:
+    """The layout of a nested dict of tensors: each tensor's key path, shape and dtype, in order."""
+    return tuple((path, tuple(t.shape), t.dtype) for path, t in _leaves(tree))
+
+
 def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
     """(layout, one float64 buffer of every tensor's values in order) of a nested dict of tensors."""
     leaves = list(_leaves(tree))
@@ -73,29 +78,43 @@ def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
 @dataclass
 class UploadSum:
     """Σ weight·upload over some clients (``clients``, in the order they were added) and Σ weight, as one flat
-    float64 buffer; what a group's worker returns instead of its clients' uploads."""
+    float64 buffer; what a group's worker returns instead of its clients' uploads.
+
+    A sum of one upload keeps that upload as it came (``single``), so a group of one client travels at the upload's
+    own size, not at float64's double; it becomes a buffer, by the same operations, when something is added to it."""
 
     clients: list[int] = field(default_factory=list)
     weight: float = 0.0
     layout: Optional[Layout] = None
-    total: Optional[torch.Tensor] = None  # float64, flat
+    total: Optional[torch.Tensor] = None  # float64, flat; None while empty or while it holds a single upload
+    single: Optional[dict] = None  # the one upload added so far, not yet flattened
 
     def __len__(self) -> int:
         return len(self.clients)
 
+    def _buffer(self) -> None:
+        """Turn a single kept upload into the buffer: ``flat * weight``, as ``add`` does for every other upload."""
+        if self.single is not None:
+            self.layout, flat = flatten(self.single)
+            self.total, self.single = flat * self.weight, None
+
     def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
-        if self.total is None:
-            self.layout, self.total = layout, scaled
-            return
         if layout != self.layout:
             raise ValueError(f"{who}: its upload's keys, shapes or dtypes differ from those of clients {self.clients}; "
                              f"a summed upload (Algorithm.weighted_sum) has the same layout for every client")
-        self.total.add_(scaled)
+        if self.total is None:
+            self.total = scaled
+        else:
+            self.total.add_(scaled)
 
     def add(self, client_id: int, upload: dict, weight: float) -> None:
         """Add one client's upload with its weight (the caller adds clients in id order)."""
-        layout, flat = flatten(upload)
-        self._accumulate(layout, flat * float(weight), f"client {client_id}")
+        if not self.clients:
+            self.layout, self.single = layout_of(upload), upload  # the layout checks the upload now
+        else:
+            self._buffer()
+            layout, flat = flatten(upload)
+            self._accumulate(layout, flat * float(weight), f"client {client_id}")
         self.clients.append(int(client_id))
         self.weight += float(weight)
 
@@ -103,7 +122,12 @@ class UploadSum:
         """Add another group's sum (the caller merges groups in group order)."""
         if not other.clients:
             return
+        other._buffer()
         assert other.layout is not None and other.total is not None
+        if not self.clients:
+            self.layout = other.layout
+        else:
+            self._buffer()
         self._accumulate(other.layout, other.total.clone() if self.total is None else other.total,
                          f"clients {other.clients}")
         self.clients.extend(other.clients)
@@ -111,6 +135,7 @@ class UploadSum:
 
     def mean(self) -> dict:
         """Σ weight·upload / Σ weight, as the upload's nested dict with its dtypes ({} when nothing was added)."""
+        self._buffer()
         if self.total is None:
             return {}
         assert self.layout is not None

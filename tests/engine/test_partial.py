@@ -54,6 +54,26 @@ def test_a_client_with_another_layout_or_a_list_is_refused():
         UploadSum().add(0, {"w": [torch.zeros(2)]}, 1)
 
 
+def test_a_group_of_one_travels_at_its_uploads_size_and_sums_like_the_others():
+    """A one-client sum keeps the upload in its own dtype (float32 does not double to float64 on the wire), and
+    merged or averaged it gives the bits of one that was buffered at once."""
+    import pickle
+
+    up = {"w": torch.randn(1000, generator=torch.Generator().manual_seed(0))}
+    one = UploadSum()
+    one.add(4, up, 7)
+    assert one.single is up and one.total is None
+    assert len(pickle.dumps(one, protocol=5)) < 1.2 * 4000  # float32 values, not float64
+    two = UploadSum()
+    two.add(5, {"w": torch.ones(1000)}, 3)
+    merged = combine([one, two])
+    by_hand = (up["w"].double() * 7 + torch.ones(1000, dtype=torch.float64) * 3) / 10
+    assert torch.equal(merged.mean()["w"], by_hand.float()) and merged.clients == [4, 5]
+    alone = UploadSum()
+    alone.add(4, up, 7)
+    assert torch.equal(alone.mean()["w"], up["w"])  # (u·7)/7 in float64, exact
+
+
 def test_groups_depend_on_the_client_list_alone():
     assert fixed_groups([9, 2, 5, 7, 1], 2) == [[1, 2], [5, 7], [9]]
     assert group_size("auto", 7) == 1 and group_size("auto", 50) == 2 and group_size("auto", 1000) == 32
