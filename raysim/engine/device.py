@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
@@ -45,10 +46,9 @@ def cuda_unusable() -> Optional[str]:
 def node_name() -> str:
     """This machine as a user finds it in a cluster: its host name and, under Ray, its node's IP address."""
     host = socket.gethostname()
+    ray = sys.modules.get("ray")  # never imported for this (the in-process executor runs without Ray)
     try:
-        import ray
-
-        if ray.is_initialized():
+        if ray is not None and ray.is_initialized():
             return f"{host} ({ray.util.get_node_ip_address()})"
     except Exception:  # noqa: BLE001 - a name without the address is still a name
         pass
