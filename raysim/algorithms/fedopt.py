@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from raysim.algorithms.base import Algorithm, ClientUpdate, TensorDict, average_updates, is_parameter
+from raysim.algorithms.base import Algorithm, TensorDict, is_parameter
 from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.registry import register_algorithm
 
@@ -110,21 +110,17 @@ class FedOpt(Algorithm):
         ``moments`` (this tensor's state) is updated in place. The default is FedAvg: the average itself."""
         return average
 
-    def client_average(self, updates: list[ClientUpdate]) -> TensorDict:
-        """The clients' models averaged by training samples (FedAvg's), the optimiser's input."""
-        return average_updates(updates)
-
     def init_server_state(self, initial_state: TensorDict) -> dict:
         state = super().init_server_state(initial_state)
         state["optimizer"] = {k: self.init_moments(v) for k, v in state["model"].items() if is_parameter(k, v)}
         return state
 
-    def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
-        if not updates or not updates[0].upload:
-            return server_state
+    def server_aggregate_mean(self, average: TensorDict, server_state: dict, round: int) -> dict:
+        """The clients' models averaged by training samples (FedAvg's, a weighted sum: summed where the clients
+        trained, ``engine.partial_sums``), then the optimiser's step for every parameter."""
         model, moments = server_state["model"], server_state["optimizer"]
         server_state["model"] = {key: self.server_step(model[key], avg, moments[key]) if key in moments else avg
-                                 for key, avg in self.client_average(updates).items()}
+                                 for key, avg in average.items()}
         return server_state
 
 

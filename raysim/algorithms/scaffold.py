@@ -130,6 +130,7 @@ class SCAFFOLD(FedOpt):
         return momentum_step(x, average, None, self.config.server_lr, 0.0)
 
     def client_average(self, updates: list[ClientUpdate]) -> TensorDict:
+        """The clients' models averaged by training samples (each upload also carries its control's change)."""
         return average_updates(updates, lambda upload: upload["model"])
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
@@ -140,7 +141,7 @@ class SCAFFOLD(FedOpt):
         scale = len(deltas) / self.cfg.clients.num  # (1/N) Σ = (|S|/N) · mean
         control = server_state["control"]
         server_state["control"] = {k: _get(control, k, d) + scale * d for k, d in total.items()}
-        return super().server_aggregate(updates, server_state, round)
+        return self.server_aggregate_mean(self.client_average(updates), server_state, round)  # FedOpt's step
 
     # ------------------------------------------------------------------ client
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:

@@ -108,13 +108,17 @@ WEIGHTED_SUM = [name for name in names("algorithm")
 
 
 def test_the_weighted_sum_algorithms_are_those_with_the_default_aggregation():
-    assert {"fedavg", "fedprox", "local", "partialavg", "unideal", "fapd", "moon", "fedrod"} <= set(WEIGHTED_SUM)
-    assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd"} & set(WEIGHTED_SUM)
+    assert {"fedavg", "fedprox", "local", "partialavg", "unideal", "fapd", "moon", "fedrod", "fedavgm", "fedadam",
+            "fedbn", "ditto"} <= set(WEIGHTED_SUM)
+    assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd", "scaffold",
+                "feddyn"} & set(WEIGHTED_SUM)
 
 
 def _algorithm_extra(name: str, tmp_path) -> dict:
     if name == "fapd":  # a quick teacher, cached in the test's directory
         return {"algorithm__teacher__epochs": 1, "algorithm__teacher__cache_dir": str(tmp_path / "cache")}
+    if name == "fedbn":  # batch norm to keep local
+        return {"model__name": "cnn_bn", "model__width": 4}
     return {}
 
 
