@@ -5,8 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from raysim.engine.core import copy_tree
 from raysim.engine.state import FORMAT_VERSION, ClientStateStore, read_checkpoint
 from raysim.errors import UserError
+
+
+class Snapshots:
+    """The object store of the in-process executor: a handle is a private copy (the store is tested, not Ray)."""
+
+    @staticmethod
+    def put(obj):
+        return copy_tree(obj)
+
+    @staticmethod
+    def get(handles):
+        return list(handles)
 
 
 def _state(cid: int, rnd: int) -> dict:
@@ -17,10 +30,10 @@ def _files(ckpt) -> list[str]:
     return sorted(p.name for p in (ckpt / "clients").iterdir())
 
 
-def test_save_writes_changed_states_and_drops_superseded_files(ray_cluster, tmp_path):
-    ray = ray_cluster
+def test_save_writes_changed_states_and_drops_superseded_files(tmp_path):
+    ray = Snapshots
     ckpt = tmp_path / "checkpoint"
-    store = ClientStateStore()
+    store = ClientStateStore(Snapshots)
     for cid in (0, 1, 2):
         store.put(cid, ray.put(_state(cid, 1)))
     store.save(ckpt, 1, {"model": {"w": torch.zeros(1)}})
@@ -36,21 +49,21 @@ def test_save_writes_changed_states_and_drops_superseded_files(ray_cluster, tmp_
     assert _files(ckpt) == ["c000000_r00001.pt", "c000001_r00002.pt", "c000002_r00001.pt"]
 
 
-def test_load_restores_every_state_and_removes_what_no_checkpoint_names(ray_cluster, tmp_path):
-    ray = ray_cluster
+def test_load_restores_every_state_and_removes_what_no_checkpoint_names(tmp_path):
+    ray = Snapshots
     ckpt = tmp_path / "checkpoint"
-    store = ClientStateStore()
+    store = ClientStateStore(Snapshots)
     for cid in (0, 3):
         store.put(cid, ray.put(_state(cid, 4)))
     store.save(ckpt, 4, {})
     # a crash after round 5 wrote a client file but no server.pt, and left a temporary file
     torch.save(_state(0, 5), ckpt / "clients" / "c000000_r00005.pt")
     (ckpt / "clients" / ".c000003_r00005.pt.123.ab.tmp").write_bytes(b"half")
-    fresh = ClientStateStore()
+    fresh = ClientStateStore(Snapshots)
     fresh.load(ckpt, read_checkpoint(tmp_path)["client_files"])
     assert len(fresh) == 2 and fresh.get(1) is None
     for cid in (0, 3):
-        got = ray.get(fresh.get(cid))
+        got = fresh.get(cid)
         assert got.keys() == _state(cid, 4).keys()
         assert all(torch.equal(got[k], v) for k, v in _state(cid, 4).items())
     assert _files(ckpt) == ["c000000_r00004.pt", "c000003_r00004.pt"]
