@@ -163,6 +163,20 @@ def _augment(cfg: ExperimentConfig, data: FederatedData, client_id: int) -> Any:
     return BatchAugment(domain.mean, domain.std)
 
 
+@dataclasses.dataclass
+class StartedJob:
+    """A training job set up and ready for its first step (:meth:`ClientJobs.start`)."""
+
+    job: TrainJob
+    model: nn.Module  # the process's model object for this architecture, holding this client's start
+    ctx: ClientContext
+    phases: list[tuple]  # local_phases: (parameters, epochs[, learning rate])
+    gen: torch.Generator  # the client's shuffling, seeded from (seed, client, round)
+    augment: Any  # data.augment's batch augmentation (None: off)
+    aug_gen: Optional[torch.Generator]
+    clock: float  # time.perf_counter() when the job started
+
+
 class ClientJobs:
     """Runs one process's client jobs: model objects are built once per architecture and reset from their initial
     weights (a job costs a copy of the weights, not a model construction); the round's shared payload is moved to
@@ -216,10 +230,11 @@ class ClientJobs:
                             with_data=with_data, device=self.device, memo=self._memo)
 
     # ------------------------------------------------------------------ jobs
-    def train(self, job: TrainJob, shared: dict, own: Optional[dict],
-              state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
-        """Local training of one client for one round; returns (its result with the upload, its new state)."""
-        start = time.perf_counter()
+    def start(self, job: TrainJob, shared: dict, own: Optional[dict], state: Optional[dict]) -> StartedJob:
+        """A training job up to its first step: the model reset to its initial weights, torch seeded from (seed,
+        client, round), the context built, the client's state initialised (first round) and set up, its phases
+        chosen. The one-client loop (:meth:`train`) and the cohort trainer (``raysim.engine.cohort``) share it."""
+        clock = time.perf_counter()
         alg, cid, rnd = self.algorithm, job.client_id, job.round
         seed = job_seed(self.cfg.seed, cid, rnd)
         model = self.model(cid)  # first: building a model reseeds torch's global RNG (deterministic weights)
@@ -231,17 +246,44 @@ class ClientJobs:
         alg.client_setup(model, ctx)
         phases = alg.local_phases(model, ctx)
         ctx.num_epochs = sum(phase[1] for phase in phases)
-        x, y, idx = ctx.train_data
-        n, bs = len(y), self.cfg.train.batch_size
         augment = _augment(self.cfg, self.data, cid)
         aug_gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM)) if augment else None
+        return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock)
+
+    def finish(self, started: StartedJob, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: int,
+               finite: bool, seconds: Optional[float] = None) -> tuple[TrainResult, Optional[dict]]:
+        """A trained client's result and new state: what ``client_upload`` and ``client_keep`` make of the model
+        (detached CPU copies), its mean loss and loss parts over the samples it saw."""
+        alg, model, ctx = self.algorithm, started.model, started.ctx
+        for p in model.parameters():
+            p.requires_grad_(True)
+        ctx.sample_idx = None
+        upload = detached_cpu(alg.client_upload(model, ctx))
+        keep = detached_cpu(alg.client_keep(model, ctx))
+        finite = finite and all_finite(upload) and all_finite(keep)
+        result = TrainResult(client_id=started.job.client_id, round=started.job.round, upload=upload,
+                             num_samples=len(ctx.train_data[1]), finite=finite,
+                             loss=float(loss_sum) / max(seen, 1),
+                             parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
+                             seconds=time.perf_counter() - started.clock if seconds is None else seconds,
+                             has_state=bool(keep), upload_bytes=nbytes(upload))
+        return result, (keep or None)
+
+    def train(self, job: TrainJob, shared: dict, own: Optional[dict],
+              state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
+        """Local training of one client for one round; returns (its result with the upload, its new state)."""
+        started = self.start(job, shared, own, state)
+        alg, model, ctx, gen = self.algorithm, started.model, started.ctx, started.gen
+        augment, aug_gen = started.augment, started.aug_gen
+        x, y, idx = ctx.train_data
+        n, bs = len(y), self.cfg.train.batch_size
         model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         part_sums: dict[str, torch.Tensor] = {}
         seen = 0
         finite = True
         all_params = list(model.parameters())
-        for params, epochs, *lr in phases:  # (parameters, epochs[, learning rate: train.lr when absent])
+        for params, epochs, *lr in started.phases:  # (parameters, epochs[, learning rate: train.lr when absent])
             active = {id(p) for p in params}
             for p in all_params:
                 p.requires_grad_(id(p) in active)
@@ -266,17 +308,7 @@ class ClientJobs:
                     break
             if not finite:
                 break
-        for p in all_params:
-            p.requires_grad_(True)
-        ctx.sample_idx = None
-        upload = detached_cpu(alg.client_upload(model, ctx))
-        keep = detached_cpu(alg.client_keep(model, ctx))
-        finite = finite and all_finite(upload) and all_finite(keep)
-        result = TrainResult(client_id=cid, round=rnd, upload=upload, num_samples=n, finite=finite,
-                             loss=float(loss_sum) / max(seen, 1),
-                             parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
-                             seconds=time.perf_counter() - start, has_state=bool(keep), upload_bytes=nbytes(upload))
-        return result, (keep or None)
+        return self.finish(started, loss_sum, part_sums, seen, finite)
 
     def train_group(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
                     states: list[Optional[dict]]) -> tuple[UploadSum, list[tuple[TrainResult, Optional[dict]]]]:
