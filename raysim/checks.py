@@ -21,6 +21,31 @@ def config_warnings(cfg: Any) -> list[str]:
                    "the Dirichlet label redistribution has nobody to redistribute to: this is exactly niid1 "
                    "(raise data.clients_per_domain, or set data.label_skew=subsample)")
     out += get_algorithm(cfg.algorithm.name).config_warnings(cfg)
+    out += vectorize_notices(cfg)
+    return out
+
+
+def vectorize_notices(cfg: Any) -> list[str]:
+    """``engine.vectorize=N`` where some clients will train one at a time anyway (they fall back: nothing is
+    refused), one line per reason. Nothing for ``off`` and ``auto`` (auto stacks clients where it can and pays)."""
+    from raysim.registry import get_algorithm, get_model
+
+    setting = str(cfg.engine.vectorize)
+    if not setting.isdigit() or int(setting) < 2:
+        return []
+    out = []
+    head = f"engine.vectorize={setting}:"
+    if not get_algorithm(cfg.algorithm.name).vectorizes():
+        out.append(f"{head} algorithm {cfg.algorithm.name} declares no vectorisable client hooks "
+                   f"(Algorithm.vectorizable), so its clients train one at a time")
+    names = sorted(set(cfg.model.names()))
+    per_client = [n for n in names if getattr(get_model(n), "per_client", False)]
+    if per_client:
+        out.append(f"{head} model {per_client[0]} gives every client its own architecture (HETE), so its clients "
+                   f"train one at a time")
+    elif len(names) > 1:
+        out.append(f"{head} clients of different architectures ({', '.join(names)}) are never stacked together: "
+                   f"each cohort trains one batched computation per architecture")
     return out
 
 

@@ -260,6 +260,11 @@ class EngineConfig:
     # the round's clients, in id order, in fixed groups of this many (auto: at most 32 groups). The groups, never
     # the workers, fix the order of summation, so changing this changes the last float bits
     sum_group: str = "auto"
+    # off | auto | N: train up to N same-architecture clients of a call as one batched computation (torch.func),
+    # for algorithms that declare vectorisable client hooks; cohorts are fixed groups of each round's clients in id
+    # order. auto measures one-at-a-time against stacked updates once, at the first round, within a memory budget
+    # (raysim.engine.cohort); off (the default): one client at a time
+    vectorize: str = "off"
     max_retries: int = 3  # re-runs of one client job after its worker died
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk
@@ -283,6 +288,12 @@ class EngineConfig:
         group = self.sum_group = str(self.sum_group)
         require(group == "auto" or (group.isdigit() and int(group) >= 1), "engine.sum_group",
                  f"must be auto or a whole number of clients >= 1, got {group!r}")
+        vectorize = self.vectorize = str(self.vectorize)
+        if vectorize in ("False", "false"):  # YAML reads a bare off as false
+            vectorize = self.vectorize = "off"
+        require(vectorize in ("off", "auto") or (vectorize.isdigit() and int(vectorize) >= 1), "engine.vectorize",
+                f"must be off, auto or a whole number >= 1 (clients per cohort), got "
+                f"{'on' if vectorize in ('True', 'true') else vectorize!r}")
         require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:

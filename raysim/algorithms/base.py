@@ -39,6 +39,8 @@ from raysim.data.base import FederatedData
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 
 TensorDict = dict[str, torch.Tensor]
+# the client hooks a vectorised cohort (engine.vectorize) relies on: overriding one needs a new declaration
+VECTOR_HOOKS = ("adapt_model", "init_client_state", "client_setup", "local_phases", "client_loss")
 
 
 @dataclass
@@ -180,12 +182,26 @@ class Algorithm:
     # client's training samples), which ``server_aggregate_mean`` receives. True for the default (FedAvg) aggregation;
     # it takes effect only while ``server_aggregate`` is the default one (see ``sums_uploads``).
     weighted_sum: ClassVar[bool] = True
+    # engine.vectorize: the client hooks can train many clients as one batched computation (docs/hooks.md); a
+    # subclass that overrides one of VECTOR_HOOKS must declare it again (``vectorizes``)
+    vectorizable: ClassVar[bool] = False
     # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
     tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         self.config: Any = cfg.algorithm  # the algorithm's own Config dataclass (FAPDConfig, ...)
+
+    @classmethod
+    def vectorizes(cls) -> bool:
+        """Whether ``engine.vectorize`` may stack this algorithm's clients: ``vectorizable = True`` declared in the
+        class itself or inherited from a class at least as derived as every class that defines one of
+        ``VECTOR_HOOKS`` (an inherited declaration does not cover a loss it never saw)."""
+        declared = next((c for c in cls.__mro__ if "vectorizable" in c.__dict__), None)
+        if declared is None or not declared.__dict__["vectorizable"]:
+            return False
+        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in VECTOR_HOOKS)), None)
+        return hooks is None or issubclass(declared, hooks)
 
     @classmethod
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:

@@ -113,6 +113,9 @@ class FAPD(Algorithm):
 
     Config = FAPDConfig
     shared = "all"
+    # engine.vectorize: the losses read the shared projection, the teacher features by each client's own sample
+    # indices (ctx.sample_idx, per client under vmap) and per-process constants
+    vectorizable = True
     tensorboard_charts = {"curriculum k": ["curriculum/k"]}  # the curriculum dimension beside accuracy
 
     # ------------------------------------------------------------------ driver: data, teacher, PCA

@@ -9,3 +9,4 @@ class FedAvg(Algorithm):
     """Federated averaging of the whole model, weighted by client sample counts."""
 
     shared = "all"
+    vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients

@@ -96,6 +96,7 @@ class FedBABU(Algorithm):
     Config = FedBABUConfig
     shared = "backbone"
     eval_needs_train_data = True  # personalised evaluation fine-tunes on the client's training split
+    vectorizable = True  # engine.vectorize: FedAvg's loss on the body's phase (evaluation's fine-tuning is not stacked)
 
     @property
     def has_global_model(self) -> bool:

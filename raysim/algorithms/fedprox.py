@@ -66,6 +66,8 @@ class FedProx(Algorithm):
 
     Config = FedProxConfig
     shared = "all"
+    # engine.vectorize: the proximal term reads the shared payload and the (swapped-in) parameters, nothing per client
+    vectorizable = True
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

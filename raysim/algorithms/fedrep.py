@@ -30,6 +30,7 @@ class FedRep(Algorithm):
 
     Config = FedRepConfig
     shared = "backbone"
+    vectorizable = True  # engine.vectorize: the same two phases for every client
 
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple[list[nn.Parameter], int]]:
         phases = [(list(model.head.parameters()), self.config.head_epochs),

@@ -9,3 +9,4 @@ class Local(Algorithm):
     """No communication: every client trains alone (the baseline)."""
 
     shared = "none"
+    vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients

@@ -13,3 +13,4 @@ class PartialAvg(Algorithm):
     """Averages only the classification heads; each client keeps its own backbone."""
 
     shared = "head"
+    vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients

@@ -72,6 +72,9 @@ class Unideal(Algorithm):
 
     Config = UnidealConfig
     shared = "head"
+    # engine.vectorize: CLKD ranks each client's batch on its own (topk per client under vmap); p depends on the
+    # epoch and round only, which a cohort shares
+    vectorizable = True
     tensorboard_charts = {"curriculum p": ["curriculum/p"]}  # the distilled share beside accuracy
 
     @classmethod
@@ -142,6 +145,7 @@ class PartialKD(Unideal):
 
     Config = PartialKDConfig
     tensorboard_charts = {}  # p is 1 throughout: no curriculum to chart
+    vectorizable = True  # engine.vectorize: UNIDEAL's loss with p = 1
 
     def fraction(self, ctx: ClientContext) -> float:
         return 1.0

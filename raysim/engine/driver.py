@@ -23,6 +23,7 @@ import torch
 from raysim.algorithms.base import ClientUpdate
 from raysim.data import build_federated_data
 from raysim.engine.central import reserved_jobs
+from raysim.engine.cohort import cohorts_of_groups, run_cohort_size
 from raysim.engine.core import detached_cpu, nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
@@ -115,9 +116,13 @@ class Driver:
         initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0,
                               self.algorithm)
         self.server_state = self.algorithm.init_server_state(initial.state_dict())
+        # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
+        self.cohort_size = run_cohort_size(cfg, self.algorithm, initial)
         if resume:
             ckpt = read_checkpoint(self.run_dir)
             self.round = self._checkpointed = int(ckpt["round"])
+            if self.cohort_size is None and ckpt.get("vectorize"):
+                self.cohort_size = int(ckpt["vectorize"])  # auto's choice stands for the whole run
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
             self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"])
@@ -255,12 +260,16 @@ class Driver:
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
         jobs = {c: TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c))
                 for c in sampled}
+        states = {c: self.states.get(c) for c in sampled}
+        if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
+            self.cohort_size, _ = self.executor.choose_cohort_size(list(jobs.values()), list(states.values()))
         size = self._sum_group(sampled)
         if not size or not self.cfg.engine.partial_sums:
-            return bytes_down, self.executor.train(list(jobs.values()), [self.states.get(c) for c in sampled]), None
+            return bytes_down, self.executor.train(list(jobs.values()), list(states.values()), self.cohort_size), None
         groups = fixed_groups(sampled, size)
         done, sums = self.executor.train_groups([[jobs[c] for c in g] for g in groups],
-                                                [[self.states.get(c) for c in g] for g in groups])
+                                                [[states[c] for c in g] for g in groups],
+                                                cohorts_of_groups([len(g) for g in groups], self.cohort_size))
         return bytes_down, done, sums
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
@@ -325,6 +334,8 @@ class Driver:
             "bytes_down": bytes_down,
             "clients": len(sampled),
         }
+        if self.cfg.engine.vectorize != "off":
+            metrics["vectorize"] = self.cohort_size  # clients per cohort (1: one at a time)
         for part in sorted({k for r in results for k in r.parts}):
             metrics[f"loss_{part}"] = float(sum(r.parts.get(part, 0.0) * w for r, w in zip(results, weights)) / total_w)
         if skipped:
@@ -394,6 +405,7 @@ class Driver:
     def checkpoint(self) -> None:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
         self.states.save(checkpoint_dir(self.run_dir), self.round,
-                         {"server_state": self.server_state, "totals": dict(self.totals), "history": history})
+                         {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
+                          "vectorize": self.cohort_size})
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round

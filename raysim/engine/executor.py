@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import torch
 
 from raysim.engine.central import run_here
+from raysim.engine.cohort import (choose_cohort_size, plan_cohorts, runs_of_cohorts, train_cohort,
+                                  train_groups_stacked)
 from raysim.engine.core import ClientJobs, copy_tree, threads_for
 from raysim.engine.device import configure, cuda_unusable, job_guard, node_name, restore
 from raysim.engine.jobs import ClientAccuracy, EvalJob, ServerTrainJob, TrainJob, TrainResult
@@ -100,14 +102,24 @@ class Executor:
         """Hand the run's prepared data to where the jobs run (once, before the first client job)."""
         raise NotImplementedError
 
-    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
-        """Train every job's client; returns {client id: (result, handle of its new state)}."""
+    def train(self, jobs: list[TrainJob], states: list[Any],
+              cohort_size: int = 1) -> dict[int, tuple[TrainResult, Any]]:
+        """Train every job's client; returns {client id: (result, handle of its new state)}. With ``cohort_size``
+        > 1 (``engine.vectorize``), the jobs (in client-id order) are cut into fixed cohorts of that many, each
+        trained in one process as one batched computation (``raysim.engine.cohort``)."""
         raise NotImplementedError
 
-    def train_groups(self, groups: list[list[TrainJob]],
-                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+    def choose_cohort_size(self, jobs: list[TrainJob], states: list[Any]) -> tuple[int, dict]:
+        """``engine.vectorize=auto``: the cohort size a probe on these jobs chooses (nothing it trains is kept),
+        and what it measured."""
+        raise NotImplementedError
+
+    def train_groups(self, groups: list[list[TrainJob]], states: list[list[Any]],
+                     cohorts: Optional[list[int]] = None) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
         """Train each group's clients in one call and sum their uploads there (``engine.partial_sums``); returns
-        ({client id: (result without its upload, handle of its new state)}, each group's sum in group order)."""
+        ({client id: (result without its upload, handle of its new state)}, each group's sum in group order).
+        ``cohorts`` (``engine.vectorize``): each group's cohort; the groups of a cohort train in one call as one
+        batched computation, each still summed on its own."""
         raise NotImplementedError
 
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
@@ -171,34 +183,55 @@ class InlineExecutor(Executor):
         finally:
             torch.set_num_threads(saved)
 
-    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
+    def train(self, jobs: list[TrainJob], states: list[Any],
+              cohort_size: int = 1) -> dict[int, tuple[TrainResult, Any]]:
         out: dict[int, tuple[TrainResult, Any]] = {}
         self.progress = (0, len(jobs), "train")
         with self._threads():
-            for job, state in zip(jobs, states):
-                with self._guard(f"client {job.client_id}'s training in round {job.round}"):
-                    result, keep = self.jobs.train(job, job.payload_ref, job.own_payload_ref, copy_tree(state))
-                result.upload = copy_tree(result.upload)  # a snapshot: nothing of the job's model stays shared
-                out[job.client_id] = (result, copy_tree(keep))
+            for cohort in plan_cohorts(len(jobs), cohort_size):
+                group = [jobs[i] for i in cohort]
+                group_states = [copy_tree(states[i]) for i in cohort]
+                first = group[0]
+                with self._guard(f"client {first.client_id}'s training in round {first.round}"
+                                 + (f" (a cohort of {len(group)})" if len(group) > 1 else "")):
+                    if len(group) == 1:
+                        done = [self.jobs.train(first, first.payload_ref, first.own_payload_ref, group_states[0])]
+                    else:
+                        done = train_cohort(self.jobs, group, first.payload_ref, [j.own_payload_ref for j in group],
+                                            group_states)
+                for job, (result, keep) in zip(group, done):
+                    result.upload = copy_tree(result.upload)  # a snapshot: nothing of the job's model stays shared
+                    out[job.client_id] = (result, copy_tree(keep))
                 self.progress = (len(out), len(jobs), "train")
         return out
 
-    def train_groups(self, groups: list[list[TrainJob]],
-                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+    def train_groups(self, groups: list[list[TrainJob]], states: list[list[Any]],
+                     cohorts: Optional[list[int]] = None) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
         out: dict[int, tuple[TrainResult, Any]] = {}
         sums: list[UploadSum] = []
         self.progress = (0, len(groups), "train")
         with self._threads():
-            for group, group_states in zip(groups, states):
-                rnd = group[0].round
+            for batch in runs_of_cohorts(len(groups), cohorts):  # one group, or a cohort's groups stacked
+                part = [groups[i] for i in batch]
+                part_states = [[copy_tree(s) for s in states[i]] for i in batch]
+                rnd = part[0][0].round
                 with self._guard(lambda: f"client {self.jobs.busy}'s training in round {rnd}"):  # noqa: B023
-                    total, done = self.jobs.train_group(group, group[0].payload_ref,
-                                                        [j.own_payload_ref for j in group],
-                                                        [copy_tree(s) for s in group_states])
-                sums.append(total)
-                out.update((result.client_id, (result, copy_tree(keep))) for result, keep in done)
+                    if cohorts is None:
+                        summed = [self.jobs.train_group(part[0], part[0][0].payload_ref,
+                                                        [j.own_payload_ref for j in part[0]], part_states[0])]
+                    else:
+                        summed = train_groups_stacked(self.jobs, part, part[0][0].payload_ref,
+                                                      [[j.own_payload_ref for j in g] for g in part], part_states)
+                for total, done in summed:
+                    sums.append(total)
+                    out.update((result.client_id, (result, copy_tree(keep))) for result, keep in done)
                 self.progress = (len(sums), len(groups), "train")
         return out, sums
+
+    def choose_cohort_size(self, jobs: list[TrainJob], states: list[Any]) -> tuple[int, dict]:
+        with self._threads(), self._guard(f"the engine.vectorize=auto probe in round {jobs[0].round}"):
+            return choose_cohort_size(self.jobs, jobs, jobs[0].payload_ref, [j.own_payload_ref for j in jobs],
+                                      [copy_tree(s) for s in states])
 
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
         out: dict[int, list[ClientAccuracy]] = {}
@@ -265,24 +298,29 @@ class RayExecutor(Executor):
         return self.pool.run([Job(key=0, submit=lambda w: w.central.remote(train), clients=[], round=0,
                                   kind="central")])[0]
 
-    def train(self, jobs: list[TrainJob], states: list[Any]) -> dict[int, tuple[TrainResult, Any]]:
+    def train(self, jobs: list[TrainJob], states: list[Any],
+              cohort_size: int = 1) -> dict[int, tuple[TrainResult, Any]]:
         from raysim.engine.pool import Job
 
-        def job(work: TrainJob, state: Any) -> Job:
-            return Job(key=work.client_id, submit=lambda w: w.train.remote(work, state), clients=[work.client_id],
-                       round=work.round, batch=(work, state))
+        cohort_of = {i: c for c, positions in enumerate(plan_cohorts(len(jobs), cohort_size)) for i in positions}
 
-        done = self.pool.run([job(w, s) for w, s in zip(jobs, states)])
+        def job(i: int, work: TrainJob, state: Any) -> Job:
+            return Job(key=work.client_id, submit=lambda w: w.train.remote(work, state), clients=[work.client_id],
+                       round=work.round, batch=(work, state), cohort=cohort_of[i] if cohort_size > 1 else None)
+
+        done = self.pool.run([job(i, w, s) for i, (w, s) in enumerate(zip(jobs, states))])
         return {cid: (result, refs[0]) for cid, (result, refs) in done.items()}
 
-    def train_groups(self, groups: list[list[TrainJob]],
-                     states: list[list[Any]]) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
+    def train_groups(self, groups: list[list[TrainJob]], states: list[list[Any]],
+                     cohorts: Optional[list[int]] = None) -> tuple[dict[int, tuple[TrainResult, Any]], list[UploadSum]]:
         from raysim.engine.pool import Job
+
+        stacked = cohorts is not None
 
         def job(i: int, works: list[TrainJob], group_states: list[Any]) -> Job:
             return Job(key=i, submit=lambda w: w.train_group.options(num_returns=1 + len(works)).remote(
-                works, *group_states), clients=[j.client_id for j in works], round=works[0].round,
-                sum_group=(works, group_states))
+                works, *group_states, stacked=stacked), clients=[j.client_id for j in works], round=works[0].round,
+                sum_group=(works, group_states), cohort=cohorts[i] if stacked else None)
 
         done = self.pool.run([job(i, g, s) for i, (g, s) in enumerate(zip(groups, states))])
         out: dict[int, tuple[TrainResult, Any]] = {}
@@ -290,6 +328,13 @@ class RayExecutor(Executor):
             group, state_refs = done[i]
             out.update((result.client_id, (result, ref)) for result, ref in zip(group.results, state_refs))
         return out, [done[i][0].upload_sum for i in range(len(groups))]
+
+    def choose_cohort_size(self, jobs: list[TrainJob], states: list[Any]) -> tuple[int, dict]:
+        from raysim.engine.pool import Job
+
+        probe = Job(key=0, submit=lambda w: w.choose_cohort_size.remote(jobs, *states), clients=[],
+                    round=jobs[0].round)
+        return self.pool.run([probe])[0]
 
     def evaluate(self, jobs: list[EvalJob], states: list[list[Any]]) -> dict[int, list[ClientAccuracy]]:
         from raysim.engine.pool import Job

@@ -54,6 +54,8 @@ class Job:
     # ([TrainJob], [state ref]) of a sum group (``engine.sum_group``) that may share one ``train_groups`` call with
     # the groups after it; its refs are (GroupResult, its clients' states)
     sum_group: Optional[tuple[list, list]] = None
+    # engine.vectorize: the jobs of one cohort go to one ``train_cohort`` call, whatever clients_per_call says
+    cohort: Optional[int] = None
 
 
 TARGET_CALL_S = 0.02  # auto batching: a call carries about this much measured client time
@@ -147,20 +149,27 @@ class WorkerPool:
     def _submit(self, queue: deque, worker: Any) -> tuple[list[Job], list[Submitted]]:
         """Start the next job, or the next run of batchable jobs in one call; returns (jobs, each job's refs)."""
         group = [queue.popleft()]
-        if group[0].batch is not None:
+        if group[0].cohort is not None:  # engine.vectorize: a cohort's jobs (clients or sum groups), whole, in one call
+            while queue and queue[0].cohort == group[0].cohort:
+                group.append(queue.popleft())
+            if group[0].sum_group is not None:
+                return group, self._submit_groups(group, worker, stacked=True)
+        elif group[0].batch is not None:
             k = self.clients_per_call(len(queue) + 1)
-            while len(group) < k and queue and queue[0].batch is not None:
+            while len(group) < k and queue and queue[0].batch is not None and queue[0].cohort is None:
                 group.append(queue.popleft())
         elif group[0].sum_group is not None:  # whole groups, as many as make about k clients
             k, clients = self.clients_per_call(len(queue) + 1), len(group[0].sum_group[0])
-            while queue and queue[0].sum_group is not None and clients + len(queue[0].sum_group[0]) <= k:
+            while queue and queue[0].sum_group is not None and queue[0].cohort is None \
+                    and clients + len(queue[0].sum_group[0]) <= k:
                 clients += len(queue[0].sum_group[0])
                 group.append(queue.popleft())
             if len(group) > 1:
                 return group, self._submit_groups(group, worker)
         if len(group) == 1:
             return group, [group[0].submit(worker)]
-        refs = worker.train_many.options(num_returns=2 * len(group)).remote(
+        method = worker.train_cohort if group[0].cohort is not None else worker.train_many
+        refs = method.options(num_returns=2 * len(group)).remote(
             [j.batch[0] for j in group], *[j.batch[1] for j in group])
         return group, [refs[2 * i:2 * i + 2] for i in range(len(group))]
 
@@ -174,11 +183,12 @@ class WorkerPool:
             pass
 
     @staticmethod
-    def _submit_groups(jobs: list[Job], worker: Any) -> list[Submitted]:
-        """Several sum groups in one ``train_groups`` call; each job's refs are [its GroupResult, its states]."""
+    def _submit_groups(jobs: list[Job], worker: Any, stacked: bool = False) -> list[Submitted]:
+        """Several sum groups in one ``train_groups`` call (``stacked``: one cohort's, trained as one batched
+        computation); each job's refs are [its GroupResult, its states]."""
         works = [j.sum_group[0] for j in jobs]
         refs = worker.train_groups.options(num_returns=len(jobs) + sum(len(w) for w in works)).remote(
-            works, *[s for j in jobs for s in j.sum_group[1]])
+            works, *[s for j in jobs for s in j.sum_group[1]], stacked=stacked)
         outs, at = [], len(jobs)
         for i, w in enumerate(works):
             outs.append([refs[i], *refs[at:at + len(w)]])

@@ -17,6 +17,7 @@ import ray
 import torch
 
 from raysim.engine.central import run_here
+from raysim.engine.cohort import choose_cohort_size, train_cohort, train_groups_stacked
 from raysim.engine.core import ClientJobs
 from raysim.engine.device import configure, cuda_unusable, job_guard, memory_info, node_name, refuse_gpu_share
 from raysim.engine.jobs import ClientAccuracy, EvalJob, GroupResult, ServerTrainJob, TrainJob, TrainResult
@@ -147,26 +148,56 @@ class ClientWorker:
             out.extend(self.train(job, state))
         return out
 
-    def train_group(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
+    def train_group(self, jobs: list[TrainJob], *states: Optional[dict], stacked: bool = False) -> list:
         """A fixed group of clients (``engine.sum_group``) in one call, their uploads summed here; returns
         [GroupResult (the sum and each client's result without its upload), new state per client], flat, so that
-        each state becomes its own object in the store (the caller sets ``num_returns=1 + len(jobs)``)."""
-        with self._guard(lambda: f"client {self.jobs.busy}'s training in round {jobs[0].round}"):
-            owns = [ray.get(j.own_payload_ref) if j.own_payload_ref is not None else None for j in jobs]
-            total, done = self.jobs.train_group(jobs, self._shared(jobs[0].payload_ref), owns, list(states))
-        return [GroupResult(upload_sum=total, results=[result for result, _ in done]), *[keep for _, keep in done]]
+        each state becomes its own object in the store (the caller sets ``num_returns=1 + len(jobs)``).
+        ``stacked`` (``engine.vectorize``): the group trains as one cohort."""
+        return self.train_groups([jobs], *states, stacked=stacked)
 
-    def train_groups(self, groups: list[list[TrainJob]], *states: Optional[dict]) -> list:
-        """Several sum groups in one call (``engine.clients_per_call``: short clients), one after another exactly as
-        ``train_group`` runs each; returns [GroupResult per group, then every client's new state, in order] (the
-        caller sets ``num_returns``)."""
+    def train_groups(self, groups: list[list[TrainJob]], *states: Optional[dict], stacked: bool = False) -> list:
+        """Several sum groups in one call (``engine.clients_per_call``: short clients; ``engine.vectorize``: one
+        cohort's groups, trained together as one batched computation with ``stacked``), each summed on its own;
+        returns [GroupResult per group, then every client's new state, in order] (the caller sets
+        ``num_returns``)."""
         results, kept, at = [], [], 0
+        parts = []
         for jobs in groups:
-            out = self.train_group(jobs, *states[at:at + len(jobs)])
+            parts.append(list(states[at:at + len(jobs)]))
             at += len(jobs)
-            results.append(out[0])
-            kept.extend(out[1:])
+        with self._guard(lambda: f"client {self.jobs.busy}'s training in round {groups[0][0].round}"):
+            shared = self._shared(groups[0][0].payload_ref)
+            owns = [self._owns(jobs) for jobs in groups]
+            if stacked:
+                summed = train_groups_stacked(self.jobs, groups, shared, owns, parts)
+            else:
+                summed = [self.jobs.train_group(jobs, shared, own, part)
+                          for jobs, own, part in zip(groups, owns, parts)]
+        for total, done in summed:
+            results.append(GroupResult(upload_sum=total, results=[result for result, _ in done]))
+            kept.extend(keep for _, keep in done)
         return results + kept
+
+    def train_cohort(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
+        """One cohort (``engine.vectorize``): its clients stacked and trained as one batched computation
+        (``raysim.engine.cohort``); returns [result, state] per client, flat, as ``train_many`` does."""
+        with self._guard(f"client {jobs[0].client_id}'s training in round {jobs[0].round} (a cohort of {len(jobs)})"):
+            done = train_cohort(self.jobs, jobs, self._shared(jobs[0].payload_ref), self._owns(jobs), list(states))
+        return [value for pair in done for value in pair]
+
+    def choose_cohort_size(self, jobs: list[TrainJob], *states: Optional[dict]) -> tuple[int, dict]:
+        """``engine.vectorize=auto``: the cohort size a probe on these clients chooses, and what it measured."""
+        with self._guard(f"the engine.vectorize=auto probe in round {jobs[0].round}"):
+            return choose_cohort_size(self.jobs, jobs, self._shared(jobs[0].payload_ref), self._owns(jobs),
+                                      list(states))
+
+    @staticmethod
+    def _owns(jobs: list[TrainJob]) -> list[Optional[dict]]:
+        """The jobs' own payloads (``client_payload``), fetched in one call; None where a client has none."""
+        refs = [j.own_payload_ref for j in jobs]
+        present = [r for r in refs if r is not None]
+        fetched = iter(ray.get(present)) if present else iter(())
+        return [next(fetched) if r is not None else None for r in refs]
 
     def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
         """Test accuracy of the model each client would use after this round's aggregation."""

@@ -1,0 +1,624 @@
+"""Vectorised cohorts (``engine.vectorize``): K same-architecture clients trained in lockstep as one computation.
+
+For the small models of cross-device FL a client's step is a handful of tiny kernels, and Python and dispatch cost
+more than the arithmetic. A cohort stacks its clients' parameters along a new first dimension and runs every step
+for all of them at once: one ``torch.func.vmap`` of the algorithm's own ``client_loss`` (the hook sees its usual
+``model``, reparametrised with ``torch.func.functional_call``), the per-client losses summed, one backward and one
+step of the usual ``torch.optim`` optimiser on the stacked tensors. The clients are independent, so the gradient of
+the summed loss is, slice by slice, each client's own gradient, and SGD (momentum, weight decay) and Adam are
+elementwise: each slice takes its own client's step.
+
+What stays per client, exactly as :meth:`raysim.engine.core.ClientJobs.train` does it one at a time:
+
+- setup: every client is started by ``ClientJobs.start`` (seeded from (seed, client, round), its state, payload and
+  phases), and its upload and kept state come from ``ClientJobs.finish`` on the model loaded with its slice;
+- batches: each client draws its own permutation every epoch from its own generator and cuts it with
+  :func:`raysim.engine.epochs.batch_bounds`, so it sees exactly the batches it would alone. Step s of an epoch is
+  every client's s-th batch; clients whose s-th batch has another size (a short or merged last batch) are run as
+  their own vmapped group within the same step, so no sample is padded or made up; a client with fewer batches
+  sits out the rest of the epoch, its parameters and optimiser state restored after each step it sits out;
+- the loss and its parts are summed per client in float64, on the device, with no host sync inside an epoch; a
+  client whose loss is no longer finite stops at the end of that epoch, as alone.
+
+Numbers: vmap computes some gradients in another order than one client alone (a Linear layer's weight gradient
+as (xᵀg)ᵀ rather than gᵀx), so results equal one-at-a-time training within float32 rounding, not bit for bit.
+Cohorts are fixed groups of the round's clients in client-id order (:func:`plan_cohorts`), whatever the number of
+workers, so a run's metrics do not depend on ``engine.num_workers``.
+
+An algorithm opts in with ``vectorizable = True`` (see ``docs/hooks.md`` for what makes its hooks vectorisable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import time
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+from torch.overrides import TorchFunctionMode
+
+from raysim.engine.core import ClientJobs, StartedJob, make_optimizer
+from raysim.engine.epochs import batch_bounds
+from raysim.engine.jobs import TrainJob, TrainResult
+from raysim.engine.partial import UploadSum, sum_results
+from raysim.models import model_key
+
+if TYPE_CHECKING:
+    from raysim.algorithms.base import Algorithm
+    from raysim.config import ExperimentConfig
+
+RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+AUTO_MAX_K = 32  # engine.vectorize=auto: cohorts of at most this many clients,
+AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per worker),
+AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
+AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
+
+
+# ---------------------------------------------------------------------------------------------- what can vectorise
+def vectorize_setting(cfg: ExperimentConfig) -> int | str:
+    """``engine.vectorize`` as ``"off"``, ``"auto"`` or a cohort size N >= 2 (N = 1 is off)."""
+    value = str(cfg.engine.vectorize)
+    if value in ("off", "auto"):
+        return value
+    return int(value) if int(value) >= 2 else "off"
+
+
+def model_refusal(model: nn.Module) -> Optional[str]:
+    """Why ``model`` cannot train in a cohort (None: it can): random layers would need one random stream per
+    client inside one batched call."""
+    random = sorted({type(m).__name__ for m in model.modules() if isinstance(m, RANDOM_MODULES)})
+    if random:
+        return (f"the model has {', '.join(random)} layers, whose random masks cannot be drawn per client inside one "
+                f"batched step")
+    return None
+
+
+def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module) -> Optional[int]:
+    """The cohort size a run starts with: 1 (one client at a time), N, or None (``auto``: a probe at the first
+    round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1 by
+    ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
+    config's notice, :func:`config_notices`, says so)."""
+    from raysim.errors import UserError
+    from raysim.registry import get_model
+
+    setting = vectorize_setting(cfg)
+    if setting == "off" or not type(algorithm).vectorizes():
+        return 1
+    if any(getattr(get_model(n), "per_client", False) for n in cfg.model.names()):
+        return 1
+    reason = model_refusal(model)
+    if reason is not None:
+        if setting == "auto":
+            return 1
+        raise UserError(f"config key 'engine.vectorize': {reason}; set engine.vectorize=off")
+    return None if setting == "auto" else int(setting)
+
+
+def plan_cohorts(num_jobs: int, size: int) -> list[range]:
+    """Positions of the round's jobs (in client-id order) cut into fixed cohorts of ``size``: the same cohorts
+    whatever the number of workers, so the same numbers."""
+    size = max(1, size)
+    return [range(b, min(b + size, num_jobs)) for b in range(0, num_jobs, size)]
+
+
+def cohorts_of_groups(sizes: list[int], cohort_size: Optional[int]) -> Optional[list[int]]:
+    """With partial sums (``engine.partial_sums``): each sum group's cohort (None: no cohorts). A cohort is a run of
+    whole consecutive groups of at most ``cohort_size`` clients (at least one group), so every group is still
+    summed on its own, exactly as without cohorts; the same cohorts whatever the number of workers."""
+    if not cohort_size or cohort_size <= 1:
+        return None
+    out: list[int] = []
+    cohort, clients = 0, 0
+    for size in sizes:
+        if clients and clients + size > cohort_size:
+            cohort, clients = cohort + 1, 0
+        out.append(cohort)
+        clients += size
+    return out
+
+
+def runs_of_cohorts(num_groups: int, cohorts: Optional[list[int]]) -> list[list[int]]:
+    """Group indices in the order they train: one group at a time, or (``cohorts``) a cohort's groups together."""
+    if cohorts is None:
+        return [[i] for i in range(num_groups)]
+    runs: list[list[int]] = []
+    for i, c in enumerate(cohorts):
+        if runs and cohorts[runs[-1][0]] == c:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+# ---------------------------------------------------------------------------------------------- small tree helpers
+def _tree_map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: _tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_tree_map(fn, v) for v in tree)
+    return tree
+
+
+def _signature(tree: Any) -> Any:
+    """A tree's structure, shapes and dtypes (plain values as themselves); None for anything else."""
+    if isinstance(tree, torch.Tensor):
+        return ("tensor", tuple(tree.shape), tree.dtype)
+    if isinstance(tree, dict):
+        return {k: _signature(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_signature(v) for v in tree]
+    return ("value", tree) if isinstance(tree, (int, float, str, bool, type(None))) else None
+
+
+def _stackable(signature: Any) -> bool:
+    if isinstance(signature, dict):
+        return all(_stackable(v) for v in signature.values())
+    if isinstance(signature, list):
+        return all(_stackable(v) for v in signature)
+    return signature is not None
+
+
+def _stack_trees(trees: list[Any]) -> Any:
+    """The clients' trees as one tree of stacked tensors (first dimension: the client); None where they differ in
+    structure, shape or dtype, or hold anything but tensors and plain values."""
+    first = _signature(trees[0])
+    if not _stackable(first) or any(_signature(t) != first for t in trees[1:]):
+        return None
+
+    def stack(*leaves: Any) -> Any:
+        if isinstance(leaves[0], torch.Tensor):
+            return torch.stack(leaves)
+        if isinstance(leaves[0], dict):
+            return {k: stack(*(leaf[k] for leaf in leaves)) for k in leaves[0]}
+        if isinstance(leaves[0], (list, tuple)):
+            return type(leaves[0])(stack(*parts) for parts in zip(*leaves))
+        return leaves[0]
+
+    return stack(*trees)
+
+
+class _Unstacked(dict):
+    """``ctx.state`` inside a vectorised step when the cohort's states differ in structure: reading it is an
+    error that says so (a state read by a vectorisable loss must have one structure for every client)."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise KeyError(f"ctx.state[{key!r}]: this cohort's client states differ in structure, so a vectorised "
+                       f"client_loss cannot read them (give every client the same state from init_client_state)")
+
+
+class _HookCall(nn.Module):
+    """Calls the algorithm's ``client_loss`` on ``model``: ``functional_call`` on this wrapper swaps the model's
+    parameters and buffers for a client's slice, whichever of the model's methods the hook calls."""
+
+    def __init__(self, model: nn.Module, loss: Callable):
+        super().__init__()
+        self.model = model
+        self._loss = loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, ctx: Any) -> Any:
+        return self._loss(self.model, x, y, ctx)
+
+
+_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _live(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict(keep_vars=True)``: its live parameters and buffers by name, walked once per model object
+    (a walk visits every module, and a cohort needs it twice a client)."""
+    if model not in _LIVE:
+        _LIVE[model] = dict(model.state_dict(keep_vars=True))
+    return _LIVE[model]
+
+
+class _SerialLinear(torch.autograd.Function):
+    """``F.linear`` whose gradients are computed as for one client alone: the weight's as gᵀx (torch's
+    layout-aware backward of a linear layer) where vmap's own rule computes (xᵀg)ᵀ, another summation order.
+    With it, a stacked MLP's gradients equal one-at-a-time gradients bit for bit (as far as the matrix products
+    of a stack and of one client agree: measured for small MLPs, not for 512-wide layers)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
+        grad_w = flat.t().mm(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+_NLL_LEVELS, _NLL_POWER = 8, 4  # the cascade of torch's CPU nll_loss kernel: 8 levels of 2**4 samples
+
+
+def _nll_order_sum(values: torch.Tensor) -> torch.Tensor:
+    """-Σ values over the last dimension, added in the order of torch's nll_loss kernel (a cascade of partial sums,
+    each in float32), so that the mean cross-entropy of one client's batch has the kernel's value bit for bit."""
+    zero = values.new_zeros(values.shape[:-1])
+    parts = [zero] * _NLL_LEVELS
+    mask = (1 << _NLL_POWER) - 1
+    for b in range(values.shape[-1]):
+        parts[0] = parts[0] - values[..., b]
+        for j in range(_NLL_LEVELS - 1):
+            if b & (mask << (j * _NLL_POWER)):
+                break
+            parts[j + 1] = parts[j + 1] + parts[j]
+            parts[j] = zero
+    total = zero
+    for part in parts:
+        total = total + part
+    return total
+
+
+_CE_PLAIN = {"weight": None, "size_average": None, "reduce": None, "ignore_index": -100, "label_smoothing": 0.0}
+_CE_SIGNATURE = inspect.signature(F.cross_entropy)
+
+
+def _serial_cross_entropy(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """``F.cross_entropy`` of one client's [B, C] logits and class targets with the value torch's kernel gives
+    (vmap's own rule sums the batch in another order); None for any other use (weights, smoothing, soft targets),
+    which then runs as it is."""
+    bound = _CE_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    logits, target = a["input"], a["target"]
+    if any(a[k] != v for k, v in _CE_PLAIN.items()) or a["reduction"] not in ("mean", "sum") \
+            or logits.dim() != 2 or target.dim() != 1 or target.is_floating_point():
+        return None
+    picked = F.log_softmax(logits, dim=1).gather(1, target.unsqueeze(1)).squeeze(1)
+    fast = -picked.sum()  # the gradient (-1 each, as the kernel's), not the value
+    with torch.no_grad():
+        exact = _nll_order_sum(picked)
+    total = exact + (fast - fast.detach())  # the kernel's value, the gradient of a sum
+    return total / picked.shape[0] if a["reduction"] == "mean" else total
+
+
+class _OneClientOrder(TorchFunctionMode):
+    """Inside a vectorised step: linear layers through :class:`_SerialLinear` and plain cross-entropies through
+    :func:`_serial_cross_entropy`, so that a client's numbers are those it gets alone."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, *rest = args
+            return _SerialLinear.apply(x, weight, rest[0] if rest else kwargs.get("bias"))
+        if func is F.cross_entropy:
+            out = _serial_cross_entropy(args, kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _batch_sizes(n: int, batch_size: int) -> tuple[int, ...]:
+    return tuple(e - b for b, e in batch_bounds(n, batch_size))
+
+
+# ---------------------------------------------------------------------------------------------- training
+def train_cohort(core: ClientJobs, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+                 states: list[Optional[dict]]) -> list[tuple[TrainResult, Optional[dict]]]:
+    """Train every job's client, stacking those that can train together; returns (result, new state) per job, in
+    the order given. Clients of one architecture, with the same phases (and, with Adam, the same number of batches
+    an epoch), train as one batched computation; a client alone in its group trains one at a time."""
+    clock = time.perf_counter()
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
+    out: list[Optional[tuple[TrainResult, Optional[dict]]]] = [None] * len(jobs)
+    if not type(core.algorithm).vectorizes() or len(jobs) < 2:
+        for i in order:
+            out[i] = core.train(jobs[i], shared, owns[i], states[i])
+        return out  # type: ignore[return-value]
+    groups: dict[tuple, list[tuple[int, StartedJob, dict[str, torch.Tensor]]]] = {}
+    for i in order:
+        started = core.start(jobs[i], shared, owns[i], states[i])
+        own_keys = tuple(sorted(owns[i] or ()))  # client_payload's entries, stacked per client
+        key = (model_key(core.cfg, core.data, jobs[i].client_id), own_keys, *_phase_spec(started))
+        if core.cfg.train.optimizer == "adam":  # Adam's step count is one per tensor: no client may sit out a step
+            key += (len(_batch_sizes(len(started.ctx.train_data[1]), core.cfg.train.batch_size)),)
+        snapshot = {k: v.detach().clone() for k, v in _live(started.model).items()}
+        groups.setdefault(key, []).append((i, started, snapshot))
+    for key, members in groups.items():
+        if len(members) == 1 or model_refusal(members[0][1].model) is not None:
+            for i, _, _ in members:
+                out[i] = core.train(jobs[i], shared, owns[i], states[i])  # starts it again: a pure function
+        else:
+            done = _CohortRun(core, members, set(key[1])).run()
+            for (i, _, _), value in zip(members, done):
+                out[i] = value
+    seconds = (time.perf_counter() - clock) / len(jobs)  # the cohort's time, shared out
+    for value in out:
+        if value is not None:
+            value[0].seconds = seconds
+    return out  # type: ignore[return-value]
+
+
+def train_groups_stacked(core: ClientJobs, groups: list[list[TrainJob]], shared: dict,
+                         owns: list[list[Optional[dict]]], states: list[list[Optional[dict]]]
+                         ) -> list[tuple[UploadSum, list[tuple[TrainResult, Optional[dict]]]]]:
+    """One cohort made of whole sum groups (``engine.partial_sums``): every client of every group trained as one
+    batched computation (:func:`train_cohort`), then each group's finite uploads summed on their own, in id order,
+    as ``ClientJobs.train_group`` sums them; returns (the group's sum, its [(result without upload, state)]) per
+    group."""
+    flat = [job for jobs in groups for job in jobs]
+    core.busy = flat[0].client_id  # for an error's message: the cohort's first client
+    done = train_cohort(core, flat, shared, [o for own in owns for o in own], [s for st in states for s in st])
+    out, at = [], 0
+    for jobs in groups:
+        part = done[at:at + len(jobs)]
+        at += len(jobs)
+        out.append((sum_results([result for result, _ in part]), part))
+    return out
+
+
+def _phase_spec(started: StartedJob) -> tuple:
+    """The client's local phases by parameter name: (names, epochs, learning rate) each."""
+    names = {id(p): n for n, p in started.model.named_parameters()}
+    return tuple((tuple(names[id(p)] for p in params), epochs, lr[0] if lr else None)
+                 for params, epochs, *lr in started.phases)
+
+
+class _CohortRun:
+    """One stacked computation: the clients of ``members`` (same architecture and phases) through all phases."""
+
+    def __init__(self, core: ClientJobs, members: list[tuple[int, StartedJob, dict[str, torch.Tensor]]],
+                 own_keys: set[str]):
+        self.core = core
+        self.cfg = core.cfg
+        self.alg: Algorithm = core.algorithm
+        self.started = [s for _, s, _ in members]
+        self.k = len(members)
+        model = self.started[0].model
+        self.model = model
+        self.param_names = [n for n, _ in model.named_parameters()]
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+        snaps = [snap for _, _, snap in members]
+        self.params = {n: torch.stack([s[n] for s in snaps]) for n in self.param_names}
+        self.buffers = {n: torch.stack([s[n] for s in snaps]) for n in self.buffer_names}
+        self.wrapper = _HookCall(model, self.alg.client_loss)
+        self.keys = {n: "model." + n for n in self.param_names + self.buffer_names}
+        # every client's training split, one after another; a client's batch is a row of global positions
+        data = [s.ctx.train_data for s in self.started]
+        self.sizes = [len(y) for _, y, _ in data]
+        self.offsets = [0]
+        for n in self.sizes[:-1]:
+            self.offsets.append(self.offsets[-1] + n)
+        self.x = torch.cat([x for x, _, _ in data])
+        self.y = torch.cat([y for _, y, _ in data])
+        self.idx = torch.cat([i for _, _, i in data])
+        self.device = self.x.device
+        # what client_loss reads besides the batch: the shared payload as it is, each client's own entries
+        # (``client_payload``) and kept state stacked
+        ctx0 = self.started[0].ctx
+        self.shared_payload = {k: v for k, v in ctx0.payload.items() if k not in own_keys}
+        self.own = _stack_trees([{k: s.ctx.payload[k] for k in own_keys} for s in self.started]) if own_keys else {}
+        if self.own is None:
+            raise ValueError("a vectorised cohort needs its clients' own payloads (client_payload) to have one "
+                             "structure")
+        stacked_state = _stack_trees([s.ctx.state for s in self.started])
+        self.state = stacked_state if stacked_state is not None else {}
+        self.state_unstacked = stacked_state is None
+        self.template = dataclasses.replace(ctx0, client_id=-1, train_data=None, scratch={}, sample_idx=None,
+                                            payload={}, state={})
+
+    # ------------------------------------------------------------------ the batched loss of one group of clients
+    def _loss(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, sample_idx: torch.Tensor,
+              own: dict, state: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        values = {self.keys[n]: v for n, v in params.items()}
+        values.update({self.keys[n]: v for n, v in buffers.items()})
+        ctx = dataclasses.replace(self.template, payload={**self.shared_payload, **own},
+                                  state=_Unstacked() if self.state_unstacked else state, sample_idx=sample_idx)
+        return functional_call(self.wrapper, values, (x, y, ctx))
+
+    def _group_loss(self, members: Optional[torch.Tensor], rows: torch.Tensor) -> tuple:
+        """(per-client losses, per-client parts) of one step for the clients ``members`` (None: all of them), whose
+        batches are the global sample positions ``rows`` [clients, batch]."""
+        pick = (lambda t: t) if members is None else (lambda t: t.index_select(0, members))
+        params = {n: pick(p) for n, p in self.params.items()}
+        buffers = {n: pick(b) for n, b in self.buffers.items()}
+        x = self.x[rows]
+        if self.started[0].augment is not None:  # each client's own augmentation stream, one batch at a time
+            who = range(self.k) if members is None else members.tolist()
+            x = torch.stack([self.started[c].augment(xc, self.started[c].aug_gen) for c, xc in zip(who, x)])
+        state = {} if self.state_unstacked else _tree_map(pick, self.state)
+        own = _tree_map(pick, self.own)
+        with _OneClientOrder(), warnings.catch_warnings():
+            # an op without a batching rule (kl_div) runs client by client: slower, and exactly one client's numbers
+            warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
+            loss, parts = vmap(self._loss, in_dims=(0, 0, 0, 0, 0, 0 if own else None, 0 if state else None))(
+                params, buffers, x, self.y[rows], self.idx[rows], own, state)
+        if members is not None and buffers:  # running statistics were updated in the picked copies: write back
+            with torch.no_grad():
+                for n, b in buffers.items():
+                    self.buffers[n].index_copy_(0, members, b)
+        return loss, parts
+
+    # ------------------------------------------------------------------ all phases
+    def run(self) -> list[tuple[TrainResult, Optional[dict]]]:
+        k, bs = self.k, self.cfg.train.batch_size
+        everyone = torch.arange(k, device=self.device)
+        loss_sum = torch.zeros(k, dtype=torch.float64, device=self.device)
+        part_sums: dict[str, torch.Tensor] = {}
+        seen = [0] * k
+        stopped = [False] * k  # a client whose loss turned non-finite: out for the rest of its job
+        epochs_done = [0] * k
+        self.model.train()
+        batches = [_batch_sizes(n, bs) for n in self.sizes]
+        for names, epochs, lr in _phase_spec(self.started[0]):
+            for n, p in self.params.items():
+                p.requires_grad_(n in names)
+            trained = [self.params[n] for n in names]
+            opt = make_optimizer(self.cfg, trained, lr)
+            for _ in range(epochs):
+                rows = self._epoch_positions(stopped)
+                steps = max((len(b) for b, s in zip(batches, stopped) if not s), default=0)
+                for step in range(steps):
+                    groups: dict[int, list[int]] = {}  # batch size -> clients with a batch of that size this step
+                    for c in range(k):
+                        if not stopped[c] and step < len(batches[c]):
+                            groups.setdefault(batches[c][step], []).append(c)
+                    total = None
+                    for size, members in groups.items():
+                        index = None if len(members) == k else torch.tensor(members, device=self.device)
+                        block = (rows if index is None else rows.index_select(0, index))[:, step * bs:step * bs + size]
+                        loss, parts = self._group_loss(index, block)
+                        total = loss.sum() if total is None else total + loss.sum()
+                        where = everyone if index is None else index
+                        loss_sum.index_add_(0, where, loss.detach().double() * size)
+                        for name, v in parts.items():
+                            acc = part_sums.setdefault(name, torch.zeros(k, dtype=torch.float64, device=self.device))
+                            acc.index_add_(0, where, v.detach().double() * size)
+                        for c in members:
+                            seen[c] += size
+                    active = {c for members in groups.values() for c in members}
+                    self._step(opt, trained, total, [c for c in range(k) if c not in active])
+                for c in range(k):
+                    epochs_done[c] += not stopped[c]
+                self.template = dataclasses.replace(self.template, epoch=self.template.epoch + 1)
+                finite = torch.isfinite(loss_sum).tolist()  # one host sync an epoch, as one client alone
+                stopped = [s or not f for s, f in zip(stopped, finite)]
+        return self._finish(loss_sum, part_sums, seen, stopped, epochs_done)
+
+    def _epoch_positions(self, stopped: list[bool]) -> torch.Tensor:
+        """[clients, largest split] global sample positions: each client's own permutation for this epoch, drawn
+        from its own generator as ``epoch_batches`` draws it (clients that stopped draw nothing)."""
+        rows = torch.zeros(self.k, max(self.sizes), dtype=torch.int64)
+        for c, s in enumerate(self.started):
+            if not stopped[c]:
+                rows[c, :self.sizes[c]] = torch.randperm(self.sizes[c], generator=s.gen) + self.offsets[c]
+        return rows.to(self.device)
+
+    def _step(self, opt: torch.optim.Optimizer, trained: list[torch.Tensor], total: Optional[torch.Tensor],
+              sitting_out: list[int]) -> None:
+        """One optimiser step on the stack; clients sitting this step out get their parameters and optimiser state
+        back as they were."""
+        opt.zero_grad(set_to_none=True)
+        if total is None:
+            return
+        total.backward()
+        if self.alg.clip_grad_norm is not None:
+            _clip_per_client(trained, self.alg.clip_grad_norm, self.k)
+        if not sitting_out:
+            opt.step()
+            return
+        index = torch.tensor(sitting_out, device=self.device)
+        keep = [(t, t.index_select(0, index)) for t in self._stacked_state(opt, trained)]
+        opt.step()
+        with torch.no_grad():
+            for t, saved in keep:
+                t.index_copy_(0, index, saved)
+
+    def _stacked_state(self, opt: torch.optim.Optimizer, trained: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The trained stacks and every per-client tensor of the optimiser's state (momentum, Adam's moments)."""
+        out = [p.data for p in trained]
+        for p in trained:
+            for v in opt.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == self.k:
+                    out.append(v)
+        return out
+
+    def _finish(self, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: list[int],
+                stopped: list[bool], epochs_done: list[int]) -> list[tuple[TrainResult, Optional[dict]]]:
+        for p in self.params.values():
+            p.requires_grad_(False)
+        losses = loss_sum.cpu()
+        parts = {name: v.cpu() for name, v in part_sums.items()}
+        out = []
+        for c, started in enumerate(self.started):
+            with torch.no_grad():  # the process's model object for this architecture, holding this client's slice
+                for name, live in _live(started.model).items():
+                    live.copy_((self.params[name] if name in self.params else self.buffers[name])[c])
+            started.ctx.epoch = epochs_done[c]
+            out.append(self.core.finish(started, losses[c], {name: v[c] for name, v in parts.items()}, seen[c],
+                                        not stopped[c]))
+        return out
+
+
+def _clip_per_client(trained: list[torch.Tensor], max_norm: float, k: int) -> None:
+    """``clip_grad_norm_`` for each client's slice: its gradient norm over every trained tensor, clipped to
+    ``max_norm``."""
+    grads = [p.grad for p in trained if p.grad is not None]
+    if not grads:
+        return
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), dim=1) for g in grads])
+    total = torch.linalg.vector_norm(norms, dim=0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view(k, *([1] * (g.dim() - 1))))
+
+
+# ---------------------------------------------------------------------------------------------- engine.vectorize=auto
+def per_client_bytes(core: ClientJobs, started: StartedJob) -> int:
+    """What one more client adds to a cohort: its parameters and buffers with their gradients and optimiser
+    state, its training split, and what the autograd graph of one of its batches saves (measured on a batch)."""
+    model, ctx = started.model, started.ctx
+    slots = 4 if core.cfg.train.optimizer == "adam" else 3  # value, gradient, momentum (Adam: two moments)
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * slots
+    x, y, idx = ctx.train_data
+    data = x.numel() * x.element_size() + y.numel() * y.element_size() + idx.numel() * idx.element_size()
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.numel() * t.element_size())
+        return t
+
+    bs = min(core.cfg.train.batch_size, len(y))
+    if bs:
+        model.train()
+        ctx.sample_idx = idx[:bs]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            core.algorithm.client_loss(model, x[:bs], y[:bs], ctx)
+        ctx.sample_idx = None
+    return weights + data + sum(saved.values())
+
+
+def choose_cohort_size(core: ClientJobs, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+                       states: list[Optional[dict]]) -> tuple[int, dict[str, float]]:
+    """``engine.vectorize=auto``: the cohort size for the run (1: off), from a probe on the round's first clients.
+
+    The size is the largest up to :data:`AUTO_MAX_K` (and the round's clients) whose stacked training state fits
+    :data:`AUTO_MEMORY_BYTES`; the probe times clients one at a time, and, unless they are slow enough that the
+    arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size: cohorts are chosen when they are at least
+    :data:`AUTO_MARGIN` times faster per client. Nothing the probe trains is kept. Returns (size, what it measured).
+    """
+    if not type(core.algorithm).vectorizes() or len(jobs) < 2:
+        return 1, {}
+    started = core.start(jobs[0], shared, owns[0], states[0])
+    if model_refusal(started.model) is not None:
+        return 1, {}
+    each = per_client_bytes(core, started)
+    k = max(1, min(AUTO_MAX_K, len(jobs), AUTO_MEMORY_BYTES // max(each, 1)))
+    info: dict[str, float] = {"bytes_per_client": float(each), "k": float(k)}
+    if k < 2:
+        return 1, info
+    core.train(jobs[0], shared, owns[0], states[0])  # warm-up: first-use costs are not the client's
+    serial = min(2, len(jobs))
+    clock = time.perf_counter()
+    for i in range(serial):
+        core.train(jobs[i], shared, owns[i], states[i])
+    info["serial_s"] = one = (time.perf_counter() - clock) / serial
+    if one > AUTO_SLOW_JOB_S:
+        return 1, info
+    train_cohort(core, jobs[:2], shared, owns[:2], states[:2])  # warm-up of the batched path
+    clock = time.perf_counter()
+    train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
+    info["cohort_s"] = stacked = (time.perf_counter() - clock) / k
+    return (k if stacked * AUTO_MARGIN <= one else 1), info
