@@ -74,10 +74,10 @@ def vectorize_setting(cfg: ExperimentConfig) -> int | str:
 def model_refusal(model: nn.Module) -> Optional[str]:
     """Why ``model`` cannot train in a cohort (None: it can): random layers would need one random stream per
     client inside one batched call."""
-    random = sorted({type(m).__name__ for m in model.modules() if isinstance(m, RANDOM_MODULES)})
+    random = sorted({type(m).__name__ for m in model.modules() if isinstance(m, RANDOM_MODULES) and m.p > 0})
     if random:
-        return (f"the model has {', '.join(random)} layers, whose random masks cannot be drawn per client inside one "
-                f"batched step")
+        return (f"the model has {', '.join(random)} layers, whose random masks cannot be drawn as each client draws "
+                f"them alone inside one batched step")
     return None
 
 
@@ -220,13 +220,56 @@ def _live(model: nn.Module) -> dict[str, torch.Tensor]:
     return _LIVE[model]
 
 
-class _SerialLinear(torch.autograd.Function):
-    """``F.linear`` whose gradients are computed as for one client alone: the weight's as gᵀx (torch's
-    layout-aware backward of a linear layer) where vmap's own rule computes (xᵀg)ᵀ, another summation order.
-    With it, a stacked MLP's gradients equal one-at-a-time gradients bit for bit (as far as the matrix products
-    of a stack and of one client agree: measured for small MLPs, not for 512-wide layers)."""
+def _tiny_product(rows: int, features: int, outputs: int) -> bool:
+    """Matrix products small enough that torch's batched kernel takes another path than one client's (a plain loop
+    below ~400 multiply-adds, a matrix-vector product for one row): computed client by client instead."""
+    return rows <= 1 or rows * features * outputs < 400
 
-    generate_vmap_rule = True
+
+class _StackedLinear(torch.autograd.Function):
+    """A linear layer of K stacked clients (x [K, N, in], weight [K, out, in], bias [K, out] or None) computed as
+    each client's alone: the forward as ``baddbmm``, and the weight's gradient as gᵀx, the orientation of torch's
+    layout-aware backward of one linear layer (vmap's own rule takes (xᵀg)ᵀ, another summation order)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if _tiny_product(x.shape[1], weight.shape[2], weight.shape[1]):
+            return torch.stack([F.linear(x[c].clone(), weight[c].clone(), None if bias is None else bias[c])
+                                for c in range(x.shape[0])])
+        if bias is None:
+            return torch.bmm(x, weight.transpose(1, 2))
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()  # as one client's: vmap may hand it over in another memory order
+        k = x.shape[0]
+        tiny = _tiny_product(x.shape[1], weight.shape[2], weight.shape[1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.stack([grad[c].clone().mm(weight[c].clone()) for c in range(k)]) if tiny \
+                else torch.bmm(grad, weight)
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.stack([grad[c].clone().t().mm(x[c].clone()) for c in range(k)]) if tiny \
+                else torch.bmm(grad.transpose(1, 2), x)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.sum(1)
+        return grad_x, grad_w, grad_b
+
+
+class _SerialLinear(torch.autograd.Function):
+    """``F.linear`` inside a vectorised step: under vmap, clients' own weights go through :class:`_StackedLinear`;
+    a weight shared by every client (a payload's, such as UNIDEAL's teacher head) is one plain layer over all
+    clients' rows. With it a stacked MLP's forward and gradients equal one-at-a-time ones bit for bit when its
+    layer widths are multiples of 4 (measured: otherwise the BLAS kernels' results depend on where each client's
+    rows start in memory, and agree within float32 rounding)."""
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -239,13 +282,29 @@ class _SerialLinear(torch.autograd.Function):
         ctx.has_bias = bias is not None
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # outside vmap: one linear layer, as torch computes it
         x, weight = ctx.saved_tensors
         flat = grad.reshape(-1, grad.shape[-1])
         grad_x = grad.matmul(weight) if ctx.needs_input_grad[0] else None
         grad_w = flat.t().mm(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
         grad_b = flat.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor,
+             bias: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[int]]:
+        x_dim, w_dim, b_dim = in_dims
+        if w_dim is None and b_dim is None:
+            return (F.linear(x, weight, bias), None) if x_dim is None else \
+                (F.linear(x.movedim(x_dim, 0), weight, bias), 0)
+        k = info.batch_size
+        x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(k, *x.shape)
+        weight = weight.movedim(w_dim, 0) if w_dim is not None else weight.expand(k, *weight.shape)
+        if bias is not None:
+            bias = bias.movedim(b_dim, 0) if b_dim is not None else bias.expand(k, *bias.shape)
+        rows = x.reshape(k, -1, x.shape[-1])
+        out = _StackedLinear.apply(rows, weight, bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1]), 0
 
 
 _NLL_LEVELS, _NLL_POWER = 8, 4  # the cascade of torch's CPU nll_loss kernel: 8 levels of 2**4 samples

@@ -1,0 +1,284 @@
+"""Vectorised cohorts (engine.vectorize, raysim/engine/cohort.py): a cohort computes what one client at a time
+computes, bit for bit for the MLPs (and within float32 rounding for a CNN), with each client's own batches, clients
+of different sizes, per-client loss parts and non-finite stops; algorithms declare it; the config says when clients
+will train one at a time anyway."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from conftest import EXAMPLE_PLUGINS, read_rows, refused_config, strip_timing, tiny_overrides
+from raysim.algorithms.base import Algorithm
+from raysim.algorithms.fedavg import FedAvg
+from raysim.checks import config_warnings
+from raysim.config import load_config
+from raysim.data import build_federated_data
+from raysim.engine import cohort
+from raysim.engine.cohort import _OneClientOrder, _SerialLinear, plan_cohorts, train_cohort
+from raysim.engine.core import ClientJobs
+from raysim.engine.jobs import TrainJob
+from raysim.engine.runner import run_experiment
+from raysim.models import build_model
+from raysim.registry import get_algorithm, register_algorithm
+
+if str(EXAMPLE_PLUGINS) not in sys.path:  # resmlp, a model plugin with dropout
+    sys.path.insert(0, str(EXAMPLE_PLUGINS))
+
+SUPPORTED = ["fedavg", "local", "fedprox", "partialavg", "partialkd", "unideal", "fedrep", "fedbabu", "fapd"]
+# each algorithm's own parts in play: several local epochs (FedRep's two phases, UNIDEAL's moving p), its knobs
+EXTRA: dict[str, dict] = {
+    "fedprox": {"algorithm__mu": 0.1},
+    "unideal": {"train__local_epochs": 3, "algorithm__kd_norm": "kept", "algorithm__metric": "l2"},
+    "fedrep": {"algorithm__head_epochs": 2},
+    "fedbabu": {"algorithm__finetune_epochs": 1},
+    "fapd": {"algorithm__teacher__epochs": 3, "algorithm__k0": 2, "algorithm__delta_k": 3},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as a worker with engine.cpus_per_worker=1 has: with more, one client's matrix products
+    split their sums over threads while a stack's split over clients, another summation order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cfg(tmp_path: Path, algorithm: str, **extra: object):
+    over = {"algorithm__name": algorithm, "engine__backend": "inline", "clients__num": 8, "clients__fraction": 0.75,
+            "data__partition": "dirichlet", "train__local_epochs": 2, "train__momentum": 0.9,
+            **EXTRA.get(algorithm, {}), **extra}
+    if algorithm == "fapd":
+        over["algorithm__teacher__cache_dir"] = str(tmp_path / "cache")
+    return load_config(None, tiny_overrides(tmp_path, **over))
+
+
+def _setup(tmp_path: Path, algorithm: str, **extra: object):
+    """(core, jobs of round 1 for every client, the round's shared payload) of a tiny config, in this process."""
+    cfg = _cfg(tmp_path, algorithm, **extra)
+    alg = get_algorithm(algorithm)(cfg)
+    data = alg.prepare_data(build_federated_data(cfg))
+    initial = build_model(cfg, cfg.model.for_client(0), data.input_shape(0), data.num_classes, 0, alg)
+    shared = alg.server_payload(alg.init_server_state(initial.state_dict()), 1)
+    jobs = [TrainJob(client_id=c, round=1, payload_ref=None) for c in range(cfg.clients.num)]
+    return ClientJobs(cfg, data, algorithm=alg), jobs, shared
+
+
+def _same_tree(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    return a == b
+
+
+# ---------------------------------------------------------------------------------------------- the cohort itself
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_cohort_is_each_client_alone_bit_for_bit(tmp_path, optimizer):
+    """Clients of different sizes (Dirichlet: different batch counts, short and merged last batches), momentum and
+    weight decay, two epochs: every upload, kept state, loss and part equals the one-at-a-time job's."""
+    lr = {"sgd": 0.1, "adam": 0.01}[optimizer]
+    core, jobs, shared = _setup(tmp_path, "unideal", train__optimizer=optimizer, train__lr=lr,
+                                train__weight_decay=0.01, train__batch_size=16)
+    alone = [core.train(j, shared, None, None) for j in jobs]
+    together = train_cohort(core, jobs, shared, [None] * len(jobs), [None] * len(jobs))
+    assert len({r.num_samples for r, _ in alone}) == len(jobs)  # clients of different sizes
+    for (r1, keep1), (r2, keep2) in zip(alone, together):
+        assert r1.client_id == r2.client_id and r1.num_samples == r2.num_samples
+        assert _same_tree(r1.upload, r2.upload) and _same_tree(keep1, keep2)
+        assert (r1.loss, r1.parts, r1.finite, r1.has_state) == (r2.loss, r2.parts, r2.finite, r2.has_state)
+        assert set(r2.parts) == {"ce", "clkd"}
+
+
+def test_jobs_come_back_in_the_order_given_whatever_it_is(tmp_path):
+    core, jobs, shared = _setup(tmp_path, "fedavg")
+    shuffled = [jobs[i] for i in (5, 0, 7, 2)]
+    together = train_cohort(core, shuffled, shared, [None] * 4, [None] * 4)
+    assert [r.client_id for r, _ in together] == [5, 0, 7, 2]
+    alone = core.train(jobs[7], shared, None, None)[0]
+    assert _same_tree(together[2][0].upload, alone.upload)
+
+
+@register_algorithm("scaled_fedavg")
+class ScaledFedAvg(FedAvg):
+    """A test algorithm whose loss reads the client's kept state under vmap: each client's loss is scaled by its own
+    ``scale`` (NaN for client 1, whose job must then stop as it does alone)."""
+
+    vectorizable = True
+
+    def init_client_state(self, model, ctx):
+        return {"scale": torch.tensor(float("nan") if ctx.client_id == 1 else 1.0 + ctx.client_id / 10)}
+
+    def client_loss(self, model, x, y, ctx):
+        ce = F.cross_entropy(model(x), y)
+        return ce * ctx.state["scale"], {"ce": ce}
+
+    def client_keep(self, model, ctx):
+        return {"scale": ctx.state["scale"]}
+
+
+def test_per_client_state_and_a_non_finite_client(tmp_path):
+    core, jobs, shared = _setup(tmp_path, "scaled_fedavg")
+    alone = [core.train(j, shared, None, None) for j in jobs[:4]]
+    together = train_cohort(core, jobs[:4], shared, [None] * 4, [None] * 4)
+    assert [r.finite for r, _ in together] == [True, False, True, True] == [r.finite for r, _ in alone]
+    for c in (0, 2, 3):  # the others are not touched by client 1's NaN
+        assert _same_tree(alone[c][0].upload, together[c][0].upload)
+        assert alone[c][0].loss == together[c][0].loss and alone[c][0].parts == together[c][0].parts
+    # client 1 stopped after its first epoch, as alone: the same (NaN) upload
+    assert all(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+               for a, b in zip(alone[1][0].upload.values(), together[1][0].upload.values()))
+
+
+def test_a_cnn_cohort_is_within_float32_rounding(tmp_path):
+    """Convolutions under vmap add in another order: each client's update equals its own within float32 rounding
+    (a small learning rate keeps the training from amplifying the last bits)."""
+    core, jobs, shared = _setup(tmp_path, "fedavg", data__name="mnist", model__name="cnn", model__width=4,
+                                train__lr=0.01, train__local_epochs=1, clients__num=4)
+    alone = [core.train(j, shared, None, None) for j in jobs]
+    together = train_cohort(core, jobs, shared, [None] * 4, [None] * 4)
+    for (r1, _), (r2, _) in zip(alone, together):
+        assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
+        for key, value in r1.upload.items():
+            torch.testing.assert_close(r2.upload[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_one_clients_order_for_linear_layers_and_cross_entropy():
+    """Under vmap, a linear layer's weight gradient and a batch-mean cross-entropy are computed in one client's
+    summation order: stacked results equal per-client ones bit for bit, for batches across the kernel's cascade."""
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 10)
+    for batch in (1, 7, 16, 17, 40, 300):
+        x = torch.randn(5, batch, 16)
+        y = torch.randint(0, 10, (5, batch))
+        w = torch.randn(5, 10, 16, requires_grad=True)
+        b = torch.randn(5, 10, requires_grad=True)
+        with _OneClientOrder():
+            stacked = vmap(lambda w_, b_, x_, y_: F.cross_entropy(
+                functional_call(layer, {"weight": w_, "bias": b_}, (x_,)), y_))(w, b, x, y)
+        gw, gb = torch.autograd.grad(stacked.sum(), (w, b))
+        for k in range(5):
+            wk, bk = w[k].detach().requires_grad_(), b[k].detach().requires_grad_()
+            alone = F.cross_entropy(F.linear(x[k], wk, bk), y[k])
+            assert torch.equal(stacked[k], alone)
+            assert all(torch.equal(s, a) for s, a in zip((gw[k], gb[k]), torch.autograd.grad(alone, (wk, bk))))
+
+
+def test_serial_linear_gradients_are_right():
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: _SerialLinear.apply(*a), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x_, w_: _SerialLinear.apply(x_, w_, None), (x[0], w))
+
+
+def test_cohorts_are_fixed_groups_in_order():
+    assert [list(c) for c in plan_cohorts(7, 3)] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert [list(c) for c in plan_cohorts(3, 1)] == [[0], [1], [2]]
+    assert plan_cohorts(0, 4) == []
+
+
+# ---------------------------------------------------------------------------------------------- whole runs
+def _rows(tmp_path: Path, algorithm: str, vectorize: str, **extra: object) -> list[dict]:
+    cfg = _cfg(tmp_path / vectorize, algorithm, engine__vectorize=vectorize, **extra)
+    return [{k: v for k, v in r.items() if k != "vectorize"} for r in strip_timing(run_experiment(cfg)[1])]
+
+
+@pytest.mark.parametrize("algorithm", SUPPORTED)
+def test_every_supported_algorithm_has_identical_metrics_vectorised(tmp_path, algorithm):
+    """Cohorts of 4 (a round's 6 clients: 4 + 2) against one client at a time: every metric of every round equal."""
+    off = _rows(tmp_path, algorithm, "off")
+    assert len(off) == 2 and off[-1]["acc_mean"] is not None
+    assert _rows(tmp_path, algorithm, "4") == off
+
+
+def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
+    """auto probes once, at the first round (nothing it trains is kept), logs its choice every round, and a
+    resumed run takes it from the checkpoint instead of probing again."""
+    probes = []
+
+    def counted(*args, **kwargs):
+        probes.append(1)
+        return 3, {}  # whatever the timing: a cohort size the rest of the run must keep
+
+    monkeypatch.setattr("raysim.engine.executor.choose_cohort_size", counted)
+    cfg = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=3)
+    _, rows, _ = run_experiment(cfg)
+    assert len(probes) == 1 and [r["vectorize"] for r in rows] == [3, 3, 3]
+    assert [{k: v for k, v in r.items() if k != "vectorize"} for r in strip_timing(rows)] == \
+        _rows(tmp_path, "fedavg", "off", rounds=3)
+    longer = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=4)
+    run_experiment(longer, resume=True)
+    assert len(probes) == 1 and read_rows(tmp_path / "auto" / "run")[-1]["vectorize"] == 3
+
+
+def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
+    core, jobs, shared = _setup(tmp_path, "fedavg")
+    size, measured = cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size in (1, 8) and measured["k"] == 8 and measured["serial_s"] > 0 and measured["cohort_s"] > 0
+    assert measured["bytes_per_client"] > sum(t.numel() * 4 for t in core.model(0).state_dict().values())
+    monkeypatch.setattr(cohort, "AUTO_SLOW_JOB_S", 0.0)  # every client now counts as slow: no cohort probe
+    size, measured = cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size == 1 and "cohort_s" not in measured
+    monkeypatch.setattr(cohort, "AUTO_MEMORY_BYTES", 1)  # nothing fits the budget
+    assert cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
+
+
+# ---------------------------------------------------------------------------------------------- what may vectorise
+def test_declaring_vectorisable_hooks():
+    assert all(get_algorithm(a).vectorizes() for a in SUPPORTED)
+    assert not Algorithm.vectorizes() and not get_algorithm("moon").vectorizes()
+
+    class ServerSide(FedAvg):  # FedAvg's client hooks, its own aggregation: still vectorisable
+        def server_aggregate(self, updates, server_state, round):
+            return server_state
+
+    class OwnLoss(FedAvg):  # a loss FedAvg's declaration never saw
+        def client_loss(self, model, x, y, ctx):
+            return super().client_loss(model, x, y, ctx)
+
+    class Redeclared(OwnLoss):
+        vectorizable = True
+
+    assert ServerSide.vectorizes() and not OwnLoss.vectorizes() and Redeclared.vectorizes()
+
+
+def test_notices_say_when_clients_train_one_at_a_time(tmp_path):
+    def notices(*extra: str) -> list[str]:
+        cfg = load_config(None, [*tiny_overrides(tmp_path), *extra], warn=False)
+        return [w for w in config_warnings(cfg) if w.startswith("engine.vectorize")]
+
+    assert notices("engine.vectorize=8", "algorithm.name=moon") == [
+        "engine.vectorize=8: algorithm moon declares no vectorisable client hooks (Algorithm.vectorizable), so its "
+        "clients train one at a time"]
+    hete = notices("engine.vectorize=8", "algorithm.name=unideal", "model.name=mlp_hete")
+    assert len(hete) == 1 and "own architecture (HETE)" in hete[0]
+    assert notices("engine.vectorize=auto", "algorithm.name=moon") == []
+    assert notices("engine.vectorize=off", "algorithm.name=moon") == notices("engine.vectorize=8") == []
+
+
+def test_hete_and_unsupported_algorithms_fall_back_to_the_same_numbers(tmp_path):
+    for algorithm, extra in (("moon", {"algorithm__out_dim": 16}), ("unideal", {"model__name": "mlp_hete"})):
+        off = _rows(tmp_path / algorithm, algorithm, "off", **extra)
+        assert _rows(tmp_path / algorithm, algorithm, "4", **extra) == off
+
+
+def test_random_layers_are_refused_in_one_line(tmp_path):
+    line = refused_config("engine.vectorize", *tiny_overrides(tmp_path), "plugins=[resmlp]", "model.name=resmlp",
+                          "model.resmlp.dropout=0.2", "engine.vectorize=4", "engine.backend=inline")
+    assert "Dropout" in line and "engine.vectorize=off" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_settings_are_one_line(tmp_path):
+    for bad in ("0", "on", "many"):
+        refused_config("engine.vectorize", *tiny_overrides(tmp_path), f"engine.vectorize={bad}")
+    assert load_config(None, ["engine.vectorize=off"]).engine.vectorize == "off"  # YAML's bare off is false
