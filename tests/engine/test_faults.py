@@ -55,6 +55,18 @@ def test_killed_worker_changes_no_metric(ray_cluster, tmp_path):
     assert _without(hit, "workers_replaced") == _without(calm, "workers_replaced")
 
 
+def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
+    """engine.vectorize: a dead worker's cohort is trained again as the same cohort, and 2 Ray workers give the
+    metrics of one in-process run (cohorts are fixed groups of the round's clients, whatever the workers)."""
+    stacked = dict(SLOW, engine__vectorize=4, clients__num=9)
+    _, calm, _ = run_experiment(_cfg(tmp_path, "calm", engine__backend="inline", **stacked))
+    pids: list[int] = []
+    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__num_workers=2, **stacked),
+                               on_start=_remember_worker_pids(pids), on_round=_kill_a_worker_after_round_one(pids))
+    assert hit[-1]["workers_replaced"] >= 1 and hit[-1]["vectorize"] == 4
+    assert _without(hit, "workers_replaced") == _without(calm, "workers_replaced")
+
+
 def test_retries_exhausted_stops_with_client_and_round(ray_cluster, tmp_path):
     pids: list[int] = []
     cfg = _cfg(tmp_path, "r", engine__max_retries=0, **SLOW)
