@@ -27,6 +27,7 @@ Which part of the model the default hooks share is declared with ``shared`` ("al
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Optional
 
@@ -123,9 +124,39 @@ def average_updates(updates: list[ClientUpdate],
     return weighted_average([select(u.upload) for u in updates], [u.num_samples for u in updates])
 
 
+_LIVE: "weakref.WeakKeyDictionary[nn.Module, TensorDict]" = weakref.WeakKeyDictionary()
+
+
+def live_state(model: nn.Module) -> TensorDict:
+    """``model.state_dict(keep_vars=True)``: the model's own parameters and persistent buffers by key, walked once per
+    model object. The client hooks run once per job, and a state-dict walk visits every module (~10 µs each); a
+    worker's model objects keep their tensors for life (jobs reset and load them in place, as the core's reset does).
+    """
+    live = _LIVE.get(model)
+    if live is None:
+        live = _LIVE[model] = dict(model.state_dict(keep_vars=True))
+    return live
+
+
+def load_entries(model: nn.Module, entries: dict) -> None:
+    """``model.load_state_dict(entries, strict=False)`` without its per-module walk: each tensor copied into the live
+    entry of the same key; keys the model lacks are ignored. A shape mismatch goes to ``load_state_dict`` for its
+    own error."""
+    live = live_state(model)
+    with torch.no_grad():
+        for key, value in entries.items():
+            target = live.get(key)
+            if target is None:
+                continue
+            if not isinstance(value, torch.Tensor) or target.shape != value.shape:
+                model.load_state_dict(entries, strict=False)  # raises its own message
+                return
+            target.copy_(value)
+
+
 def split_state(model: nn.Module, keep: Callable[[str], bool]) -> TensorDict:
     """Detached CPU copies of the state entries whose key ``keep`` accepts."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if keep(k)}
+    return {k: v.detach().cpu().clone() for k, v in live_state(model).items() if keep(k)}
 
 
 RUNNING_STATS = ("running_mean", "running_var", "num_batches_tracked")
@@ -324,9 +355,9 @@ class Algorithm:
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """Load the client's kept state (``ctx.state``), then its payload's model (``ctx.payload``), into the model."""
         if ctx.state:
-            model.load_state_dict(ctx.state, strict=False)
+            load_entries(model, ctx.state)
         if ctx.payload.get("model"):
-            model.load_state_dict(ctx.payload["model"], strict=False)
+            load_entries(model, ctx.payload["model"])
 
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
         """(parameters to train, local epochs[, learning rate]) per phase, in order; a fresh optimiser each phase,

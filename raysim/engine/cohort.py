@@ -35,7 +35,6 @@ import functools
 import inspect
 import time
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -44,6 +43,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.overrides import TorchFunctionMode
 
+from raysim.algorithms.base import live_state
 from raysim.engine.core import ClientJobs, StartedJob, make_optimizer
 from raysim.engine.epochs import batch_bounds
 from raysim.engine.jobs import TrainJob, TrainResult
@@ -207,17 +207,6 @@ class _HookCall(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, ctx: Any) -> Any:
         return self._loss(self.model, x, y, ctx)
-
-
-_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _live(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model.state_dict(keep_vars=True)``: its live parameters and buffers by name, walked once per model object
-    (a walk visits every module, and a cohort needs it twice a client)."""
-    if model not in _LIVE:
-        _LIVE[model] = dict(model.state_dict(keep_vars=True))
-    return _LIVE[model]
 
 
 def _tiny_product(rows: int, features: int, outputs: int) -> bool:
@@ -393,7 +382,7 @@ def train_cohort(core: ClientJobs, jobs: list[TrainJob], shared: dict, owns: lis
         key = (model_key(core.cfg, core.data, jobs[i].client_id), own_keys, *_phase_spec(started))
         if core.cfg.train.optimizer == "adam":  # Adam's step count is one per tensor: no client may sit out a step
             key += (len(_batch_sizes(len(started.ctx.train_data[1]), core.cfg.train.batch_size)),)
-        snapshot = {k: v.detach().clone() for k, v in _live(started.model).items()}
+        snapshot = {k: v.detach().clone() for k, v in live_state(started.model).items()}
         groups.setdefault(key, []).append((i, started, snapshot))
     for key, members in groups.items():
         if len(members) == 1 or model_refusal(members[0][1].model) is not None:
@@ -603,7 +592,7 @@ class _CohortRun:
         out = []
         for c, started in enumerate(self.started):
             with torch.no_grad():  # the process's model object for this architecture, holding this client's slice
-                for name, live in _live(started.model).items():
+                for name, live in live_state(started.model).items():
                     live.copy_((self.params[name] if name in self.params else self.buffers[name])[c])
             started.ctx.epoch = epochs_done[c]
             out.append(self.core.finish(started, losses[c], {name: v[c] for name, v in parts.items()}, seen[c],
