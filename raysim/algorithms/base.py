@@ -138,6 +138,15 @@ def live_state(model: nn.Module) -> TensorDict:
     return live
 
 
+def live_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """``list(model.parameters())`` (same objects, same order) without a module walk: from :func:`live_state`."""
+    seen: dict[int, nn.Parameter] = {}
+    for t in live_state(model).values():
+        if isinstance(t, nn.Parameter):
+            seen.setdefault(id(t), t)
+    return list(seen.values())
+
+
 def load_entries(model: nn.Module, entries: dict) -> None:
     """``model.load_state_dict(entries, strict=False)`` without its per-module walk: each tensor copied into the live
     entry of the same key; keys the model lacks are ignored. A shape mismatch goes to ``load_state_dict`` for its
@@ -362,7 +371,7 @@ class Algorithm:
     def local_phases(self, model: nn.Module, ctx: ClientContext) -> list[tuple]:
         """(parameters to train, local epochs[, learning rate]) per phase, in order; a fresh optimiser each phase,
         at ``train.lr`` unless the phase names its own (FedPAC: the head at 0.1, the body at 0.01)."""
-        return [(list(model.parameters()), self.cfg.train.local_epochs)]
+        return [(live_parameters(model), self.cfg.train.local_epochs)]
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

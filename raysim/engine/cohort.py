@@ -419,7 +419,7 @@ def train_groups_stacked(core: ClientJobs, groups: list[list[TrainJob]], shared:
 
 def _phase_spec(started: StartedJob) -> tuple:
     """The client's local phases by parameter name: (names, epochs, learning rate) each."""
-    names = {id(p): n for n, p in started.model.named_parameters()}
+    names = {id(t): n for n, t in live_state(started.model).items()}
     return tuple((tuple(names[id(p)] for p in params), epochs, lr[0] if lr else None)
                  for params, epochs, *lr in started.phases)
 

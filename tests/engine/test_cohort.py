@@ -26,7 +26,7 @@ from raysim.engine.core import ClientJobs
 from raysim.engine.jobs import TrainJob
 from raysim.engine.runner import run_experiment
 from raysim.models import build_model
-from raysim.registry import get_algorithm, register_algorithm
+from raysim.registry import get_algorithm, register_algorithm, register_model
 
 if str(EXAMPLE_PLUGINS) not in sys.path:  # resmlp, a model plugin with dropout
     sys.path.insert(0, str(EXAMPLE_PLUGINS))
@@ -149,6 +149,28 @@ def test_a_cnn_cohort_is_within_float32_rounding(tmp_path):
         assert r2.loss == pytest.approx(r1.loss, rel=1e-6)
         for key, value in r1.upload.items():
             torch.testing.assert_close(r2.upload[key], value, rtol=1e-5, atol=1e-6)
+
+
+@register_model("bn_mlp")
+def bn_mlp(*, input_shape, cfg, **_):
+    """A test model with batch norm: its running statistics are buffers that every step updates in place."""
+    width = int(torch.tensor(input_shape).prod())
+    return nn.Sequential(nn.Flatten(), nn.Linear(width, 32), nn.BatchNorm1d(32), nn.ReLU(),
+                         nn.Linear(32, cfg.feature_dim), nn.ReLU())
+
+
+def test_batch_norm_statistics_are_each_clients_own(tmp_path):
+    """Each client's running statistics are updated by its own batches (batch counts equal, statistics within
+    float32 rounding: the stacked batch norm sums in another order)."""
+    core, jobs, shared = _setup(tmp_path, "fedavg", model__name="bn_mlp", train__lr=0.01, clients__num=4)
+    alone = [core.train(j, shared, None, None) for j in jobs]
+    together = train_cohort(core, jobs, shared, [None] * 4, [None] * 4)
+    for (r1, _), (r2, _) in zip(alone, together):
+        assert r1.upload["backbone.2.num_batches_tracked"] == r2.upload["backbone.2.num_batches_tracked"] > 1
+        for key, value in r1.upload.items():
+            torch.testing.assert_close(r2.upload[key], value, rtol=1e-4, atol=1e-5)
+    first = together[0][0].upload["backbone.2.running_mean"]
+    assert not torch.equal(first, together[1][0].upload["backbone.2.running_mean"])  # each its own
 
 
 def test_one_clients_order_for_linear_layers_and_cross_entropy():
