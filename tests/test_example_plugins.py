@@ -65,3 +65,22 @@ def test_all_three_plugins_run_together(ray_cluster, tmp_path):
     assert list(result.metrics["round"]) == [1, 2]
     assert result.metrics["acc_global"].iloc[-1] > 0.5  # well-separated blobs are learnt in two rounds
     assert result.config.algorithm.server_momentum == 0.9
+
+
+def test_nesterov_plugin_declares_vectorisable_hooks_and_its_cohorts_change_no_number(tmp_path):
+    """The plugin declares ``vectorizable = True`` (FedAvg's client hooks): cohorts of 3 give the metrics of one
+    client at a time, in this process."""
+    import fednesterov
+
+    from raysim.engine.runner import run_experiment
+
+    assert "vectorizable" in vars(fednesterov.FedNesterov) and fednesterov.FedNesterov.vectorizes()
+
+    def rows(vectorize: str) -> list[dict]:
+        cfg = load_config(None, tiny_overrides(tmp_path / vectorize, plugins="[fednesterov]",
+                                               algorithm__name="fednesterov", engine__backend="inline",
+                                               engine__vectorize=vectorize, clients__num=5))
+        return [{k: v for k, v in r.items() if not k.startswith("wall_s") and k != "vectorize"}
+                for r in run_experiment(cfg)[1]]
+
+    assert rows("3") == rows("off")

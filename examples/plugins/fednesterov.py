@@ -13,7 +13,8 @@ keeps the built-in's keys, ``algorithm.server_lr`` and ``algorithm.server_moment
 
     raysim run experiments/smoke.yaml plugins=[fednesterov] algorithm.name=fednesterov algorithm.server_momentum=0.9
 
-(``examples/plugins`` on PYTHONPATH where you type the command; Ray ships the module to the workers.)
+(``examples/plugins`` on PYTHONPATH where you type the command; Ray ships the module to the workers.) Its client
+hooks are FedAvg's, so it declares ``vectorizable = True``: ``engine.vectorize=auto`` or ``=N`` may stack its clients.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class FedNesterov(FedAvgM):
     """FedAvg with Nesterov server momentum (an example plugin on raysim's server-optimiser hook)."""
 
     Config = FedNesterovConfig
+    # its client hooks are FedAvg's: engine.vectorize may train its clients as batched cohorts (docs/hooks.md). A
+    # plugin that overrides a client hook (client_loss, client_setup, local_phases, ...) declares it itself
+    vectorizable = True
 
     def init_moments(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"v": torch.zeros_like(x)}

@@ -257,7 +257,7 @@ class _SerialLinear(torch.autograd.Function):
     """``F.linear`` inside a vectorised step: under vmap, clients' own weights go through :class:`_StackedLinear`;
     a weight shared by every client (a payload's, such as UNIDEAL's teacher head) is one plain layer over all
     clients' rows. With it a stacked MLP's forward and gradients equal one-at-a-time ones bit for bit when its
-    layer widths are multiples of 4 (measured: otherwise the BLAS kernels' results depend on where each client's
+    layers' input widths are multiples of 4 (measured: otherwise the BLAS kernels' results depend on where each client's
     rows start in memory, and agree within float32 rounding)."""
 
     @staticmethod
