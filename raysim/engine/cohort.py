@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
+import math
+import statistics
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -56,10 +57,11 @@ if TYPE_CHECKING:
 
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
-AUTO_MAX_K = 32  # engine.vectorize=auto: cohorts of at most this many clients,
+AUTO_MAX_K = 128  # engine.vectorize=auto: cohorts of at most this many clients (a round's split evenly),
 AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per worker),
 AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
 AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
+AUTO_SERIAL_JOBS = 8  # clients the probe times one at a time
 
 
 # ---------------------------------------------------------------------------------------------- what can vectorise
@@ -319,16 +321,14 @@ def _nll_order_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 _CE_PLAIN = {"weight": None, "size_average": None, "reduce": None, "ignore_index": -100, "label_smoothing": 0.0}
-_CE_SIGNATURE = inspect.signature(F.cross_entropy)
+_CE_ARGS = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
 
 
 def _serial_cross_entropy(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """``F.cross_entropy`` of one client's [B, C] logits and class targets with the value torch's kernel gives
     (vmap's own rule sums the batch in another order); None for any other use (weights, smoothing, soft targets),
     which then runs as it is."""
-    bound = _CE_SIGNATURE.bind(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
+    a = {**_CE_PLAIN, "reduction": "mean", **dict(zip(_CE_ARGS, args)), **kwargs}  # F.cross_entropy's signature
     logits, target = a["input"], a["target"]
     if any(a[k] != v for k, v in _CE_PLAIN.items()) or a["reduction"] not in ("mean", "sum") \
             or logits.dim() != 2 or target.dim() != 1 or target.is_floating_point():
@@ -638,14 +638,30 @@ def per_client_bytes(core: ClientJobs, started: StartedJob) -> int:
     return weights + data + sum(saved.values())
 
 
+def _probe_clock(device: torch.device) -> Callable[[], float]:
+    """The probe's clock: on a CPU this process's CPU time, which other processes on the machine do not inflate;
+    on a GPU wall time after the device has finished its queued work."""
+    if device.type != "cuda":
+        return time.process_time
+
+    def wall() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return wall
+
+
 def choose_cohort_size(core: ClientJobs, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
                        states: list[Optional[dict]]) -> tuple[int, dict[str, float]]:
     """``engine.vectorize=auto``: the cohort size for the run (1: off), from a probe on the round's first clients.
 
-    The size is the largest up to :data:`AUTO_MAX_K` (and the round's clients) whose stacked training state fits
-    :data:`AUTO_MEMORY_BYTES`; the probe times clients one at a time, and, unless they are slow enough that the
-    arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size: cohorts are chosen when they are at least
-    :data:`AUTO_MARGIN` times faster per client. Nothing the probe trains is kept. Returns (size, what it measured).
+    The size: at most :data:`AUTO_MAX_K` clients and as many as fit :data:`AUTO_MEMORY_BYTES` of stacked training
+    state, then the round's clients split into that many equal cohorts (100 clients in cohorts of 128: one of 100;
+    of 64: two of 50). It depends on the config alone, not on the number of workers; only the yes or no is timed.
+    The probe times :data:`AUTO_SERIAL_JOBS` clients one at a time (the median) and, unless they are slow enough that
+    the arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size (the faster of two tries), by
+    :func:`_probe_clock`; cohorts are chosen when they are at least :data:`AUTO_MARGIN` times faster per client.
+    Nothing the probe trains is kept. Returns (size, what it measured).
     """
     if not type(core.algorithm).vectorizes() or len(jobs) < 2:
         return 1, {}
@@ -653,20 +669,26 @@ def choose_cohort_size(core: ClientJobs, jobs: list[TrainJob], shared: dict, own
     if model_refusal(started.model) is not None:
         return 1, {}
     each = per_client_bytes(core, started)
-    k = max(1, min(AUTO_MAX_K, len(jobs), AUTO_MEMORY_BYTES // max(each, 1)))
+    largest = max(1, min(AUTO_MAX_K, AUTO_MEMORY_BYTES // max(each, 1)))
+    k = math.ceil(len(jobs) / math.ceil(len(jobs) / largest))
     info: dict[str, float] = {"bytes_per_client": float(each), "k": float(k)}
     if k < 2:
         return 1, info
+    clock = _probe_clock(core.device)
     core.train(jobs[0], shared, owns[0], states[0])  # warm-up: first-use costs are not the client's
-    serial = min(2, len(jobs))
-    clock = time.perf_counter()
-    for i in range(serial):
+    alone = []
+    for i in range(min(AUTO_SERIAL_JOBS, len(jobs))):
+        start = clock()
         core.train(jobs[i], shared, owns[i], states[i])
-    info["serial_s"] = one = (time.perf_counter() - clock) / serial
+        alone.append(clock() - start)
+    info["serial_s"] = one = statistics.median(alone)
     if one > AUTO_SLOW_JOB_S:
         return 1, info
     train_cohort(core, jobs[:2], shared, owns[:2], states[:2])  # warm-up of the batched path
-    clock = time.perf_counter()
-    train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
-    info["cohort_s"] = stacked = (time.perf_counter() - clock) / k
+    tries = []
+    for _ in range(2):
+        start = clock()
+        train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
+        tries.append((clock() - start) / k)
+    info["cohort_s"] = stacked = min(tries)
     return (k if stacked * AUTO_MARGIN <= one else 1), info
