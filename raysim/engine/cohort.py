@@ -20,8 +20,11 @@ What stays per client, exactly as :meth:`raysim.engine.core.ClientJobs.train` do
 - the loss and its parts are summed per client in float64, on the device, with no host sync inside an epoch; a
   client whose loss is no longer finite stops at the end of that epoch, as alone.
 
-Numbers: vmap computes some gradients in another order than one client alone (a Linear layer's weight gradient
-as (xᵀg)ᵀ rather than gᵀx), so results equal one-at-a-time training within float32 rounding, not bit for bit.
+Numbers: vmap's own rules sum in other orders than one client alone (a linear layer's weight gradient as (xᵀg)ᵀ
+rather than gᵀx, a batch's mean cross-entropy, a grouped convolution over the clients). Inside the step,
+:class:`_OneClientOrder` computes those as one client does, so an MLP's cohort (and, on a CPU, a CNN's) gives every
+client its own numbers bit for bit; what it does not cover (batch norm, other reductions) agrees within float32
+rounding.
 Cohorts are fixed groups of the round's clients in client-id order (:func:`plan_cohorts`), whatever the number of
 workers, so a run's metrics do not depend on ``engine.num_workers``.
 
@@ -298,6 +301,83 @@ class _SerialLinear(torch.autograd.Function):
         return out.reshape(*x.shape[:-1], out.shape[-1]), 0
 
 
+def _pair(value: Any) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, (tuple, list)) else [int(value)] * 2
+
+
+class _StackedConv2d(torch.autograd.Function):
+    """K clients' 2-d convolutions (x [K, N, C, H, W], weight [K, O, C/groups, kh, kw], bias [K, O] or None), each
+    computed as alone: its own convolution forward and backward (torch's ``convolution_backward``, as autograd
+    calls it for one client), one client after another. On a CPU a convolution's arithmetic dominates its dispatch,
+    so a cohort gives nothing away by it, while vmap's own rule (one grouped convolution over the clients) is slower
+    there and sums in another order; the rest of the step (dense layers, loss, optimiser) stays batched."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int],
+                padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+        return torch.stack([F.conv2d(x[c].clone(), weight[c].clone(), None if bias is None else bias[c].clone(),
+                                     stride, padding, dilation, groups) for c in range(x.shape[0])])
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        x, weight, bias, stride, padding, dilation, groups = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        ctx.conv = (stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        parts = [torch.ops.aten.convolution_backward(
+            grad[c].contiguous(), x[c].clone(), weight[c].clone(), [weight.shape[1]] if ctx.has_bias else None,
+            stride, padding, dilation, False, [0, 0], groups, mask) for c in range(x.shape[0])]
+        grads = [torch.stack([part[i] for part in parts]) if mask[i] else None for i in range(3)]
+        return (*grads, None, None, None, None)
+
+
+class _SerialConv2d(torch.autograd.Function):
+    """``F.conv2d`` inside a vectorised step on a CPU: clients' own weights through :class:`_StackedConv2d`, so a
+    CNN's cohort computes each client's numbers bit for bit as alone (as far as the dense layers do)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int],
+                padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        raise RuntimeError("_SerialConv2d runs under vmap only")
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+             stride: list[int], padding: list[int], dilation: list[int], groups: int) -> tuple[torch.Tensor, int]:
+        x_dim, w_dim, b_dim = in_dims[:3]
+        k = info.batch_size
+        x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(k, *x.shape)
+        weight = weight.movedim(w_dim, 0) if w_dim is not None else weight.expand(k, *weight.shape)
+        if bias is not None:
+            bias = bias.movedim(b_dim, 0) if b_dim is not None else bias.expand(k, *bias.shape)
+        return _StackedConv2d.apply(x, weight, bias, stride, padding, dilation, groups), 0
+
+
+def _serial_conv2d(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """``F.conv2d`` of one client's batch through :class:`_SerialConv2d` (None: leave it as it is: string padding,
+    an input without a batch dimension, or an accelerator, where vmap's grouped convolution is the fast way)."""
+    a = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
+         **dict(zip(("input", "weight", "bias", "stride", "padding", "dilation", "groups"), args)), **kwargs}
+    x = a["input"]
+    if isinstance(a["padding"], str) or x.dim() != 4 or x.device.type != "cpu":
+        return None
+    return _SerialConv2d.apply(x, a["weight"], a["bias"], _pair(a["stride"]), _pair(a["padding"]),
+                               _pair(a["dilation"]), int(a["groups"]))
+
+
 _NLL_LEVELS, _NLL_POWER = 8, 4  # the cascade of torch's CPU nll_loss kernel: 8 levels of 2**4 samples
 
 
@@ -342,14 +422,19 @@ def _serial_cross_entropy(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
 
 
 class _OneClientOrder(TorchFunctionMode):
-    """Inside a vectorised step: linear layers through :class:`_SerialLinear` and plain cross-entropies through
-    :func:`_serial_cross_entropy`, so that a client's numbers are those it gets alone."""
+    """Inside a vectorised step: linear layers through :class:`_SerialLinear`, 2-d convolutions on a CPU through
+    :class:`_SerialConv2d` and plain cross-entropies through :func:`_serial_cross_entropy`, so that a client's
+    numbers are those it gets alone."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, *rest = args
             return _SerialLinear.apply(x, weight, rest[0] if rest else kwargs.get("bias"))
+        if func is F.conv2d:
+            out = _serial_conv2d(args, kwargs)
+            if out is not None:
+                return out
         if func is F.cross_entropy:
             out = _serial_cross_entropy(args, kwargs)
             if out is not None:
