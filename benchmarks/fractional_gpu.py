@@ -1,6 +1,7 @@
 """Fractional-GPU packing: 1, 2, 4 and 8 raysim workers per GPU, determinism on and off, ResNet-18 clients.
 
     .venv/bin/python benchmarks/fractional_gpu.py [--per-gpu 1,2,4,8] [--determinism on,off] [--gpus N]
+        [--vectorize off,auto]
     .venv/bin/python benchmarks/fractional_gpu.py --smoke --no-wait     # the wiring on a CPU, small CNN, no GPU asked
 
 For a machine with CUDA GPUs: with k workers per GPU each worker holds 1/k GPU (``engine.gpus_per_worker``) and
@@ -8,7 +9,9 @@ For a machine with CUDA GPUs: with k workers per GPU each worker holds 1/k GPU (
 (small-input stem) on 32x32 MNIST-M, ``--clients`` clients, all sampled every round, each with about
 5,000 / clients training images and ``--local-epochs`` local epochs: an update is tens of optimiser steps, so the
 clients' computation, not the driver's aggregation (summed where the clients trained, ``engine.partial_sums``), sets
-the round time. Each packing runs with ``engine.deterministic`` true and false.
+the round time. Each packing runs with ``engine.deterministic`` true and false, and with each ``--vectorize``
+setting (``engine.vectorize``: off, auto or a cohort size N): one client at a time against stacked cohorts, K
+clients' step one kernel launch instead of K (the cohort size auto chose is reported).
 
 Reported per (k, determinism): client updates per second (clients per round / median round time over rounds 2..R-1;
 round 1 starts the workers, the last one also evaluates), the GPUs' mean utilisation while those rounds ran
@@ -76,13 +79,13 @@ class Utilisation:
         self._thread.join(timeout=5)
 
 
-def one_run(per_gpu: int, deterministic: bool, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(per_gpu: int, deterministic: bool, vectorize: str, args: argparse.Namespace) -> dict[str, Any]:
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
 
     workers = per_gpu * args.gpus
     share = 0 if args.smoke else 1 / per_gpu
-    name = f"fractional-gpu-{per_gpu}-{'det' if deterministic else 'fast'}"
+    name = f"fractional-gpu-{per_gpu}-{'det' if deterministic else 'fast'}-vectorize-{vectorize}"
     run_dir = OUT / name
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config(None, [
@@ -91,9 +94,10 @@ def one_run(per_gpu: int, deterministic: bool, args: argparse.Namespace) -> dict
         f"train.batch_size={args.batch_size}", f"train.local_epochs={args.local_epochs}", f"eval.every={args.rounds}",
         "eval.clients=sampled", "engine.backend=ray", f"engine.num_workers={workers}",
         f"engine.cpus_per_worker={args.cpus_per_worker}", f"engine.gpus_per_worker={share:g}",
-        f"engine.deterministic={str(deterministic).lower()}", f"log.dir={run_dir}", "log.tensorboard=false",
+        f"engine.deterministic={str(deterministic).lower()}", f"engine.vectorize={vectorize}",
+        f"log.dir={run_dir}", "log.tensorboard=false",
         "log.progress=false"])
-    probe: dict[str, Any] = {"stamps": [], "info": []}
+    probe: dict[str, Any] = {"stamps": [], "info": [], "cohort": 1}
     util = Utilisation(args.gpus)
 
     def on_start(info: dict) -> None:
@@ -108,6 +112,7 @@ def one_run(per_gpu: int, deterministic: bool, args: argparse.Namespace) -> dict
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
+        probe["cohort"] = m.get("vectorize", 1)  # clients per cohort (1: one at a time)
         # rounds 2..R-1 are the timed ones: utilisation is sampled while they run
         if m["round"] == 1:
             util.on.set()
@@ -124,7 +129,8 @@ def one_run(per_gpu: int, deterministic: bool, args: argparse.Namespace) -> dict
     periods = [b - a for a, b in zip(st, st[1:])]
     body = periods[1:-1] or periods[1:] or periods  # round 1 starts the workers, the last also evaluates
     round_s = statistics.median(body)
-    return {"per_gpu": per_gpu, "deterministic": deterministic, "workers": workers, "gpu_share": share,
+    return {"per_gpu": per_gpu, "deterministic": deterministic, "vectorize": vectorize, "cohort": probe["cohort"],
+            "workers": workers, "gpu_share": share,
             "cpus_per_worker": args.cpus_per_worker, "devices": probe["devices"], "round_s": round_s,
             "updates_per_s": args.clients / round_s, "round1_s": periods[0], "gpu_util_pct": util.mean(),
             "gpu_mib_per_worker": [w.get("gpu_max_reserved_mib", float("nan")) for w in probe["info"]]}
@@ -134,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--per-gpu", default=None, help="workers per GPU, one run each (default 1,2,4,8; 1,2 with --smoke)")
     p.add_argument("--determinism", default="on,off", help="engine.deterministic settings, one run each")
+    p.add_argument("--vectorize", default="off,auto", help="engine.vectorize settings, one run each (off, auto, N)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: every visible one)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--rounds", type=int, default=5)
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gpus = args.gpus or torch.cuda.device_count()
     per_gpu = [int(k) for k in args.per_gpu.split(",") if k]
     determinism = [{"on": True, "off": False}[d] for d in args.determinism.split(",") if d]
+    vectorize = [v for v in args.vectorize.split(",") if v]
     need = max(per_gpu) * args.gpus * args.cpus_per_worker
     cpus = os.cpu_count() or 2
     if need > cpus:
@@ -173,24 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     start_ray(num_cpus=cpus)
     import ray
 
-    runs: dict[tuple[int, bool], list[dict]] = {(k, d): [] for k in per_gpu for d in determinism}
+    runs: dict[tuple[int, bool, str], list[dict]] = {(k, d, v): [] for k in per_gpu for d in determinism
+                                                      for v in vectorize}
     try:
         for rep in range(args.repeats):
             wait_quiet(enabled=not args.no_wait and not args.smoke)
-            for (k, d) in runs:
-                r = one_run(k, d, args)
-                runs[(k, d)].append(r)
+            for (k, d, v) in runs:
+                r = one_run(k, d, v, args)
+                runs[(k, d, v)].append(r)
                 util = f"{r['gpu_util_pct']:.0f}%" if r["gpu_util_pct"] is not None else "n/a"
-                print(f"[fractional_gpu] rep {rep} {k} per GPU x {args.gpus} GPU, deterministic={d}: "
+                print(f"[fractional_gpu] rep {rep} {k} per GPU x {args.gpus} GPU, deterministic={d}, vectorize={v} "
+                      f"(cohorts of {r['cohort']}): "
                       f"{r['updates_per_s']:.2f} updates/s, GPU utilisation {util}, peak MiB per worker "
                       f"{[f'{m:.0f}' for m in r['gpu_mib_per_worker']]}", flush=True)
     finally:
         ray.shutdown()
     result: dict[str, Any] = {"machine": info, "args": vars(args), "runs": {}}
-    for (k, d), rs in runs.items():
+    for (k, d, v), rs in runs.items():
         utils = [r["gpu_util_pct"] for r in rs if r["gpu_util_pct"] is not None]
-        result["runs"][f"{k}-per-gpu-{'det' if d else 'fast'}"] = {
-            "per_gpu": k, "deterministic": d, "workers": rs[0]["workers"], "cpus_per_worker": args.cpus_per_worker,
+        result["runs"][f"{k}-per-gpu-{'det' if d else 'fast'}-vectorize-{v}"] = {
+            "per_gpu": k, "deterministic": d, "vectorize": v, "cohort": [r["cohort"] for r in rs],
+            "workers": rs[0]["workers"], "cpus_per_worker": args.cpus_per_worker,
             "updates_per_s": summary(r["updates_per_s"] for r in rs),
             "gpu_util_pct": summary(utils) if utils else None,
             "gpu_mib_per_worker": summary(m for r in rs for m in r["gpu_mib_per_worker"]), "runs": rs}
@@ -198,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n[fractional_gpu] results in {path}")
     for e in result["runs"].values():
         util = fmt(e["gpu_util_pct"], 1, 0) + " %" if e["gpu_util_pct"] else "n/a"
-        print(f"{e['per_gpu']} per GPU ({e['workers']} workers), deterministic={e['deterministic']}: "
+        print(f"{e['per_gpu']} per GPU ({e['workers']} workers), deterministic={e['deterministic']}, vectorize="
+              f"{e['vectorize']} (cohorts of {e['cohort']}): "
               f"{fmt(e['updates_per_s'], 1, 2)} client updates/s, GPU utilisation {util}, peak memory per worker "
               f"{fmt(e['gpu_mib_per_worker'], 1, 0)} MiB")
     return 0

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/scale.py [--sizes 100,1000,10000] [--rounds 20] [--repeats 3] [--no-wait]
     .venv/bin/python benchmarks/scale.py --data synthetic --algorithm fedavg --sizes 100,10000,100000,1000000
     .venv/bin/python benchmarks/scale.py --data synthetic --algorithm partialavg --sizes 100,100000
+    .venv/bin/python benchmarks/scale.py ... --set engine.vectorize=auto --out scale-synthetic-fedavg-vectorize
 
 ``--data synthetic`` is FedProx's Synthetic(1, 1), made per client on demand (client sizes capped at ``--cap``
 samples, default 500, so that the lognormal's rare 10^4-sample clients do not decide a round's time); the
@@ -47,7 +48,7 @@ def overrides(num: int, rounds: int, args: argparse.Namespace) -> list[str]:
             f"clients.fraction={SAMPLED / num!r}", *data, "model.name=mlp", f"model.hidden=[{args.hidden}]",
             "model.feature_dim=64",
             "train.lr=0.05", "train.batch_size=32", f"algorithm.name={args.algorithm}", "eval.clients=sampled",
-            "engine.num_workers=2", "engine.cpus_per_worker=1", f"log.dir={OUT / f'scale-{num}'}"]
+            "engine.num_workers=2", "engine.cpus_per_worker=1", *args.set, f"log.dir={OUT / f'scale-{num}'}"]
 
 
 def store_stats() -> dict[str, float]:
@@ -96,6 +97,7 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
         probe["driver_wall"].append(m["wall_s"])
+        probe["cohort"] = m.get("vectorize", 1)  # engine.vectorize: clients per cohort (1: one at a time)
         tree = [os.getpid(), *descendants(os.getpid())]
         probe["tree_pss_mib"] = max(probe["tree_pss_mib"], sum(pss_mib(p) for p in tree))
         # VmHWM only grows, but the driver's generator runs ahead and shuts the workers down right after the last
@@ -125,7 +127,8 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
             "driver_round_s": statistics.median(probe["driver_wall"][1:] or probe["driver_wall"]),
             "setup_s": st[0] - t0, "driver_hwm_mib": probe["driver_hwm_mib"],
             "worker_hwm_mib": probe["worker_hwm_mib"], "tree_pss_peak_mib": probe["tree_pss_mib"],
-            "store": probe["store"], "acc_mean_last": probe["acc_mean"], "load_after": loadavg()}
+            "store": probe["store"], "acc_mean_last": probe["acc_mean"], "cohort": probe.get("cohort", 1),
+            "load_after": loadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", choices=("bench_synth", "synthetic"), default="bench_synth")
     p.add_argument("--cap", type=int, default=500, help="synthetic: data.samples_per_domain, the per-client cap")
     p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra raysim override (e.g. engine.vectorize=auto)")
+    p.add_argument("--out", help="results go to benchmarks/out/OUT.json (default: scale or scale-DATA-ALGORITHM)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     info = machine_info()
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = one_run(n, args)
                 r["load_before"] = load
                 runs[n].append(r)
-                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round "
+                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round, cohorts of {r['cohort']} "
                       f"(driver's own {r['driver_round_s']:.3f}s), "
                       f"round 1 ends {r['to_round1_s']:.2f}s after launch, "
                       f"samples trained per round {r['train_samples_per_round']}, "
@@ -182,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         result["sizes"][n]["round_vs_smallest"] = result["sizes"][n]["round_s"]["median"] / base
         result["sizes"][n]["to_round1_vs_smallest"] = (result["sizes"][n]["to_round1_s"]["median"]
                                                        / result["sizes"][sizes[0]]["to_round1_s"]["median"])
-    path = save_json("scale" if args.data == "bench_synth" else f"scale-{args.data}-{args.algorithm}", result)
+    path = save_json(args.out or ("scale" if args.data == "bench_synth" else f"scale-{args.data}-{args.algorithm}"),
+                     result)
     print(f"\n[scale] results in {path}")
     for n in sizes:
         e = result["sizes"][n]

@@ -61,7 +61,9 @@ if TYPE_CHECKING:
 RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 AUTO_MAX_K = 128  # engine.vectorize=auto: cohorts of at most this many clients (a round's split evenly),
-AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per worker),
+AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per CPU worker; on a GPU, half of
+# the worker's share of the device's memory: AUTO_GPU_MEMORY_SHARE x total x engine.gpus_per_worker),
+AUTO_GPU_MEMORY_SHARE = 0.5
 AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
 AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
 AUTO_SERIAL_JOBS = 8  # clients the probe times one at a time
@@ -562,10 +564,18 @@ class _CohortRun:
         return functional_call(self.wrapper, values, (x, y, ctx))
 
     def _group_loss(self, members: Optional[torch.Tensor], rows: torch.Tensor) -> tuple:
-        """(per-client losses, per-client parts) of one step for the clients ``members`` (None: all of them), whose
-        batches are the global sample positions ``rows`` [clients, batch]."""
-        pick = (lambda t: t) if members is None else (lambda t: t.index_select(0, members))
-        params = {n: pick(p) for n, p in self.params.items()}
+        """(per-client losses [clients], per-client parts, the group's parameters) of one step for the clients
+        ``members`` (None: all of them), whose batches are the global sample positions ``rows`` [clients, batch].
+
+        The whole cohort computes on the stacked parameters themselves. A part of it computes on detached copies of
+        its rows (:meth:`_scatter_grads` puts their gradients back), so that no group's backward fills a gradient
+        the size of the whole stack; one client alone computes without vmap, as it would alone."""
+        if members is None:
+            params, pick = self.params, (lambda t: t)
+        else:
+            params = {n: p.detach().index_select(0, members).requires_grad_(p.requires_grad)
+                      for n, p in self.params.items()}
+            pick = (lambda t: t.index_select(0, members))
         buffers = {n: pick(b) for n, b in self.buffers.items()}
         x = self.x[rows]
         if self.started[0].augment is not None:  # each client's own augmentation stream, one batch at a time
@@ -573,16 +583,35 @@ class _CohortRun:
             x = torch.stack([self.started[c].augment(xc, self.started[c].aug_gen) for c, xc in zip(who, x)])
         state = {} if self.state_unstacked else _tree_map(pick, self.state)
         own = _tree_map(pick, self.own)
-        with _OneClientOrder(), warnings.catch_warnings():
-            # an op without a batching rule (kl_div) runs client by client: slower, and exactly one client's numbers
-            warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
-            loss, parts = vmap(self._loss, in_dims=(0, 0, 0, 0, 0, 0 if own else None, 0 if state else None))(
-                params, buffers, x, self.y[rows], self.idx[rows], own, state)
+        y, sample_idx = self.y[rows], self.idx[rows]
+        if x.shape[0] == 1:  # one client: its own step, without vmap
+            args = [_tree_map(lambda t: t[0], v) for v in (params, buffers, x, y, sample_idx, own, state)]
+            loss, parts = self._loss(*args)
+            loss, parts = loss.unsqueeze(0), {name: v.unsqueeze(0) for name, v in parts.items()}
+        else:
+            with _OneClientOrder(), warnings.catch_warnings():
+                # an op without a batching rule (kl_div) runs client by client: slower, and one client's numbers
+                warnings.filterwarnings("ignore", message="There is a performance drop", category=UserWarning)
+                loss, parts = vmap(self._loss, in_dims=(0, 0, 0, 0, 0, 0 if own else None, 0 if state else None))(
+                    params, buffers, x, y, sample_idx, own, state)
         if members is not None and buffers:  # running statistics were updated in the picked copies: write back
             with torch.no_grad():
                 for n, b in buffers.items():
                     self.buffers[n].index_copy_(0, members, b)
-        return loss, parts
+        return loss, parts, params
+
+    def _scatter_grads(self, picked: list[tuple[torch.Tensor, dict[str, torch.Tensor]]]) -> None:
+        """Each group's parameter gradients into its rows of the stack's gradients (rows no group trained: 0)."""
+        for n, stack in self.params.items():
+            if not stack.requires_grad:
+                continue
+            for members, params in picked:
+                g = params[n].grad
+                if g is None:
+                    continue
+                if stack.grad is None:
+                    stack.grad = torch.zeros_like(stack)
+                stack.grad.index_copy_(0, members, g)
 
     # ------------------------------------------------------------------ all phases
     def run(self) -> list[tuple[TrainResult, Optional[dict]]]:
@@ -609,10 +638,13 @@ class _CohortRun:
                         if not stopped[c] and step < len(batches[c]):
                             groups.setdefault(batches[c][step], []).append(c)
                     total = None
+                    picked: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
                     for size, members in groups.items():
                         index = None if len(members) == k else torch.tensor(members, device=self.device)
                         block = (rows if index is None else rows.index_select(0, index))[:, step * bs:step * bs + size]
-                        loss, parts = self._group_loss(index, block)
+                        loss, parts, params = self._group_loss(index, block)
+                        if index is not None:
+                            picked.append((index, params))
                         total = loss.sum() if total is None else total + loss.sum()
                         where = everyone if index is None else index
                         loss_sum.index_add_(0, where, loss.detach().double() * size)
@@ -622,7 +654,7 @@ class _CohortRun:
                         for c in members:
                             seen[c] += size
                     active = {c for members in groups.values() for c in members}
-                    self._step(opt, trained, total, [c for c in range(k) if c not in active])
+                    self._step(opt, trained, total, picked, [c for c in range(k) if c not in active])
                 for c in range(k):
                     epochs_done[c] += not stopped[c]
                 self.template = dataclasses.replace(self.template, epoch=self.template.epoch + 1)
@@ -640,24 +672,26 @@ class _CohortRun:
         return rows.to(self.device)
 
     def _step(self, opt: torch.optim.Optimizer, trained: list[torch.Tensor], total: Optional[torch.Tensor],
-              sitting_out: list[int]) -> None:
+              picked: list[tuple[torch.Tensor, dict[str, torch.Tensor]]], sitting_out: list[int]) -> None:
         """One optimiser step on the stack; clients sitting this step out get their parameters and optimiser state
-        back as they were."""
+        back as they were (unless the optimiser leaves a row with a zero gradient as it is: plain SGD)."""
         opt.zero_grad(set_to_none=True)
         if total is None:
             return
         total.backward()
+        self._scatter_grads(picked)
         if self.alg.clip_grad_norm is not None:
             _clip_per_client(trained, self.alg.clip_grad_norm, self.k)
-        if not sitting_out:
-            opt.step()
+        t = self.cfg.train
+        if not sitting_out or (t.optimizer == "sgd" and t.momentum == 0 and t.weight_decay == 0):
+            opt.step()  # plain SGD: p - lr * 0 is p, bit for bit
             return
         index = torch.tensor(sitting_out, device=self.device)
-        keep = [(t, t.index_select(0, index)) for t in self._stacked_state(opt, trained)]
+        keep = [(s, s.index_select(0, index)) for s in self._stacked_state(opt, trained)]
         opt.step()
         with torch.no_grad():
-            for t, saved in keep:
-                t.index_copy_(0, index, saved)
+            for s, saved in keep:
+                s.index_copy_(0, index, saved)
 
     def _stacked_state(self, opt: torch.optim.Optimizer, trained: list[torch.Tensor]) -> list[torch.Tensor]:
         """The trained stacks and every per-client tensor of the optimiser's state (momentum, Adam's moments)."""
@@ -723,6 +757,15 @@ def per_client_bytes(core: ClientJobs, started: StartedJob) -> int:
     return weights + data + sum(saved.values())
 
 
+def memory_budget(core: ClientJobs) -> int:
+    """Bytes a cohort's stacked training state may take in this worker (``engine.vectorize=auto``)."""
+    if core.device.type != "cuda":
+        return AUTO_MEMORY_BYTES
+    total = torch.cuda.get_device_properties(core.device).total_memory
+    share = min(1.0, core.cfg.engine.gpus_per_worker) or 1.0
+    return int(AUTO_GPU_MEMORY_SHARE * total * share)
+
+
 def _probe_clock(device: torch.device) -> Callable[[], float]:
     """The probe's clock: on a CPU this process's CPU time, which other processes on the machine do not inflate;
     on a GPU wall time after the device has finished its queued work."""
@@ -740,7 +783,7 @@ def choose_cohort_size(core: ClientJobs, jobs: list[TrainJob], shared: dict, own
                        states: list[Optional[dict]]) -> tuple[int, dict[str, float]]:
     """``engine.vectorize=auto``: the cohort size for the run (1: off), from a probe on the round's first clients.
 
-    The size: at most :data:`AUTO_MAX_K` clients and as many as fit :data:`AUTO_MEMORY_BYTES` of stacked training
+    The size: at most :data:`AUTO_MAX_K` clients and as many as fit :func:`memory_budget` of stacked training
     state, then the round's clients split into that many equal cohorts (100 clients in cohorts of 128: one of 100;
     of 64: two of 50). It depends on the config alone, not on the number of workers; only the yes or no is timed.
     The probe times :data:`AUTO_SERIAL_JOBS` clients one at a time (the median) and, unless they are slow enough that
@@ -754,7 +797,7 @@ def choose_cohort_size(core: ClientJobs, jobs: list[TrainJob], shared: dict, own
     if model_refusal(started.model) is not None:
         return 1, {}
     each = per_client_bytes(core, started)
-    largest = max(1, min(AUTO_MAX_K, AUTO_MEMORY_BYTES // max(each, 1)))
+    largest = max(1, min(AUTO_MAX_K, memory_budget(core) // max(each, 1)))
     k = math.ceil(len(jobs) / math.ceil(len(jobs) / largest))
     info: dict[str, float] = {"bytes_per_client": float(each), "k": float(k)}
     if k < 2:
