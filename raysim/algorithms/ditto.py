@@ -69,6 +69,9 @@ class Ditto(Algorithm):
 
     Config = DittoConfig
     shared = "all"  # everything but the personal model (is_shared)
+    # engine.vectorize: both losses run on the cohort's swapped-in weights (the personal model is a submodule) and
+    # the proximal term on the shared download
+    vectorizable = True
 
     @property
     def has_global_model(self) -> bool:

@@ -39,6 +39,7 @@ import math
 import statistics
 import time
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -194,13 +195,17 @@ def _stack_trees(trees: list[Any]) -> Any:
     return stack(*trees)
 
 
-class _Unstacked(dict):
-    """``ctx.state`` inside a vectorised step when the cohort's states differ in structure: reading it is an
-    error that says so (a state read by a vectorisable loss must have one structure for every client)."""
+class _Unstacked(Mapping):
+    """``ctx.state`` inside a vectorised step when the cohort's states differ in structure (some clients have kept
+    state, some not yet): any read is an error that says so, never a silent default (``.get(key, {})`` included).
+    A state that a vectorisable loss reads must have one structure for every client: give it from
+    ``init_client_state``."""
 
-    def __missing__(self, key: Any) -> Any:
-        raise KeyError(f"ctx.state[{key!r}]: this cohort's client states differ in structure, so a vectorised "
-                       f"client_loss cannot read them (give every client the same state from init_client_state)")
+    def _refuse(self, *_: Any) -> Any:
+        raise KeyError("ctx.state: this cohort's client states differ in structure, so a vectorised client_loss "
+                       "cannot read them (give every client the same state from init_client_state)")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = get = keys = items = values = _refuse
 
 
 class _HookCall(nn.Module):

@@ -31,7 +31,8 @@ from raysim.registry import get_algorithm, register_algorithm, register_model
 if str(EXAMPLE_PLUGINS) not in sys.path:  # resmlp, a model plugin with dropout
     sys.path.insert(0, str(EXAMPLE_PLUGINS))
 
-SUPPORTED = ["fedavg", "local", "fedprox", "partialavg", "partialkd", "unideal", "fedrep", "fedbabu", "fapd"]
+SUPPORTED = ["fedavg", "local", "fedprox", "partialavg", "partialkd", "unideal", "fedrep", "fedbabu", "fapd",
+             "fedavgm", "fedadam", "ditto"]
 # each algorithm's own parts in play: several local epochs (FedRep's two phases, UNIDEAL's moving p), its knobs
 EXTRA: dict[str, dict] = {
     "fedprox": {"algorithm__mu": 0.1},
@@ -136,6 +137,29 @@ def test_per_client_state_and_a_non_finite_client(tmp_path):
     # client 1 stopped after its first epoch, as alone: the same (NaN) upload
     assert all(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
                for a, b in zip(alone[1][0].upload.values(), together[1][0].upload.values()))
+
+
+@register_algorithm("mixed_state")
+class MixedState(FedAvg):
+    """A test algorithm that declares vectorisable hooks wrongly: client 0 starts with no state, the others with
+    one, and the loss reads it."""
+
+    vectorizable = True
+
+    def init_client_state(self, model, ctx):
+        return {} if ctx.client_id == 0 else {"scale": torch.tensor(2.0)}
+
+    def client_loss(self, model, x, y, ctx):
+        return F.cross_entropy(model(x), y) * ctx.state.get("scale", 1.0), {}
+
+
+def test_states_of_different_structures_are_never_read_as_a_default(tmp_path):
+    """A cohort whose clients' states differ in structure cannot give the loss one stacked state: reading it is an
+    error that says why, not a silent ``.get`` default."""
+    core, jobs, shared = _setup(tmp_path, "mixed_state")
+    with pytest.raises(KeyError, match="differ in structure"):
+        train_cohort(core, jobs[:3], shared, [None] * 3, [None] * 3)
+    assert len(train_cohort(core, jobs[1:3], shared, [None] * 2, [None] * 2)) == 2  # one structure: stacked
 
 
 def test_a_cnn_cohort_is_each_client_alone_bit_for_bit(tmp_path):
