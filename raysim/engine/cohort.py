@@ -412,11 +412,13 @@ _CE_ARGS = ("input", "target", "weight", "size_average", "ignore_index", "reduce
 
 
 def _serial_cross_entropy(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
-    """``F.cross_entropy`` of one client's [B, C] logits and class targets with the value torch's kernel gives
-    (vmap's own rule sums the batch in another order); None for any other use (weights, smoothing, soft targets),
-    which then runs as it is."""
+    """``F.cross_entropy`` of one client's [B, C] logits and class targets with the value torch's CPU kernel gives
+    (vmap's own rule sums the batch in another order); None for any other use (weights, smoothing, soft targets, an
+    accelerator), which then runs as it is."""
     a = {**_CE_PLAIN, "reduction": "mean", **dict(zip(_CE_ARGS, args)), **kwargs}  # F.cross_entropy's signature
     logits, target = a["input"], a["target"]
+    if logits.device.type != "cpu":  # the cascade is the CPU kernel's order; an accelerator's kernel has its own
+        return None
     if any(a[k] != v for k, v in _CE_PLAIN.items()) or a["reduction"] not in ("mean", "sum") \
             or logits.dim() != 2 or target.dim() != 1 or target.is_floating_point():
         return None
