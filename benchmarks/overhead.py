@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-wait", action="store_true", help="don't wait for a quiet machine (debugging)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra config override for the raysim runs (e.g. engine.clients_per_call=1)")
+    p.add_argument("--out", default="overhead", help="results go to benchmarks/out/OUT.json")
     args = p.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     info = machine_info()
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
 
-    path = save_json("overhead", result)
+    path = save_json(args.out, result)
     print(f"\n[overhead] results in {path}")
     print(f"launch -> end of round 1: {fmt(result['launch']['round1_s'], 1, 2)} s  (target <= 10 s)")
     for wl, e in result["workloads"].items():
