@@ -15,8 +15,8 @@ What stays per client, exactly as :meth:`raysim.engine.core.ClientJobs.train` do
 - batches: each client draws its own permutation every epoch from its own generator and cuts it with
   :func:`raysim.engine.epochs.batch_bounds`, so it sees exactly the batches it would alone. Step s of an epoch is
   every client's s-th batch; clients whose s-th batch has another size (a short or merged last batch) are run as
-  their own vmapped group within the same step, so no sample is padded or made up; a client with fewer batches
-  sits out the rest of the epoch, its parameters and optimiser state restored after each step it sits out;
+  their own group within the same step (one client alone without vmap), so no sample is padded or made up; a
+  client with fewer batches sits out the rest of the epoch, its parameters and optimiser state as they were;
 - the loss and its parts are summed per client in float64, on the device, with no host sync inside an epoch; a
   client whose loss is no longer finite stops at the end of that epoch, as alone.
 
@@ -25,6 +25,7 @@ rather than gᵀx, a batch's mean cross-entropy, a grouped convolution over the 
 :class:`_OneClientOrder` computes those as one client does, so an MLP's cohort (and, on a CPU, a CNN's) gives every
 client its own numbers bit for bit; what it does not cover (batch norm, other reductions) agrees within float32
 rounding.
+
 Cohorts are fixed groups of the round's clients in client-id order (:func:`plan_cohorts`), whatever the number of
 workers, so a run's metrics do not depend on ``engine.num_workers``.
 
@@ -93,7 +94,7 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
     """The cohort size a run starts with: 1 (one client at a time), N, or None (``auto``: a probe at the first
     round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1 by
     ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
-    config's notice, :func:`config_notices`, says so)."""
+    config's notice says so: ``raysim.checks.vectorize_notices``)."""
     from raysim.errors import UserError
     from raysim.registry import get_model
 
