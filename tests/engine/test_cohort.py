@@ -245,6 +245,23 @@ def test_every_supported_algorithm_has_identical_metrics_vectorised(tmp_path, al
     assert _rows(tmp_path, algorithm, "4") == off
 
 
+@pytest.mark.parametrize("algorithm", ["fedprox", "unideal"])
+def test_cohorts_with_every_upload_at_the_driver(tmp_path, algorithm):
+    """engine.partial_sums=false: the per-client path (each client's own upload) with cohorts, identical too."""
+    off = _rows(tmp_path, algorithm, "off", engine__partial_sums="false")
+    assert _rows(tmp_path, algorithm, "4", engine__partial_sums="false") == off
+
+
+def test_cohorts_on_ray_workers_give_the_in_process_numbers(ray_cluster, tmp_path):
+    """Two Ray workers, cohorts of 3 of each client's own upload (train_cohort calls), and cohorts of whole sum
+    groups (train_groups calls): the metrics of one in-process run with cohorts, and of one client at a time."""
+    for partial in ("false", "true"):
+        inline = _rows(tmp_path / partial, "fedprox", "3", engine__partial_sums=partial)
+        on_ray = _rows(tmp_path / partial, "fedprox", "3", engine__partial_sums=partial, engine__backend="ray",
+                       engine__num_workers=2, log__dir=str(tmp_path / partial / "ray"))
+        assert on_ray == inline == _rows(tmp_path / partial, "fedprox", "off", engine__partial_sums=partial)
+
+
 def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
     """auto probes once, at the first round (nothing it trains is kept), logs its choice every round, and a
     resumed run takes it from the checkpoint instead of probing again."""
