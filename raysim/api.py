@@ -137,7 +137,7 @@ def run(config: ConfigLike = None, *overrides: str, progress: Optional[bool] = N
     status = "FAILED"
     try:
         run_dir, _, stopped = run_experiment(cfg, resume=resume is not None, on_round=on_round, on_start=on_start,
-                                             handle_sigint=True)
+                                             handle_signals=True)
         status = "KILLED" if stopped else "FINISHED"
     finally:
         if bar is not None:

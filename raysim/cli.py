@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError, find_user_error
 from raysim.report import DEFAULT_COLUMNS
 
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
 EXIT_USER_ERROR = 2
 EXIT_STOPPED = 3
 EXIT_TRIALS_FAILED = 1  # a sweep or seed set ran to its end, but some trials failed
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED  # Ctrl-C
+EXIT_TERMINATED = interrupts.EXIT_TERMINATED  # SIGTERM (a scheduler preempting the job)
 _LAUNCHED = time.perf_counter()  # when the command started (the summary's wall time counts start-up)
 _RUN_DIR: list[Path] = []  # the run directory of the current `raysim run`, for the resume hint
 
@@ -130,7 +133,7 @@ _EXAMPLES = {
     "run": """examples:
   raysim run experiments/smoke.yaml
   raysim run experiments/default.yaml rounds=20 train.lr=0.1 log.dir=runs/mine
-  raysim run --resume runs/mine                    continue after a crash or Ctrl-C
+  raysim run --resume runs/mine                    continue after a crash, Ctrl-C or SIGTERM
   raysim run experiments/smoke.yaml --seeds 0-4    five seeds, results.md with mean +- std
   raysim run experiments/default.yaml engine.address=auto engine.num_workers=16   on a running cluster""",
     "tune": """examples:
@@ -174,40 +177,59 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not hasattr(args, "overrides") or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
-    try:
-        if args.command == "run":
-            return _cmd_seeds(args) if _is_seeds(args) else _cmd_run(args)
-        if args.command == "tune":
-            return _cmd_tune(args)
-        if args.command == "report":
-            return _cmd_report(args)
-        if args.command == "config":
-            return _cmd_config(args)
-        if args.command == "list":
-            return _cmd_list(args)
-        if args.command == "data":
-            return _cmd_data(args)
-    except KeyboardInterrupt:
-        print("raysim: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BaseException as exc:  # noqa: BLE001 - anything that is not the user's to fix is re-raised
-        found = find_user_error(exc)
-        if isinstance(found, UserError):
-            print(f"raysim: error: {found}", file=sys.stderr)
-            return EXIT_USER_ERROR
-        if isinstance(found, RunStopped):
-            run_dir = getattr(found, "run_dir", None) or (_RUN_DIR[0] if _RUN_DIR else None)
-            hint = ""
-            if run_dir is not None:
-                from raysim.engine.state import has_checkpoint
-
-                hint = (f"; resume with: raysim run --resume {run_dir}"
-                        if has_checkpoint(Path(run_dir))
-                        else "; no round was checkpointed: start the run again")
-            print(f"raysim: stopped: {found}{hint}", file=sys.stderr)
-            return EXIT_STOPPED
-        raise
+    with interrupts.handled():  # Ctrl-C and SIGTERM: finish the round, checkpoint, one line, exit 130 / 143
+        try:
+            if args.command == "run":
+                return _cmd_seeds(args) if _is_seeds(args) else _cmd_run(args)
+            if args.command == "tune":
+                return _cmd_tune(args)
+            if args.command == "report":
+                return _cmd_report(args)
+            if args.command == "config":
+                return _cmd_config(args)
+            if args.command == "list":
+                return _cmd_list(args)
+            if args.command == "data":
+                return _cmd_data(args)
+        except KeyboardInterrupt as exc:  # a second signal, SIGTERM's grace period over, or nothing to stop gently
+            print(f"raysim: {_interrupted()}{_resume_hint(exc, say_round=True)}", file=sys.stderr)
+            return interrupts.exit_status()
+        except BaseException as exc:  # noqa: BLE001 - anything that is not the user's to fix is re-raised
+            found = find_user_error(exc)
+            if isinstance(found, UserError):
+                print(f"raysim: error: {found}", file=sys.stderr)
+                return EXIT_USER_ERROR
+            if isinstance(found, RunStopped):
+                print(f"raysim: stopped: {found}{_resume_hint(found)}", file=sys.stderr)
+                return EXIT_STOPPED
+            raise
     return 0
+
+
+def _interrupted() -> str:
+    how = "stopped by SIGTERM" if interrupts.terminated() else "interrupted"
+    return f"{how}: {interrupts.abandoned()}" if interrupts.abandoned() else how
+
+
+def _resume_hint(exc: Optional[BaseException], say_round: bool = False) -> str:
+    """"; resume with: ..." for the run, seed set or sweep that ``exc`` stopped (None: the run of this `raysim run`),
+    as far as it is known; ``say_round``: also which round a run's checkpoint holds (a RunStopped message says so
+    itself)."""
+    command = getattr(exc, "resume_command", None)  # set by a sweep or seed set
+    if command:
+        return f"; resume with: {command}"
+    run_dir = getattr(exc, "run_dir", None) or (_RUN_DIR[0] if _RUN_DIR else None)
+    if run_dir is None:
+        return ""
+    from raysim.engine.state import has_checkpoint, read_checkpoint
+
+    if not has_checkpoint(Path(run_dir)):
+        return "; no round was checkpointed: start the run again"
+    done = ""
+    if say_round:
+        with contextlib.suppress(UserError):
+            done = f"round {int(read_checkpoint(Path(run_dir))['round'])} is checkpointed; "
+    return f"; {done}resume with: raysim run --resume {run_dir}"
 
 
 def entry() -> int:
@@ -287,7 +309,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     status = "FAILED"
     try:
         run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
-                                             handle_sigint=True)
+                                             handle_signals=True)
         status = "KILLED" if stopped else "FINISHED"
     finally:
         if live is not None:
@@ -295,8 +317,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         tracker.close(status)
     print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED))
     if stopped:
-        print(f"raysim: interrupted; resume with: raysim run --resume {run_dir}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        how = "stopped by SIGTERM" if interrupts.terminated() else "interrupted"
+        print(f"raysim: {how}{_resume_hint(None, say_round=True)}", file=sys.stderr)
+        return interrupts.exit_status()
     return 0
 
 
@@ -345,8 +368,9 @@ def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
     if failed:
         print(f"raysim: {len(failed)} {what} failed; `{resume_cmd} {d}` runs them again", file=sys.stderr)
     if unfinished:
-        print(f"raysim: {len(unfinished)} {what} unfinished; resume with: {resume_cmd} {d}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        how = "stopped by SIGTERM: " if interrupts.terminated() else ""
+        print(f"raysim: {how}{len(unfinished)} {what} unfinished; resume with: {resume_cmd} {d}", file=sys.stderr)
+        return interrupts.exit_status()
     return EXIT_TRIALS_FAILED if failed else 0
 
 

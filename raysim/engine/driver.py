@@ -177,6 +177,9 @@ class Driver:
         try:
             while self.round < self.cfg.rounds and not self._stop.is_set():
                 yield self.run_round(self.round + 1)
+            if self.round > self._checkpointed:  # stopped early (Ctrl-C, SIGTERM) between log.checkpoint_every
+                with self._writing("the checkpoint"):
+                    self.checkpoint()
         except RunStopped as exc:
             # the last complete round, whatever log.checkpoint_every says; and after running out of memory before any
             # round completed, round 0, so that the run resumes with a smaller share instead of being removed. Never

@@ -10,11 +10,13 @@ import contextlib
 import logging
 import math
 import os
+import re
 import sys
 from typing import Any, Iterator, Optional, Sequence
 
 import ray
 
+import raysim.interrupts as interrupts
 from raysim.errors import UserError
 
 
@@ -113,6 +115,45 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {address!r} "
                         f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use "
                         f"engine.address=null") from None
+    finally:
+        interrupts.reclaim()  # ray.init replaced raysim's SIGTERM handler with its own (and a C++ stack dump)
+    if kwargs["log_to_driver"]:
+        _drop_sigterm_dumps()
+
+
+_SIGTERM_DUMP = re.compile(r"\*\*\* SIGTERM received at time=")
+_STACK_FRAME = re.compile(r"^(\[[^]]*\] logging\.cc:\d+: )?\s*(PC: )?@\s+0x[0-9a-fA-F]+")
+
+
+def _without_sigterm_dumps(lines: list[str]) -> list[str]:
+    """``lines`` less every SIGTERM stack dump (its header and the stack frames that follow it)."""
+    out, dumping = [], False
+    for line in lines:
+        if _SIGTERM_DUMP.search(line):
+            dumping = True
+        elif not (dumping and _STACK_FRAME.match(line)):
+            dumping = False
+            out.append(line)
+    return out
+
+
+def _drop_sigterm_dumps() -> None:
+    """Ray ends worker processes with SIGTERM (a Tune trial's actor stopped while it starts, idle workers); Ray's C++
+    handler in each prints a stack dump, which Ray forwards to this terminal with the workers' output. Those dumps
+    are dropped on the way; a crash's dump (SIGSEGV, SIGABRT) still shows."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    for name, handle in list(dispatcher.handlers):
+        if name != "ray_print_logs":
+            continue
+
+        def forward(data: dict, handle: Any = handle) -> None:
+            lines = _without_sigterm_dumps(list(data.get("lines", [])))
+            if lines:
+                handle({**data, "lines": lines})
+
+        dispatcher.remove_handler(name)
+        dispatcher.add_handler(name, forward)
 
 
 @contextlib.contextmanager

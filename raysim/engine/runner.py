@@ -6,9 +6,9 @@ Used by ``raysim run``, ``raysim.run`` and each Ray Tune trial; the round loop i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
@@ -21,6 +21,7 @@ from raysim.dirlock import DirLock
 from raysim.engine.executor import choose_backend
 from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file
 from raysim.errors import RunStopped, UserError, find_user_error
+import raysim.interrupts as interrupts
 
 # keys that may differ between a run and its resumption (how it runs, not what it computes)
 _RESUMABLE_PREFIXES = ("engine.", "log.", "rounds", "eval.every", "eval.chunk")
@@ -103,13 +104,17 @@ def _check_writable(run_dir: Path) -> None:
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                    on_round: Optional[Callable[[dict], None]] = None,
                    on_start: Optional[Callable[[dict], None]] = None,
-                   handle_sigint: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
-    """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early)."""
-    run_dir, created, lock = prepare_run_dir(cfg, resume)
-    try:
-        return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_sigint, placement_group)
-    finally:
-        lock.release()
+                   handle_signals: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
+    """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early).
+
+    ``handle_signals``: the first Ctrl-C or SIGTERM finishes the round, checkpoints it and ends the run (stopped
+    early); see ``raysim.interrupts`` for the bound after SIGTERM."""
+    with interrupts.handled() if handle_signals else contextlib.nullcontext():
+        run_dir, created, lock = prepare_run_dir(cfg, resume)
+        try:
+            return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_signals, placement_group)
+        finally:
+            lock.release()
 
 
 class RunControl:
@@ -142,26 +147,24 @@ class RunControl:
 
 def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: bool,
                 on_round: Optional[Callable[[dict], None]], on_start: Optional[Callable[[dict], None]],
-                handle_sigint: bool, placement_group: Any) -> tuple[Path, list[dict], bool]:
+                handle_signals: bool, placement_group: Any) -> tuple[Path, list[dict], bool]:
     if resume:  # the resolved config of the original run, with this invocation's engine/log/rounds
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     rows: list[dict] = []
     stop_requested = threading.Event()
 
-    def started(control: RunControl, start_round: int) -> Any:
-        """Tell the caller the run started; from now on the first Ctrl-C asks for a graceful stop. Returns the
-        SIGINT handler to restore (None: none was installed)."""
+    def started(control: RunControl, start_round: int) -> contextlib.AbstractContextManager:
+        """Tell the caller the run started; returns the context in which the first Ctrl-C or SIGTERM asks for a
+        graceful stop (finish the round, checkpoint, end)."""
         if on_start:  # run_dir, the round it starts after, and the run's control (progress, request_stop)
             on_start({"run_dir": run_dir, "start_round": start_round, "control": control})
-        if not (handle_sigint and threading.current_thread() is threading.main_thread()):
-            return None
+        if not handle_signals:
+            return contextlib.nullcontext()
 
-        def _on_sigint(signum, frame):  # first Ctrl-C: finish the round, checkpoint, stop
-            if stop_requested.is_set():
-                raise KeyboardInterrupt
+        def stop() -> None:
             stop_requested.set()
             control.request_stop()
-        return signal.signal(signal.SIGINT, _on_sigint)
+        return interrupts.graceful(stop)
 
     def record(metrics: dict) -> None:
         rows.append(metrics)
@@ -183,7 +186,8 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
     return run_dir, rows, stop_requested.is_set() and (not rows or rows[-1]["round"] < cfg.rounds)
 
 
-def _run_inline(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable[[RunControl, int], Any],
+def _run_inline(cfg: ExperimentConfig, run_dir: Path, resume: bool,
+                started: Callable[[RunControl, int], contextlib.AbstractContextManager],
                 record: Callable[[dict], None]) -> None:
     """The whole run in this process (``engine.backend=inline``): no Ray, the user's own frames in every error."""
     from raysim.engine.executor import inline_device
@@ -192,7 +196,8 @@ def _run_inline(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Cal
 
 
 def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_group: Any,
-                started: Callable[[RunControl, int], Any], record: Callable[[dict], None]) -> None:
+                started: Callable[[RunControl, int], contextlib.AbstractContextManager],
+                record: Callable[[dict], None]) -> None:
     """The driver in this process, its jobs on Ray worker actors (``engine.backend=ray``). The workers are created
     first, so that their processes start (importing torch) while the driver builds the data and the model."""
     from raysim.engine.pool import kill_quietly, spawn_workers
@@ -208,27 +213,26 @@ def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_gr
             kill_quietly(workers)  # the driver's pool has ended them and its replacements; these for a setup error
 
 
-def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool, started: Callable[[RunControl, int], Any],
-           record: Callable[[dict], None], *, inline: bool = False, device: str = "cpu", placement_group: Any = None,
+def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool,
+           started: Callable[[RunControl, int], contextlib.AbstractContextManager], record: Callable[[dict], None], *,
+           inline: bool = False, device: str = "cpu", placement_group: Any = None,
            workers: Optional[list[Any]] = None) -> None:
-    """Make the driver, start it, stream its rounds to ``record``; restore SIGINT and torch's thread count (the
-    driver works on one thread, in-process jobs on engine.cpus_per_worker) whatever happens."""
+    """Make the driver, start it, stream its rounds to ``record`` (the first Ctrl-C or SIGTERM meanwhile asks for a
+    graceful stop); restore torch's thread count (the driver works on one thread, in-process jobs on
+    engine.cpus_per_worker) whatever happens."""
     import torch
 
     from raysim.engine.driver import Driver
 
     threads = torch.get_num_threads()
     driver: Optional[Driver] = None
-    previous = None
     try:
         driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device, workers=workers)
         start_round = driver.start()
-        previous = started(RunControl(driver), start_round)
-        for metrics in driver.run():
-            record(metrics)
+        with started(RunControl(driver), start_round):
+            for metrics in driver.run():
+                record(metrics)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
         if driver is not None:
             driver.shutdown()
         torch.set_num_threads(threads)

@@ -63,7 +63,7 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
             status = "FAILED"
             try:
                 _, _, stopped = run_experiment(
-                    cfg, resume=resume, on_round=on_round, handle_sigint=True,
+                    cfg, resume=resume, on_round=on_round, handle_signals=True,
                     on_start=lambda info, tracker=tracker: tracker.start(info["run_dir"], info["start_round"]))
                 status = "KILLED" if stopped else "FINISHED"
             finally:

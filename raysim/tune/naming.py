@@ -25,6 +25,7 @@ class TrialNaming:
     dir_key = "dir"  # the config key that names the sweep directory (for the lock's error)
     run_dirs = "trials/<trial>"
     keeps_run_dirs = False  # a sweep started again gets new trial ids: the lost attempt's run dirs go
+    resume_command = "raysim tune --resume"  # + the sweep directory
 
     def trials_dir(self, sweep_dir: Path) -> Path:
         return sweep_dir / "trials"
@@ -69,6 +70,7 @@ class SeedNaming(TrialNaming):
     dir_key = "log.dir"
     run_dirs = "seed-<n>"
     keeps_run_dirs = True  # seed-<n> names the same run again: a done one is not rerun
+    resume_command = "raysim run --resume"
 
     def trials_dir(self, sweep_dir: Path) -> Path:
         return sweep_dir

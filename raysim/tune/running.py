@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from raysim.config import ExperimentConfig
 from raysim.dirlock import DirLock
-from raysim.errors import UserError
+import raysim.interrupts as interrupts
+from raysim.errors import RunStopped, UserError
 from raysim.tune.progress import _progress_callback, _Progress
 from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_run_dir, \
     write_atomically
@@ -24,10 +25,13 @@ from raysim.tune.validate import check_cluster, validate_sweep
 
 @contextlib.contextmanager
 def _tune_env() -> Iterator[None]:
-    """raysim writes each trial's TensorBoard events itself; Tune's own TensorBoard logger would duplicate them."""
-    saved = {k: os.environ.get(k) for k in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "RAY_AIR_NEW_OUTPUT")}
+    """raysim writes each trial's TensorBoard events itself; Tune's own TensorBoard logger would duplicate them.
+    Ctrl-C reaches raysim's handler (``raysim.interrupts``), which stops Tune as Tune's own would, and SIGTERM too."""
+    keys = ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "RAY_AIR_NEW_OUTPUT", "TUNE_DISABLE_SIGINT_HANDLER")
+    saved = {k: os.environ.get(k) for k in keys}
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     try:
         yield
     finally:
@@ -44,7 +48,9 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
 
     The sweep directory is locked while this runs (``raysim.dirlock``): a second sweep into it, or a ``--resume``
     of it while it runs, is refused; a lock left by a killed sweep is gone with its process. ``callbacks``: Ray Tune
-    callbacks of your own, beside raysim's (``log.mlflow`` / ``log.wandb`` add Tune's MLflow and W&B loggers)."""
+    callbacks of your own, beside raysim's (``log.mlflow`` / ``log.wandb`` add Tune's MLflow and W&B loggers). The
+    first Ctrl-C or SIGTERM stops the trials (each keeps its checkpoint) and returns the table with them
+    unfinished."""
     from raysim.engine.executor import choose_backend
     from raysim.tracking import check_tracking
 
@@ -65,8 +71,9 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
         sweep_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SweepError(f"cannot create sweep directory {sweep_dir} ({exc.strerror})") from None
-    # claimed before it is checked: of two sweeps started together into one directory, one runs, one is refused
-    with DirLock(sweep_dir, key=key):
+    # claimed before it is checked: of two sweeps started together into one directory, one runs, one is refused;
+    # Ctrl-C and SIGTERM stop the sweep gracefully (raysim.interrupts), called from the command or not
+    with DirLock(sweep_dir, key=key), interrupts.handled():
         try:
             if in_process and not resume and (sweep_dir / "sweep.yaml").is_file():
                 raise SweepError(f"{sweep_dir} already holds a seed set; continue it with --resume {sweep_dir} "
@@ -82,13 +89,20 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
             if callbacks:
                 raise SweepError("callbacks are Ray Tune callbacks, and this seed set runs in this process "
                                  "(engine.backend inline); set engine.backend=ray to run it on Tune")
-            run_seeds_in_process(spec, first, sweep_dir, quiet=quiet, out=out)
+            try:
+                run_seeds_in_process(spec, first, sweep_dir, quiet=quiet, out=out)
+            except KeyboardInterrupt as exc:
+                exc.resume_command = f"{spec.names.resume_command} {sweep_dir}"  # type: ignore[attr-defined]
+                raise
             return finish_sweep(spec, sweep_dir)
         try:
             return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out, callbacks)
         except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
             if created and not (sweep_dir / "tune").exists():
                 shutil.rmtree(sweep_dir, ignore_errors=True)
+            raise
+        except (KeyboardInterrupt, RunStopped) as exc:  # the command's one line names the way back
+            exc.resume_command = f"{spec.names.resume_command} {sweep_dir}"  # type: ignore[attr-defined]
             raise
 
 
@@ -184,9 +198,36 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
             # Tuner.restore keeps the original run config; the progress callback has to be re-attached
             if resume:
                 tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
-            with _one_line_trial_errors():
+            with _one_line_trial_errors(), _stops_on_signals():
                 tuner.fit()
     return finish_sweep(spec, sweep_dir)
+
+
+@contextlib.contextmanager
+def _stops_on_signals() -> Iterator[None]:
+    """While ``fit()`` runs, the first Ctrl-C or SIGTERM stops Tune as its own Ctrl-C handler does: its trials stop
+    (each keeps its run directory's last checkpoint), it saves its state, and ``fit()`` returns with them
+    unfinished. Tune installs that handler for SIGUSR1 once its loop starts; until then a signal ends at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop_tune() -> bool:
+        handler = signal.getsignal(signal.SIGUSR1)
+        if not callable(handler):
+            return False  # Tune's loop has not started: nothing runs yet that could stop gently
+        handler(signal.SIGUSR1, None)
+        return True
+
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # not a handler left by an earlier fit()
+    try:
+        with interrupts.graceful(stop_tune, "stopping Ray Tune's trials"):
+            yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -196,14 +237,22 @@ def _one_line_trial_errors() -> Iterator[None]:
     import logging
 
     def drop(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Trial task failed")
+        return not str(record.msg).startswith(_TUNE_LINES_RAYSIM_SAYS)
 
-    log = logging.getLogger("ray.tune.execution.tune_controller")
-    log.addFilter(drop)
+    logs = [logging.getLogger(name) for name in ("ray.tune.execution.tune_controller", "ray.tune.tune")]
+    for log in logs:
+        log.addFilter(drop)
     try:
         yield
     finally:
-        log.removeFilter(drop)
+        for log in logs:
+            log.removeFilter(drop)
+
+
+# Tune's lines that raysim replaces with its own: a failed trial's traceback (its one-line cause instead), and on
+# Ctrl-C or SIGTERM Tune's notices and its Tuner.restore hint (raysim prints its `--resume` command)
+_TUNE_LINES_RAYSIM_SAYS = ("Trial task failed", "Stop signal received", "Experiment has been interrupted",
+                           "Trials did not complete")
 
 
 def _scheduler(spec: SweepSpec, rounds: int) -> Any:

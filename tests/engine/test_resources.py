@@ -141,3 +141,19 @@ def test_gpu_shares_are_packed_gpu_by_gpu_and_node_by_node():
     with pytest.raises(UserError, match=r"^config key 'engine.num_workers': 3 workers x 2 CPU do not fit: a worker's "
                                         r"CPUs must sit on one node, and the nodes \(CPU 3, CPU 3\) take 2$"):
         check_resources(_engine(3, 0, cpus=2), total={"CPU": 6.0}, nodes=[{"CPU": 3.0}] * 2)
+
+
+def test_sigterm_stack_dumps_of_workers_are_dropped_and_a_crash_dump_is_kept():
+    """Ray ends worker processes with SIGTERM and each prints its C++ handler's dump, which Ray forwards to the
+    terminal: those lines go, the rest of the workers' output (a crash's dump included) stays."""
+    lines = ["round 1 done",
+             "*** SIGTERM received at time=1796144218 on cpu 0 ***",
+             "PC: @     0x7f92050a3f16  (unknown)  (unknown)",
+             "    @     0x7f920505a050  (unknown)  (unknown)",
+             "[2026-12-01 16:42:26,753 E 14414 14414] logging.cc:474: *** SIGTERM received at time=1796143346 ***",
+             "[2026-12-01 16:42:26,753 E 14414 14414] logging.cc:474: PC: @     0x7f92050a3f16  (unknown)",
+             "[2026-12-01 16:42:26,753 E 14414 14414] logging.cc:474:     @     0x7f920505a050  (unknown)",
+             "a hook's print",
+             "*** SIGSEGV received at time=1796143347 on cpu 1 ***",
+             "PC: @     0x7f92050a3f16  (unknown)  (unknown)"]
+    assert resources._without_sigterm_dumps(lines) == ["round 1 done", "a hook's print", *lines[-2:]]

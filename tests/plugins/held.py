@@ -1,8 +1,19 @@
-"""A test-only algorithm: FedAvg whose round ``algorithm.hold_round`` starts only once the file
-``algorithm.hold_until`` exists, so a test can act between two rounds (the multi-node test removes a node there).
+"""Test-only algorithms whose round ``algorithm.hold_round`` waits for the file ``algorithm.hold_until``, so a test can
+act at a known point of a run (the multi-node test removes a node there, the preemption tests send SIGTERM).
 
-The driver reads the file, and the driver runs where the command was typed. Ray runs the driver's rounds ahead of
-the caller reading them (a streaming generator), so without a gate a round can be over before the test acts.
+``algorithm.hold_at`` says where the round waits: ``start`` (before its clients train: between two rounds) or
+``aggregate`` (``held_stateful`` only: after its clients trained, before aggregation and evaluation: mid-round, when
+the round's new client states exist but nothing has read them yet). ``algorithm.hold_reached``, when set, is a file
+written as the wait begins, so the test knows the run is there.
+
+The driver reads the files, in the process where the command was typed; without a gate, a test that acts on what
+the run prints races the rounds that follow.
+
+- ``held_fedavg``: FedAvg.
+- ``held_stateful``: every client keeps its whole model (client state, read at evaluation too) and uploads it; the
+  server keeps each client's last ``algorithm.history`` uploads (``server_history``, as FedCDA's cache) and, on a
+  worker, logs their mean squared norm (``stateful/history_norm``). Every kind of object a run keeps across rounds,
+  each above Ray's inline limit (100 KB) once the model is large enough.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from raysim.algorithms.base import Algorithm, ClientUpdate, ServerContext, split_state
 from raysim.algorithms.fedavg import FedAvg
 from raysim.config import AlgorithmConfig
 from raysim.registry import register_algorithm
@@ -19,23 +31,71 @@ from raysim.registry import register_algorithm
 @dataclass
 class HeldConfig(AlgorithmConfig):
     name: str = "held_fedavg"
-    hold_round: int = 0  # the round whose start waits (0: none)
+    hold_round: int = 0  # the round that waits (0: none)
+    hold_at: str = "start"  # start | aggregate: where it waits
     hold_until: str = ""  # the file it waits for
+    hold_reached: str = ""  # a file written when the wait begins ("": none)
     hold_timeout_s: float = 180.0
 
 
+class Held:
+    """The gate, for any algorithm: ``server_payload`` opens a round (start); an algorithm that also waits after its
+    clients' training (aggregate) calls ``_hold`` from its ``server_aggregate`` (overriding that hook would take
+    FedAvg off its partial-sum path, ``Algorithm.sums_uploads``)."""
+
+    def _hold(self, round: int, at: str) -> None:
+        if round != self.config.hold_round or at != self.config.hold_at:
+            return
+        if self.config.hold_reached:
+            Path(self.config.hold_reached).touch()
+        deadline = time.monotonic() + self.config.hold_timeout_s
+        while not Path(self.config.hold_until).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"round {round} held for {self.config.hold_timeout_s:g} s: "
+                                   f"{self.config.hold_until} never appeared")
+            time.sleep(0.05)
+
+    def server_payload(self, server_state: dict, round: int) -> dict:
+        self._hold(round, "start")
+        return super().server_payload(server_state, round)
+
+
 @register_algorithm("held_fedavg")
-class HeldFedAvg(FedAvg):
-    """FedAvg whose round ``hold_round`` waits for the file ``hold_until`` before it starts."""
+class HeldFedAvg(Held, FedAvg):
+    """FedAvg whose round ``hold_round`` waits for the file ``hold_until``."""
 
     Config = HeldConfig
 
-    def server_payload(self, server_state: dict, round: int) -> dict:
-        if round == self.config.hold_round:
-            deadline = time.monotonic() + self.config.hold_timeout_s
-            while not Path(self.config.hold_until).exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"round {round} held for {self.config.hold_timeout_s:g} s: "
-                                       f"{self.config.hold_until} never appeared")
-                time.sleep(0.05)
-        return super().server_payload(server_state, round)
+
+@dataclass
+class HeldStatefulConfig(HeldConfig):
+    name: str = "held_stateful"
+    history: int = 2  # uploads the server keeps per client
+
+
+@register_algorithm("held_stateful")
+class HeldStateful(Held, Algorithm):
+    """Local training with its state, its uploads and the server's history of them all kept across rounds."""
+
+    Config = HeldStatefulConfig
+    shared = "none"  # each client keeps its whole model: nothing is averaged into it
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.server_history = self.config.history
+
+    def client_upload(self, model, ctx) -> dict:
+        return split_state(model, lambda key: True)
+
+    def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
+        self._hold(round, "aggregate")
+        return server_state  # nothing is shared
+
+    def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
+        norms = [sum(float((t.double() ** 2).sum()) for t in kept.values())
+                 for cid in sorted(ctx.history) for kept in ctx.history[cid]]
+        server_state["history_norm"] = sum(norms) / len(norms) if norms else 0.0
+        return server_state
+
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
+        return {"stateful/history_norm": float(server_state.get("history_norm", 0.0))}
