@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,7 @@ LOCK_NAME = ".raysim.lock"
 
 
 class DirLock:
-    """``with DirLock(path, key='log.dir'):`` or ``acquire()`` / ``release()``; refuses at once, never waits."""
+    """``with DirLock(path, key='log.dir'):`` or ``acquire()`` / ``release()``; refuses at once unless told to wait."""
 
     def __init__(self, directory: Path, key: str = "log.dir"):
         self.directory = Path(directory)
@@ -34,14 +35,24 @@ class DirLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> "DirLock":
+    def acquire(self, wait_s: float = 0.0) -> "DirLock":
+        """Claim the directory; ``wait_s``: how long a holder may take to end first (a Tune trial restarted after its
+        node was lost waits for the lost attempt's processes, which Ray ends shortly after, to let go)."""
         path = self.directory / LOCK_NAME
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise UserError(f"config key '{self.key}': cannot create {path} ({exc.strerror})") from None
+        deadline = time.monotonic() + wait_s
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.2)
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):  # a filesystem without locks
                 print(f"raysim: warning: cannot lock {path} ({exc.strerror}); nothing stops a second process "

@@ -125,6 +125,9 @@ def test_a_failing_trial_shows_its_cause(ray_cluster, tmp_path, capsys):
     assert rows["fedavg"]["status"] == "done"
     assert rows["fail_round2"]["status"] == f"error: {cause}" and rows["fail_round2"]["rounds"] == "1/2"
     assert "error: RuntimeError: deliberate failure in round 2 \\| for the test" in (out / "results.md").read_text()
+    # its own failure, not a lost node: Tune did not restart it (its record holds one failure), nor said it would
+    assert [p.read_text().count("Failure #") for p in (out / "tune").glob("*/error.txt")] == [1]
+    assert "Tune restarts it" not in captured.out
 
 
 # ------------------------------------------------------------------------------------------- torn line, full disk

@@ -45,6 +45,11 @@ class _Progress:
         if not self.quiet:
             print(f"raysim: started {self.label(trial)}", flush=True)
 
+    def restarted(self, trial: Any) -> None:
+        """Tune restarts a trial lost with its node or process; it continues from its checkpoint."""
+        print(f"raysim: {self.label(trial)} was lost with its node or process; Tune restarts it from its "
+              f"checkpoint", flush=True)
+
     def finished(self, trial: Any, failed: bool) -> None:
         if trial.trial_id in self.done and not failed:
             return  # ended before a kill that Tune's state missed: counted, and re-reported without running
@@ -77,6 +82,9 @@ def _progress_callback(progress: _Progress) -> Any:
 
         def on_trial_error(self, iteration, trials, trial, **info):
             progress.finished(trial, failed=True)
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            progress.restarted(trial)
 
     return ProgressCallback()
 

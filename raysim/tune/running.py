@@ -16,11 +16,14 @@ from raysim.dirlock import DirLock
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError
 from raysim.tune.progress import _progress_callback, _Progress
-from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_run_dir, \
-    write_atomically
+from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_error, \
+    trial_run_dir, write_atomically
 from raysim.tune.spec import SweepError, SweepSpec, default_sweep_dir, spec_to_yaml
-from raysim.tune.trials import TrialSetup, _param_space, _trial_resources, run_trial
+from raysim.tune.trials import ERROR_FILE, TrialSetup, _param_space, _trial_resources, run_trial
 from raysim.tune.validate import check_cluster, validate_sweep
+
+
+LOST_TRIAL_RESTARTS = 5  # Tune restarts a trial lost with its node or process at most this many times
 
 
 @contextlib.contextmanager
@@ -162,8 +165,11 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
     spec = dataclasses.replace(spec, dir=str(sweep_dir))
 
     total = spec.total_trials()
-    done = tuple(r["trial_id"] for r in collect_trials(spec, sweep_dir)
-                 if r["status"] in ("done", "stopped")) if resume else ()  # errored trials run again
+    rows = collect_trials(spec, sweep_dir) if resume else []
+    done = tuple(r["trial_id"] for r in rows if r["status"] in ("done", "stopped"))
+    for row in rows:  # errored trials run again: their causes go, so that a restart after a lost node is not
+        if row["status"].startswith("error"):  # taken for their own failure (_restarts_only_lost_trials)
+            (Path(row["run_dir"]) / ERROR_FILE).unlink(missing_ok=True)
     progress = _Progress(spec, total, first.rounds, quiet, done=done,
                          run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
     with ray_session(first.engine, first.plugins):
@@ -194,13 +200,102 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
                                                 max_concurrent_trials=spec.max_concurrent,
                                                 trial_dirname_creator=lambda trial: trial.trial_id),
                     run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
-                                              callbacks=callbacks))
+                                              callbacks=callbacks,
+                                              failure_config=tune.FailureConfig(max_failures=LOST_TRIAL_RESTARTS)))
             # Tuner.restore keeps the original run config; the progress callback has to be re-attached
             if resume:
                 tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
-            with _one_line_trial_errors(), _stops_on_signals():
-                tuner.fit()
+            with _one_line_trial_errors(), _stops_on_signals(), _restarts_only_lost_trials(spec, sweep_dir), \
+                    _stops_when_tune_cannot_save(tune_dir) as unsaved:
+                try:
+                    tuner.fit()
+                except OSError as exc:  # Tune's own state, written in its staging directory first, raises
+                    unsaved.append(exc.strerror or str(exc))
+                except Exception:  # noqa: BLE001 - after a failed save, Tune fails to read back what it never wrote
+                    if not unsaved:
+                        raise
+            if unsaved:
+                raise TuneStateUnwritable(f"cannot write Ray Tune's state in {tune_dir}: {unsaved[0]}; the sweep "
+                                          f"stopped (its trials keep their last checkpoints; free some space, then "
+                                          f"resume)")
     return finish_sweep(spec, sweep_dir)
+
+
+class TuneStateUnwritable(RunStopped):
+    """Ray Tune could not save its state (a full disk under the sweep directory): the sweep stopped (exit 3)."""
+
+
+# Tune's reports that saving its state failed: it logs them and goes on
+_TUNE_SAVE_FAILED = ("Last sync command failed", "Saving experiment state to storage",
+                     "Experiment state snapshotting failed")
+
+
+@contextlib.contextmanager
+def _stops_when_tune_cannot_save(tune_dir: Path) -> Iterator[list[str]]:
+    """Stop the sweep when Tune cannot save its state; yields the causes found (empty: none).
+
+    Tune writes its experiment state and its searcher's state to a staging directory, then copies them to
+    ``tune_dir`` in the background; a failed copy (a full disk) is only logged, with a traceback, and Tune runs on
+    while the record ``--resume`` reads falls behind. Here such a report stops Tune as Ctrl-C does (its trials keep
+    their checkpoints) and replaces Tune's traceback with raysim's one line, after ``fit()``."""
+    import logging
+    import signal
+
+    found: list[str] = []
+
+    def caught(record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(_TUNE_SAVE_FAILED):
+            return True
+        if not found:
+            found.append(_save_failure(record))
+            stop = signal.getsignal(signal.SIGUSR1)  # Tune's own interrupt while its loop runs (see above)
+            if callable(stop):
+                stop(signal.SIGUSR1, None)
+        return False
+
+    logs = [logging.getLogger(name) for name in ("ray.train._internal.syncer", "ray.tune.execution.experiment_state",
+                                                 "ray.tune.tune")]
+    for log in logs:
+        log.addFilter(caught)
+    try:
+        yield found
+    finally:
+        for log in logs:
+            log.removeFilter(caught)
+
+
+def _save_failure(record: Any) -> str:
+    """The cause in a report of a failed save: the OSError's text (from the exception, or the traceback's last
+    line, which is all that "Last sync command failed" carries)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None and not isinstance(exc, OSError):
+        exc = exc.__cause__ or exc.__context__
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    lines = [line.strip() for line in record.getMessage().splitlines() if line.strip()]
+    return lines[-1] if lines else "an error Tune logged"
+
+
+@contextlib.contextmanager
+def _restarts_only_lost_trials(spec: SweepSpec, sweep_dir: Path) -> Iterator[None]:
+    """Tune restarts a failed trial (``FailureConfig.max_failures``) whatever failed; raysim restarts only trials
+    lost with a node or a process (the trial's actor, its relay, its driver), which continue from their run
+    directory's checkpoint. A trial that failed for its own reasons (a NaN, a bad value, an exception in a hook)
+    left its cause in ``error.txt`` before failing (``raysim.tune.trials``) and is not restarted. Tune has no
+    setting for that, so while ``fit()`` runs its one decision, ``Trial.should_recover``, also asks that."""
+    from ray.tune.experiment import Trial
+
+    restart = Trial.should_recover
+
+    def should_recover(trial: Any) -> bool:
+        own = trial_error(trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config)) is not None
+        return not own and restart(trial)
+
+    Trial.should_recover = should_recover  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trial.should_recover = restart  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

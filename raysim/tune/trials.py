@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raysim.config import ExperimentConfig, load_config
+from raysim.dirlock import DirLock
 from raysim.engine.placement import run_bundles
 from raysim.errors import UserError
 from raysim.tune.naming import naming
@@ -40,6 +41,7 @@ class TrialSetup:
 
 
 ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line cause, for the console and the table
+LOST_ATTEMPT_WAIT_S = 60.0  # how long a restarted trial waits for its lost attempt to let go of its run directory
 
 
 def run_trial(values: dict, setup: TrialSetup) -> None:
@@ -84,6 +86,9 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
     run_dir = setup.run_dir(values, trial_id)
     try:
         cfg = setup.config(values, run_dir)
+        if run_dir.is_dir():  # a trial restarted after its node was lost may find the lost attempt's processes still
+            # ending (Ray ends them once it notices their owner is gone): wait for them to let go of the directory
+            DirLock(run_dir).acquire(LOST_ATTEMPT_WAIT_S).release()
         resume = has_checkpoint(run_dir)
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)  # an earlier attempt that never completed a round
@@ -110,9 +115,30 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
         # caused: through the relay it is TrialStopped; in the trial's own thread Tune raises SystemExit(0)
         ended_by_tune = isinstance(exc, TrialStopped) or stopped() or (isinstance(exc, SystemExit)
                                                                         and exc.code in (None, 0))
-        if not ended_by_tune:
-            _record_error(run_dir, exc)
+        if not (ended_by_tune or lost_with_a_process(exc)):
+            _record_error(run_dir, exc)  # its own failure: the sweep shows this cause, and Tune does not restart it
         raise
+
+
+def lost_with_a_process(exc: BaseException) -> bool:
+    """Whether a run failed because Ray lost one of its processes or their node (its driver, the relay, an object
+    they held), not for its own reasons: Tune restarts such a trial, which continues from its checkpoint."""
+    from ray.exceptions import (LocalRayletDiedError, NodeDiedError, ObjectLostError, RayActorError,
+                                WorkerCrashedError)
+
+    from raysim.errors import find_user_error
+
+    if find_user_error(exc) is not None:
+        return False
+    lost = (RayActorError, WorkerCrashedError, ObjectLostError, NodeDiedError, LocalRayletDiedError)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, lost):
+            return True
+        cause = getattr(exc, "cause", None)  # RayTaskError keeps the original exception here
+        exc = cause if isinstance(cause, BaseException) else exc.__cause__
+    return False
 
 
 def _record_error(run_dir: Path, exc: BaseException) -> None:

@@ -1,0 +1,29 @@
+"""A trial's failures: lost with a Ray process or node (Tune restarts the trial), or its own (it is not restarted)."""
+
+from __future__ import annotations
+
+from ray.exceptions import ActorDiedError, NodeDiedError, RayTaskError, WorkerCrashedError
+
+from raysim.errors import RunStopped, UserError
+from raysim.tune.trials import lost_with_a_process
+
+
+def _through_ray(cause: BaseException) -> BaseException:
+    """``cause`` as ``ray.get`` raises it from a task that raised it (a RayTaskError that is also a ``cause``)."""
+    return RayTaskError("run_trial", "Traceback ...", cause).as_instanceof_cause()
+
+
+def test_lost_with_a_process_tells_ray_losses_from_a_trials_own_failures():
+    for lost in (ActorDiedError(), WorkerCrashedError(), NodeDiedError("node gone")):
+        assert lost_with_a_process(lost) and lost_with_a_process(_through_ray(lost)), lost
+    try:
+        raise RuntimeError("the stream ended") from ActorDiedError()
+    except RuntimeError as exc:
+        assert lost_with_a_process(exc)  # raised because a process was lost
+    for own in (RunStopped("client 3 returned a non-finite update in round 2"), UserError("bad value"),
+                RuntimeError("a hook's bug"), ValueError("nan")):
+        assert not lost_with_a_process(own) and not lost_with_a_process(_through_ray(own)), own
+    try:
+        raise RunStopped("worker died 4 times (engine.max_retries=3)") from ActorDiedError()
+    except RunStopped as exc:
+        assert not lost_with_a_process(exc)  # the run gave up on its own terms: not restarted
