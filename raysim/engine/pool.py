@@ -4,6 +4,14 @@ Ray's ActorPool neither replaces dead actors nor re-runs their jobs, so this sma
 ``jobs_per_worker`` jobs in flight; when one dies its unfinished jobs go back to the queue and a fresh actor takes its
 place. Jobs are pure functions of (config, client state, payload, seed), so a re-run gives the same result.
 
+State stays where a node loss cannot take it. A job's return values live in the object store of the node that made
+them (those under Ray's inline limit, 100 KB, come back inside the driver's own process). A client's new state is
+kept across rounds, read by evaluation and by the next round, so the pool fetches a large state made on another node
+and puts it again from the driver, whose node holds it from then on: a lost worker node takes none with it (the
+launch node, where the driver runs, is the run itself). Everything else the driver keeps across rounds (payloads,
+``server_history`` objects) it puts itself. A result lost before the driver fetched it (its node died) is a lost
+worker: its jobs run again.
+
 Many clients per call: a client update shorter than a Ray round trip is dominated by the hand-offs around it, so
 training jobs are sent several to a call (``ClientWorker.train_many``) when ``engine.clients_per_call`` says so, or,
 with ``auto``, as many as make a call about ``TARGET_CALL_S`` of the measured per-client time. Each client still
@@ -20,16 +28,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import ray
-from ray.exceptions import RayActorError, WorkerCrashedError
+from ray.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
 
-from raysim.engine.placement import in_bundle, worker_bundle
+from raysim.engine.placement import in_bundle, this_node, worker_bundle
 from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
 
-_WORKER_DIED = (RayActorError, WorkerCrashedError)
+_WORKER_DIED = (RayActorError, WorkerCrashedError, ObjectLostError)  # a result lost with its node counts too
 
 
 Submitted = Union[ray.ObjectRef, list]  # one ref, or the refs of a ``num_returns > 1`` method
@@ -103,6 +111,8 @@ class WorkerPool:
         # a worker's first call (attach) completes once its process is up; until then no job is queued on it, so
         # the first round starts on the workers that are ready instead of waiting for the slowest cold start
         self._starting: list[Optional[ray.ObjectRef]] = []
+        self._here = this_node()  # the driver's node: where kept state must live
+        self._nodes: list[Optional[str]] = []  # each worker's node, once its first call returned (None: not yet)
         actors = workers if workers is not None else spawn_workers(cfg, placement_group)
         self.workers: list[Any] = [self._attach(i, a) for i, a in enumerate(actors)]
         self.replacements = 0
@@ -119,10 +129,28 @@ class WorkerPool:
     def _attach(self, index: int, actor: Any) -> Any:
         probe = actor.attach.remote(self._data_ref) if self._data_ref is not None else actor.info.remote()
         if index < len(self._starting):
-            self._starting[index] = probe
+            self._starting[index], self._nodes[index] = probe, None
         else:
             self._starting.append(probe)
+            self._nodes.append(None)
         return actor
+
+    def _fetch(self, w: int, outs: list[Submitted]) -> list[Any]:
+        """The values of a finished call's first returns. A training job's new states that live on another node than
+        the driver's (worker ``w`` is elsewhere, and a state is above Ray's inline limit, or spilled there) are
+        fetched too and put again from here: ``outs`` then holds the new references."""
+        kept: list[tuple[int, int]] = []  # (which call output, which of its state refs)
+        if self._nodes[w] != self._here:
+            from ray.experimental import get_object_locations
+
+            states = [(i, k) for i, out in enumerate(outs) if isinstance(out, list) for k in range(1, len(out))]
+            where = get_object_locations([outs[i][k] for i, k in states]) if states else {}
+            kept = [(i, k) for i, k in states if _elsewhere(where.get(outs[i][k]), self._here)]
+        got = ray.get([out[0] if isinstance(out, list) else out for out in outs] + [outs[i][k] for i, k in kept])
+        for (i, k), state in zip(kept, got[len(outs):]):
+            if state is not None:
+                outs[i] = [*outs[i][:k], ray.put(state), *outs[i][k + 1:]]
+        return got[:len(outs)]
 
     def info(self) -> list[dict]:
         """pid, device and thread count of every live worker (waits until all have started)."""
@@ -174,13 +202,13 @@ class WorkerPool:
         return group, [refs[2 * i:2 * i + 2] for i in range(len(group))]
 
     @staticmethod
-    def _started(probe: ray.ObjectRef) -> None:
+    def _started(probe: ray.ObjectRef) -> Optional[str]:
         """Raise what a worker's first call raised (a GPU share it cannot use, data it cannot load), in its own
-        words; a worker that died is replaced when its first job fails."""
+        words; a worker that died is replaced when its first job fails. Returns the worker's node (None: it died)."""
         try:
-            ray.get(probe)
+            return ray.get(probe)["node"]
         except _WORKER_DIED:
-            pass
+            return None
 
     @staticmethod
     def _submit_groups(jobs: list[Job], worker: Any, stacked: bool = False) -> list[Submitted]:
@@ -221,13 +249,14 @@ class WorkerPool:
             ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
             ref = ready[0]
             if ref not in inflight:  # a worker came up (or died starting: its first job is then re-queued)
-                self._starting[self._starting.index(ref)] = None
-                self._started(ref)
+                index = self._starting.index(ref)
+                self._starting[index] = None
+                self._nodes[index] = self._started(ref)
                 continue
             group, w, outs = inflight.pop(ref)
             load[w] -= 1
             try:
-                values = ray.get([out[0] if isinstance(out, list) else out for out in outs])
+                values = self._fetch(w, outs)
             except _WORKER_DIED as exc:
                 if self._closed:
                     raise RunStopped("the worker pool was shut down during a round") from None
@@ -240,7 +269,8 @@ class WorkerPool:
                     j.tries += 1
                     if j.tries > self.cfg.engine.max_retries:
                         who = f"client {j.clients[0]}" if len(j.clients) == 1 else f"clients {j.clients}"
-                        raise RunStopped(f"{who} in round {j.round}: worker died {j.tries} times "
+                        what = "an object it needed was lost" if isinstance(exc, ObjectLostError) else "worker died"
+                        raise RunStopped(f"{who} in round {j.round}: {what} {j.tries} times "
                                          f"(engine.max_retries={self.cfg.engine.max_retries}); last cause: "
                                          f"{_first_line(exc)}") from None
                     queue.appendleft(j)
@@ -255,6 +285,15 @@ class WorkerPool:
         self._closed = True
         kill_quietly(self.workers)
         self.workers = []
+
+
+def _elsewhere(location: Optional[dict], here: str) -> bool:
+    """Whether an object, by ``ray.experimental.get_object_locations``, is in the store of another node only (or
+    spilled to a disk): a small return value is inside the driver's own process (no node at all)."""
+    if not location:
+        return True  # unknown: copy, to be safe
+    nodes = location.get("node_ids") or []
+    return bool(location.get("did_spill")) or (bool(nodes) and here not in nodes)
 
 
 def _first_line(exc: BaseException) -> str:

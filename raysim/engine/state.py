@@ -2,8 +2,9 @@
 
 Per-client state (personalised parameters, whatever an algorithm keeps) lives in the executor's object store (Ray's,
 or private snapshots in-process), referenced by the driver, never inside a worker: a dead worker loses nothing, and
-Ray's store spills to disk past its memory budget. Checkpoints are written atomically and read with
-``torch.load(weights_only=True)`` (no pickled code runs).
+Ray's store spills to disk past its memory budget. Under Ray every kept object is in the store of the driver's node
+(``raysim.engine.pool`` moves a state made on another node there), so a lost worker node loses nothing either.
+Checkpoints are written atomically and read with ``torch.load(weights_only=True)`` (no pickled code runs).
 
 Checkpoint layout (``RUN_DIR/checkpoint``)::
 
