@@ -69,29 +69,37 @@ def _sweep_file(tmp_path: Path, **body: object) -> Path:
 @pytest.mark.parametrize("moment", ["before any report", "after a trial ended"])
 def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys, moment):
     quiet = ["--quiet"] if moment == "after a trial ended" else []
-    # killed before any report, a one-trial sweep starts its trial anew (each trial more is three more processes);
-    # after a trial ended, two trials: one done, the other continued or restarted
-    lrs = [0.02, 0.3] if quiet else [0.3]
-    sweep, out = _sweep_file(tmp_path, space={"train.lr": {"grid": lrs}}), tmp_path / "sw"
-    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *quiet])
+    # killed before any report, a one-trial sweep starts its trial anew (each trial more is three more processes)
+    sweep, out = _sweep_file(tmp_path, space={"train.lr": {"grid": [0.3]}}), tmp_path / "sw"
+    held, gate = [], tmp_path / "go"
+    if quiet:
+        # after a trial ended, two trials: one done, the other mid-way. The second holds round 2 until the kill is
+        # over (tests/plugins/held.py): run side by side, the two would end within moments of each other, and a kill
+        # that landed after both had ended left the resume nothing to run, hence no "2/2 trials done" line
+        (tmp_path / "open").touch()
+        sweep = _sweep_file(tmp_path, space={"algorithm.hold_until": {"grid": [str(tmp_path / "open"), str(gate)]}})
+        held = ["plugins=[held]", "algorithm.name=held_fedavg", "algorithm.hold_round=2", "train.lr=0.3"]
+    trials = 2 if quiet else 1
+    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet])
     _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
+    gate.touch()
 
     assert main(["tune", "--resume", str(out), "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "Traceback" not in captured.err and f"{len(lrs)}/{len(lrs)} trials done" in captured.out
+    assert "Traceback" not in captured.err and f"{trials}/{trials} trials done" in captured.out
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert len(rows) == len(lrs) and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
+    assert len(rows) == trials and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
     # each trial ends as an undisturbed run of its config (continued from its checkpoint, or restarted)
     for r in rows:
         run_dir = Path(r["run_dir"])
         assert [m["round"] for m in read_rows(run_dir)] == [1, 2, 3]
-        if float(r["train.lr"]) == 0.3 and quiet:  # the trial likeliest to be mid-way at the kill
+        if r.get("algorithm.hold_until") == str(gate):  # the trial mid-way at the kill, continued from round 1
             cfg = load_config(run_dir / "config.yaml", [f"log.dir={tmp_path / 'plain'}"])
             assert strip_timing(read_rows(run_dir)) == strip_timing(run_experiment(cfg)[1])
 
     if moment == "after a trial ended":  # killed while the table was written: a resume writes it again
         table = (out / "results.md").read_text()
-        (out / "results.csv").write_text("trial,train.lr\n3a")
+        (out / "results.csv").write_text("trial,algorithm.hold_until\n3a")
         (out / "best.yaml").unlink()
         assert main(["tune", "--resume", str(out), "--quiet"]) == 0
         assert (out / "results.md").read_text() == table and load_config(out / "best.yaml").log.dir is None
