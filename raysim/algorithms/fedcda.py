@@ -1,138 +1,265 @@
-"""FedCDA (Wang, Xu, Li, Xu, Li & Zhang, ICLR 2024): FedAvg over cross-round local models chosen to diverge least.
+"""FedCDA (Wang, Xu, Li, Xu, Li & Zhang, ICLR 2024): every client's model in the global mean is chosen among its
+recent local models, to keep the chosen ones low in loss and close to each other.
 
 Paper: H. Wang, H. Xu, Y. Li, Y. Xu, R. Li, T. Zhang, "FedCDA: Federated Learning with Cross-rounds
 Divergence-aware Aggregation", ICLR 2024 (openreview.net/forum?id=nbPGqeH3lt). Clients train exactly as in FedAvg.
-The server keeps each client's K most recent local models; since a client's local models of different rounds sit
-in different local optima, it aggregates, per client, the cached model that keeps the selected models closest to
-each other. Authors' code: none could be found here (no public repository by the authors is in the stored index
-or the GitHub snapshots this session could reach); the selection below follows the paper's description, and the
-defaults K, B and the warm-up length are NOT verified against the paper's tables or code (see below).
+Since a client's local models of different rounds sit in different local optima, the server keeps each client's K
+most recent local models and, for each client, aggregates the one that makes the selected set fit best. Only the
+paper's opening pages could be read here; the method section (its Eq. 8 and Algorithm 1) is taken as published
+reproductions describe it (a Mammoth-style ``models/fedcda.py`` that quotes Algorithm 1's line numbers, a
+``fairfl`` strategy and a Flower strategy found in the public code index), which agree on what follows.
 
-Objective in round t, over the round's clients S_t with caches M_i = {w_i^{t_1}, …, w_i^{t_K}} (newest first):
+Objective (Eq. 8). With every client n that has taken part so far holding one selected model s_n (N of them),
+its local loss F_n(s_n) and s̄ = (1/N) Σ_n s_n:
 
-    choose s_i ∈ M_i  minimising  D(s) = Σ_{i<j ∈ S_t} ‖s_i − s_j‖²        (squared L2 over all float entries)
-    w^{t+1} = Σ_{i∈S_t} n_i s_i / Σ n_i                                      (FedAvg's weights)
+    J(s) = (1/N) Σ_n F_n(s_n)  +  (L/2) · (1/N) Σ_n ‖s_n − s̄‖²                (‖·‖²: over all float entries)
 
-Exhaustive search costs K^|S_t|, so, as in the paper, the selection is approximate and runs in batches of B
-clients (client-id order): starting from every client's newest model (= FedAvg's choice), each batch in turn gets
-the exact minimiser of D over its K^B combinations with every other client fixed at its current choice (earlier
-batches: their selection; later batches: their newest model). Each step can only lower D, so D(selected) ≤
-D(newest). Ties keep the newer model. The first ``warmup_rounds`` rounds are plain FedAvg (the paper warms up
-with FedAvg because early local models have not settled in local optima yet); models are cached from round 1 on.
+and the global model is the UNIFORM mean s̄ over all N clients' current selections (not a sample-weighted mean
+over the round's participants). F_n(s) is the mean training loss over the last local epoch that produced s (the
+reproductions' reading of Algorithm 1, line 7: the loss accumulated in the last local epoch); L (``smoothness``)
+is the smoothness constant of the paper's bound, 1 in every reproduction.
 
-Engine: the cache is the engine's per-client server history (``Algorithm.server_history`` = K,
-``server_keep`` = the upload): K object-store references per client held by the driver, the models themselves in
-the object store (spilled to disk past ``engine.state_memory_gb``) and in the checkpoint (``history/``), so
-``--resume`` continues with the same caches. The selection and the averaging are server compute: they run in
-``server_train`` on a worker (reserved CPU/GPU, re-run if the worker dies), which receives the round's clients'
-caches as ``ctx.history``; ``server_aggregate`` does nothing on the driver.
+Selection in round t (after warm-up), for the round's clients P_t only; everyone else keeps its selection:
+  1. each participant starts at its newest model (this round's; FedAvg's choice);
+  2. P_t is shuffled (seeded from (seed, round)) and cut into B near-equal random batches (B = ``num_batches``:
+     the paper's B is a number of batches, not a batch size);
+  3. batch by batch, the K^|batch| combinations of the batch's cached models are searched exhaustively for the
+     least J, every other client fixed at its current selection (earlier batches: their new one; later batches:
+     their newest). Each step can only lower J. Ties keep the newer models.
+The first ``warmup_rounds`` rounds (null: a quarter of ``rounds``, the paper's 50 of 200) are plain FedAvg over
+the round's participants (sample-weighted), and each participant's selection is its newest model.
 
-Defaults (unverified, chosen here; override per experiment): K = ``memory_size`` = 3, B = ``client_batch`` = 5
-(the FAPD settings sample 5 clients per round, so there the search is exact), ``warmup_rounds`` = 10.
-Logged per round: ``cda/divergence_newest`` (D of the newest models), ``cda/divergence`` (D of the aggregated
-ones; equal in warm-up), ``cda/older`` (clients whose aggregated model is not this round's).
+Ambiguities, and what is chosen here:
+  * Clients that have never taken part hold no model and are left out of N (one code file in the index that
+    looks like the authors' research script, ``main.py`` with ``cal_num``, does the same; a reproduction counts
+    them at the initial model instead).
+  * Later batches of the same round sit at their newest model while an earlier batch is searched (one
+    reproduction leaves them out of J; another holds them at their previous selection).
+  * That research script searches with the sum over tensors of ‖s̄ − s_n‖ (unsquared, no loss term) and takes
+    B as a batch size; the paper's text as reproduced, not that script, is followed here.
+
+Engine: the cache is the engine's per-client server history (``server_history`` = K + 1: the K candidates plus
+the standing selection, which is at most one upload older than the oldest candidate), as object-store references
+held by the driver and checkpointed (``--resume`` continues with the same caches). The selection and the mean run
+in ``server_train`` on a worker (reserved CPU/GPU, re-run if the worker dies); the server state holds, instead of
+N models, the running sums of the selections (Σ s_n in float64, Σ ‖s_n‖², Σ F_n), N, and which upload each client
+selected. Defaults: K = ``memory_size`` = 3, B = 3, L = 1, warm-up = rounds / 4.
+Logged per round: ``cda/objective_newest`` (J with every participant at its newest model), ``cda/objective`` (J of
+the selection), ``cda/older`` (participants whose selection is not this round's model), ``cda/clients`` (N).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from raysim.algorithms.base import Algorithm, ClientUpdate, ServerContext, weighted_average
-from raysim.config import AlgorithmConfig, ExperimentConfig, is_whole, require
+from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, TensorDict,
+                                    average_updates, split_state)
+from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, is_whole, require
+from raysim.errors import UserError
 from raysim.registry import register_algorithm
+
+MAX_COMBINATIONS = 4096  # K^|batch| models searched per batch
+_LOSS = "last_epoch_loss"  # ctx.scratch: (loss sum, samples) of the job's last local epoch
 
 
 @dataclass
 class FedCDAConfig(AlgorithmConfig):
     name: str = "fedcda"
-    memory_size: int = 3  # K: local models kept per client, this round's included (unverified)
-    client_batch: int = 5  # B: clients searched jointly (K^B combinations) per step of the selection (unverified)
-    warmup_rounds: int = 10  # rounds of plain FedAvg before the selection starts (unverified)
+    memory_size: int = 3  # K: local models kept per client as candidates, this round's included
+    num_batches: int = 3  # B: random batches the round's clients are cut into, each searched exhaustively
+    warmup_rounds: Optional[int] = None  # rounds of plain FedAvg first; null: a quarter of `rounds` (50 of 200)
+    smoothness: float = 1.0  # L: weight L/2 of the divergence term against the mean local loss
 
     def validate(self) -> None:
-        for key, low in (("memory_size", 1), ("client_batch", 1), ("warmup_rounds", 0)):
+        for key, low in (("memory_size", 1), ("num_batches", 1)):
             value = getattr(self, key)
             require(is_whole(value, low), f"algorithm.{key}", f"must be an integer >= {low}, got {value}")
-        require(self.client_batch <= 12, "algorithm.client_batch",
-                f"at most 12 (K^B combinations per step), got {self.client_batch}")
+        w = self.warmup_rounds
+        require(w is None or is_whole(w, 0), "algorithm.warmup_rounds", f"must be null or an integer >= 0, got {w}")
+        require(is_finite(self.smoothness, 0), "algorithm.smoothness",
+                f"must be a finite number >= 0, got {self.smoothness}")
 
 
-def squared_distances(models: Sequence[dict], device: Any = "cpu") -> np.ndarray:
-    """[M, M] matrix of ‖a − b‖² between state dicts, summed over their floating-point entries (float64)."""
-    m = len(models)
-    dist = np.zeros((m, m), dtype=np.float64)
-    keys = [k for k, v in models[0].items() if torch.is_tensor(v) and v.is_floating_point()]
-    for i in range(m):
-        for j in range(i + 1, m):
-            total = torch.zeros((), dtype=torch.float64, device=device)
-            for k in keys:
-                total += (models[i][k].to(device, torch.float64) - models[j][k].to(device, torch.float64)).pow(2).sum()
-            dist[i, j] = dist[j, i] = float(total)
-    return dist
+# ---------------------------------------------------------------------------------------------- the math
+def _float_keys(model: TensorDict) -> list[str]:
+    return [k for k, v in model.items() if torch.is_tensor(v) and v.is_floating_point()]
 
 
-def total_divergence(dist: np.ndarray, choice: Sequence[int]) -> float:
-    """D(s) = Σ_{i<j} dist[s_i, s_j]."""
-    return float(sum(dist[a, b] for a, b in itertools.combinations(choice, 2)))
+def dot(a: TensorDict, b: TensorDict, device: Any = "cpu") -> float:
+    """<a, b> over the floating-point entries, in float64."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for k in _float_keys(a):
+        total += (a[k].to(device, torch.float64) * b[k].to(device, torch.float64)).sum()
+    return float(total)
 
 
-def select_models(dist: np.ndarray, candidates: Sequence[Sequence[int]], batch: int) -> list[int]:
-    """FedCDA's batched selection: for each client (in order) the index of its chosen model.
+@dataclass
+class Selection:
+    """Running sums over every client's selected model: what J and the uniform mean need, without N models."""
 
-    ``candidates[i]`` lists client i's models as indices into ``dist``, newest first. Start from the newest of every
-    client; for each batch of ``batch`` consecutive clients, take the combination of their candidates with the least
-    D(s), the other clients fixed at their current choice (ties: the first combination, i.e. newer models)."""
-    choice = [c[0] for c in candidates]
-    n = len(candidates)
-    for start in range(0, n, batch):
-        members = list(range(start, min(start + batch, n)))
-        others = [choice[j] for j in range(n) if j < start or j >= start + batch]
-        combos = np.array(list(itertools.product(*[candidates[i] for i in members])), dtype=np.int64)  # [C, b]
-        outside = dist[:, others].sum(axis=1) if others else np.zeros(len(dist))  # divergence to fixed clients
-        cost = outside[combos].sum(axis=1)
-        for a, b in itertools.combinations(range(len(members)), 2):
-            cost = cost + dist[combos[:, a], combos[:, b]]
-        best = combos[int(np.argmin(cost))]
-        for i, m in zip(members, best):
-            choice[i] = int(m)
-    return choice
+    total: TensorDict  # Σ_n s_n, float64
+    sqnorm: float = 0.0  # Σ_n ‖s_n‖²
+    loss: float = 0.0  # Σ_n F_n(s_n)
+    count: int = 0  # N
+
+    def add(self, model: TensorDict, loss: float, sign: int = 1) -> None:
+        for k, v in model.items():
+            self.total[k] = self.total[k] + sign * v.to(torch.float64) if k in self.total else v.to(torch.float64)
+        self.sqnorm += sign * dot(model, model)
+        self.loss += sign * loss
+        self.count += sign
+
+    def mean(self, like: TensorDict) -> TensorDict:
+        """s̄ in the dtypes of ``like`` (integer entries rounded, as ``weighted_average``)."""
+        out = {}
+        for k, v in like.items():
+            m = self.total[k] / self.count
+            out[k] = m.to(v.dtype) if v.is_floating_point() else m.round().to(v.dtype)
+        return out
 
 
+def objective(count: int, loss_sum: float, sqnorm_sum: float, total_sqnorm: float, smoothness: float) -> float:
+    """J = (1/N) Σ F_n + (L/2) · ((1/N) Σ ‖s_n‖² − ‖(1/N) Σ s_n‖²), the second term being (1/N) Σ ‖s_n − s̄‖²."""
+    return loss_sum / count + smoothness / 2 * (sqnorm_sum / count - total_sqnorm / count ** 2)
+
+
+def select_batch(candidates: Sequence[Sequence[int]], gram: np.ndarray, fixed_dot: np.ndarray, losses: np.ndarray,
+                 fixed: tuple[float, float, float, int], smoothness: float) -> tuple[list[int], float]:
+    """The combination of one batch's candidates (one list of model indices per client, newest first) with the
+    least J, the rest fixed; returns (chosen indices, J). ``gram`` [M, M] holds <m_i, m_j> between candidate models,
+    ``fixed_dot`` [M] <m_i, S_f> with the fixed clients' sum S_f, ``losses`` [M] F of each model, ``fixed`` =
+    (Σ F, Σ ‖s‖², ‖S_f‖², count) of the fixed clients. Ties: the first combination (newer models)."""
+    f_loss, f_sq, f_total_sq, f_count = fixed
+    n = f_count + len(candidates)
+    best, best_j = None, math.inf
+    for combo in itertools.product(*candidates):
+        idx = list(combo)
+        total_sq = f_total_sq + 2 * fixed_dot[idx].sum() + gram[np.ix_(idx, idx)].sum()
+        j = objective(n, f_loss + losses[idx].sum(), f_sq + gram[idx, idx].sum(), total_sq, smoothness)
+        if j < best_j - 1e-12 * max(1.0, abs(best_j)) or best is None:
+            best, best_j = idx, j
+    return best, float(best_j)
+
+
+# ---------------------------------------------------------------------------------------------- the algorithm
 @register_algorithm("fedcda")
 class FedCDA(Algorithm):
-    """Averages, per client, the cached recent local model that minimises total divergence."""
+    """The global model is the uniform mean of every client's selected recent local model (low loss, low divergence)."""
 
     Config = FedCDAConfig
     shared = "all"
 
     def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
-        self.server_history = self.config.memory_size  # the engine keeps each client's K newest uploads
+        # K candidates, plus the standing selection (at most one upload older than the oldest candidate)
+        self.server_history = self.config.memory_size + 1
+
+    @property
+    def warmup(self) -> int:
+        w = self.config.warmup_rounds
+        return self.cfg.rounds // 4 if w is None else w
+
+    def check(self, cfg: ExperimentConfig, data: Any) -> None:
+        super().check(cfg, data)
+        per_round = max(1, int(math.floor(cfg.clients.fraction * cfg.clients.num + 0.5)))
+        largest = math.ceil(per_round / min(self.config.num_batches, per_round))
+        if self.config.memory_size ** largest > MAX_COMBINATIONS:
+            raise UserError(f"config key 'algorithm.num_batches': {per_round} clients a round in "
+                            f"{self.config.num_batches} batches search {self.config.memory_size}^{largest} "
+                            f"combinations per batch (at most {MAX_COMBINATIONS}); raise num_batches or lower "
+                            f"algorithm.memory_size")
+
+    # ------------------------------------------------------------------ client side
+    def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = F.cross_entropy(model(x), y)
+        if ctx.epoch == ctx.num_epochs - 1:  # F_n: the mean loss over the last local epoch (Algorithm 1, line 7)
+            total, seen = ctx.scratch.get(_LOSS, (0.0, 0))
+            ctx.scratch[_LOSS] = (total + float(loss.detach()) * len(y), seen + len(y))
+        return loss, {}
+
+    def client_upload(self, model: nn.Module, ctx: ClientContext) -> dict:
+        total, seen = ctx.scratch.get(_LOSS, (0.0, 0))
+        return {"model": split_state(model, self.is_shared),
+                "loss": torch.tensor(total / seen if seen else float("nan"), dtype=torch.float64)}
+
+    # ------------------------------------------------------------------ server side
+    def init_server_state(self, initial_state: TensorDict) -> dict:
+        state = super().init_server_state(initial_state)
+        state.update({"selection": None, "selected": {}, "cda": {}})
+        return state
+
+    def server_keep(self, update: ClientUpdate, round: int) -> Any:
+        return {"model": update.upload["model"], "loss": float(update.upload["loss"]), "round": round}
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         return server_state  # selection and averaging run in server_train, on a worker
 
     def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
-        weights = [u.num_samples for u in updates]
-        # each client's cache, newest first; its newest is this round's upload
-        caches = [list(reversed(ctx.history.get(u.client_id) or [u.upload])) for u in updates]
-        models = [m for cache in caches for m in cache]
-        offsets = np.cumsum([0] + [len(c) for c in caches])
-        candidates = [list(range(offsets[i], offsets[i + 1])) for i in range(len(caches))]
-        newest = [c[0] for c in candidates]
-        dist = squared_distances(models, ctx.device)
-        choice = newest if ctx.round <= self.config.warmup_rounds else \
-            select_models(dist, candidates, self.config.client_batch)
-        server_state["model"] = weighted_average([models[i] for i in choice], weights)
-        server_state["cda"] = {"divergence_newest": total_divergence(dist, newest),
-                               "divergence": total_divergence(dist, choice),
-                               "older": float(sum(c != n for c, n in zip(choice, newest)))}
+        sel: Optional[Selection] = server_state["selection"]
+        sel = Selection(total={}) if sel is None else \
+            Selection(**{**sel, "total": {k: v.cpu() for k, v in sel["total"].items()}})  # sums stay on the CPU
+        chosen: dict[int, int] = server_state["selected"]
+        history = {u.client_id: ctx.history.get(u.client_id) or [self.server_keep(u, ctx.round)] for u in updates}
+        # 1. every participant at its newest model (this round's), its standing selection taken out
+        for u in updates:
+            kept = history[u.client_id]
+            if u.client_id in chosen:
+                old = next((h for h in kept if h["round"] == chosen[u.client_id]), None)
+                if old is None:
+                    raise RuntimeError(f"fedcda: client {u.client_id}'s selected model (round "
+                                       f"{chosen[u.client_id]}) left the server's cache")
+                sel.add(old["model"], old["loss"], sign=-1)
+            sel.add(kept[-1]["model"], kept[-1]["loss"])
+            chosen[u.client_id] = kept[-1]["round"]
+        j_newest = objective(sel.count, sel.loss, sel.sqnorm, dot(sel.total, sel.total), self.config.smoothness)
+        like = updates[0].upload["model"]
+        if ctx.round <= self.warmup:
+            server_state["model"] = average_updates(updates, lambda upload: upload["model"])
+            j = j_newest
+        else:
+            j = self._select(sel, chosen, updates, history, ctx)
+            server_state["model"] = sel.mean(like)
+        server_state["selection"] = {"total": sel.total, "sqnorm": sel.sqnorm, "loss": sel.loss, "count": sel.count}
+        server_state["selected"] = chosen
+        server_state["cda"] = {"objective_newest": j_newest, "objective": j, "clients": float(sel.count),
+                               "older": float(sum(chosen[u.client_id] != ctx.round for u in updates))}
         return server_state
+
+    def _select(self, sel: Selection, chosen: dict[int, int], updates: list[ClientUpdate], history: dict,
+                ctx: ServerContext) -> float:
+        """Steps 2-3: random batches of the round's clients, each searched exhaustively over its K^|batch|
+        combinations, the rest fixed; updates ``sel`` and ``chosen`` in place; returns the final J."""
+        k = self.config.memory_size
+        cands = {c: list(reversed(h[-k:])) for c, h in history.items()}  # newest first
+        clients = [u.client_id for u in updates]
+        order = np.random.default_rng([ctx.seed, ctx.round]).permutation(clients).tolist()
+        j = objective(sel.count, sel.loss, sel.sqnorm, dot(sel.total, sel.total), self.config.smoothness)
+        for batch in np.array_split(np.asarray(order, dtype=np.int64), min(self.config.num_batches, len(order))):
+            batch = [int(c) for c in batch]
+            models = [h for c in batch for h in cands[c]]
+            offsets = np.cumsum([0] + [len(cands[c]) for c in batch])
+            candidates = [list(range(offsets[i], offsets[i + 1])) for i in range(len(batch))]
+            current = {c: next(h for h in cands[c] if h["round"] == chosen[c]) for c in batch}
+            for c in batch:  # the batch's current selections out: what stays is the fixed part
+                sel.add(current[c]["model"], current[c]["loss"], sign=-1)
+            gram = np.array([[dot(a["model"], b["model"], ctx.device) for b in models] for a in models])
+            fixed_dot = np.array([dot(m["model"], sel.total, ctx.device) if sel.count else 0.0 for m in models])
+            losses = np.array([m["loss"] for m in models])
+            fixed = (sel.loss, sel.sqnorm, dot(sel.total, sel.total, ctx.device) if sel.count else 0.0, sel.count)
+            best, j = select_batch(candidates, gram, fixed_dot, losses, fixed, self.config.smoothness)
+            for c, m in zip(batch, best):
+                sel.add(models[m]["model"], models[m]["loss"])
+                chosen[c] = models[m]["round"]
+        return j
 
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
         return {f"cda/{k}": float(v) for k, v in server_state.get("cda", {}).items()}

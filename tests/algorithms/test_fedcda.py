@@ -10,76 +10,108 @@ import torch
 from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 
 from raysim.algorithms.base import ClientUpdate, ServerContext
-from raysim.algorithms.fedcda import select_models, squared_distances, total_divergence
+from raysim.algorithms.fedcda import objective, select_batch
 from raysim.config import ConfigError, load_config
 from raysim.registry import get_algorithm
 
-# Three clients with two cached models each (newest first): models 0,1 (client A), 2,3 (B), 4,5 (C).
-# Squared distances, chosen by hand:
-#        0   1   2   3   4   5
-DIST = np.array([
-    [0, 3, 4, 9, 5, 9],   # 0 = A newest
-    [3, 0, 1, 9, 9, 2],   # 1 = A older
-    [4, 1, 0, 9, 6, 1],   # 2 = B newest
-    [9, 9, 9, 0, 9, 9],   # 3 = B older
-    [5, 9, 6, 9, 0, 7],   # 4 = C newest
-    [9, 2, 1, 9, 7, 0],   # 5 = C older
-], dtype=float)
-CANDIDATES = [[0, 1], [2, 3], [4, 5]]
+
+def _algo(memory: int, warmup: int, *extra: str):
+    cfg = load_config(None, ["algorithm.name=fedcda", f"algorithm.memory_size={memory}",
+                             f"algorithm.warmup_rounds={warmup}", *extra])
+    return get_algorithm("fedcda")(cfg)
 
 
-def test_selection_on_three_clients_by_hand():
-    # D(s) = d(sA, sB) + d(sA, sC) + d(sB, sC) over the 8 combinations (A, B, C):
-    #   (0,2,4) = 4+5+6 = 15   (0,2,5) = 4+9+1 = 14   (0,3,4) = 9+5+9 = 23   (0,3,5) = 9+9+9 = 27
-    #   (1,2,4) = 1+9+6 = 16   (1,2,5) = 1+2+1 = 4    (1,3,4) = 9+9+9 = 27   (1,3,5) = 9+2+9 = 20
-    # exact search (one batch of 3): (1, 2, 5), D = 4; the newest models (FedAvg) have D = 15
-    assert select_models(DIST, CANDIDATES, batch=3) == [1, 2, 5]
-    assert total_divergence(DIST, [1, 2, 5]) == 4 and total_divergence(DIST, [0, 2, 4]) == 15
-    # batches of one client, in order, the others fixed at their current choice (newest to start):
-    #   A: vs B=2, C=4: model 0 -> 4+5 = 9, model 1 -> 1+9 = 10      -> keeps 0
-    #   B: vs A=0, C=4: model 2 -> 4+6 = 10, model 3 -> 9+9 = 18     -> keeps 2
-    #   C: vs A=0, B=2: model 4 -> 5+6 = 11, model 5 -> 9+1 = 10     -> takes 5
-    # -> (0, 2, 5), D = 14: better than FedAvg's 15, worse than the exact 4 (the approximation)
-    assert select_models(DIST, CANDIDATES, batch=1) == [0, 2, 5]
-    # batches of two: {A, B} vs C=4: (0,2): 4+5+6 = 15, (0,3): 9+5+9 = 23, (1,2): 1+9+6 = 16, (1,3): 9+9+9 = 27
-    #   -> (0, 2); then {C} vs A=0, B=2: 4 -> 11, 5 -> 10 -> 5: (0, 2, 5)
-    assert select_models(DIST, CANDIDATES, batch=2) == [0, 2, 5]
-    # a client with one cached model has no choice; ties keep the newer model
-    assert select_models(DIST, [[0], [2, 3], [4, 5]], batch=3) == [0, 2, 5]
-    assert select_models(np.zeros((4, 4)), [[0, 1], [2, 3]], batch=2) == [0, 2]
+def _round(algo, state: dict, rnd: int, uploads: dict, history: dict) -> dict:
+    """One server round: ``uploads`` {client: (w, loss, samples)} of 1-d 'models'; ``history`` {client: [(round, w,
+    loss), ...]} collects what the engine would keep (server_keep), oldest first, this round's last."""
+    updates = []
+    for cid, (w, loss, n) in sorted(uploads.items()):
+        upload = {"model": {"w": torch.tensor([w])}, "loss": torch.tensor(loss, dtype=torch.float64)}
+        u = ClientUpdate(client_id=cid, upload=upload, num_samples=n)
+        history.setdefault(cid, []).append(algo.server_keep(u, rnd))
+        history[cid] = history[cid][-algo.server_history:]
+        updates.append(u)
+    ctx = ServerContext(round=rnd, total_rounds=9, seed=0, device=torch.device("cpu"), num_classes=2,
+                        history={c: list(history[c]) for c in uploads})
+    return algo.server_train(algo.server_aggregate(updates, state, rnd), updates, ctx)
 
 
-def test_squared_distances_over_float_entries():
-    # a = (w: [1, 2], b: [0]), b = (w: [0, 0], b: [2]): |1|^2 + |2|^2 + |0-2|^2 = 1 + 4 + 4 = 9; int entries ignored
-    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0]), "n": torch.tensor(5)}
-    b = {"w": torch.tensor([0.0, 0.0]), "b": torch.tensor([2.0]), "n": torch.tensor(7)}
-    d = squared_distances([a, b, a])
-    assert d.tolist() == [[0, 9, 0], [9, 0, 9], [0, 9, 0]]
+def test_lower_loss_wins_between_models_of_equal_divergence():
+    algo = _algo(memory=2, warmup=1)
+    assert algo.server_history == 3  # K candidates + the standing selection
+    hist: dict = {}
+    state = algo.init_server_state({"w": torch.tensor([0.0])})
+    # round 1 (warm-up, plain FedAvg): A = 0 (loss 0.3), B = -1 (loss 0.2), one sample each -> -0.5
+    state = _round(algo, state, 1, {0: (0.0, 0.3, 1), 1: (-1.0, 0.2, 1)}, hist)
+    assert state["model"]["w"].item() == -0.5 and state["selected"] == {0: 1, 1: 1}
+    # round 2: only B, newest +1 with loss 0.5; its older -1 has loss 0.2; A stays at 0. Both choices are 1 away
+    # from A, so the divergence (1/N) sum |s_n - mean|^2 = 0.25 either way; J = mean F + (L/2) 0.25, L = 1:
+    #   B = +1: (0.3 + 0.5)/2 + 0.125 = 0.525      B = -1: (0.3 + 0.2)/2 + 0.125 = 0.375  -> the older, lower loss
+    state = _round(algo, state, 2, {1: (1.0, 0.5, 1)}, hist)
+    assert state["selected"] == {0: 1, 1: 1}
+    assert state["model"]["w"].item() == pytest.approx(-0.5)  # uniform mean of A = 0 and B = -1
+    assert state["cda"]["objective_newest"] == pytest.approx(0.525)
+    assert state["cda"]["objective"] == pytest.approx(0.375)
+    assert state["cda"]["older"] == 1 and state["cda"]["clients"] == 2
+    # the same divergences with the losses the other way round: the newest (now lower loss) wins
+    algo, hist = _algo(memory=2, warmup=1), {}
+    state = _round(algo, algo.init_server_state({"w": torch.tensor([0.0])}), 1,
+                   {0: (0.0, 0.3, 1), 1: (-1.0, 0.5, 1)}, hist)
+    state = _round(algo, state, 2, {1: (1.0, 0.2, 1)}, hist)
+    assert state["selected"][1] == 2 and state["model"]["w"].item() == pytest.approx(0.5)
 
 
-def _server_round(rnd: int, warmup: int):
-    """server_train on three clients whose cached 'models' are 1-d points: A = [0 (newest), 10], B = [4, 8],
-    C = [12, 9]; 1, 1 and 2 samples."""
-    cfg = load_config(None, ["algorithm.name=fedcda", "algorithm.memory_size=2", f"algorithm.warmup_rounds={warmup}"])
-    algo = get_algorithm("fedcda")(cfg)
-    assert algo.server_history == 2
-    pts = {0: [10.0, 0.0], 1: [8.0, 4.0], 2: [9.0, 12.0]}  # oldest first, as ctx.history holds them
-    history = {c: [{"w": torch.tensor([v])} for v in vs] for c, vs in pts.items()}
-    updates = [ClientUpdate(client_id=c, upload=history[c][-1], num_samples=n) for c, n in ((0, 1), (1, 1), (2, 2))]
-    ctx = ServerContext(round=rnd, total_rounds=5, seed=0, device=torch.device("cpu"), num_classes=2,
-                        history=history)
-    return algo.server_train({"model": {}}, updates, ctx)
+def test_global_model_is_the_uniform_mean_of_every_clients_selection():
+    algo = _algo(memory=1, warmup=1)  # K = 1: each participant's selection is its newest model
+    hist: dict = {}
+    state = algo.init_server_state({"w": torch.tensor([0.0])})
+    # round 1 (warm-up): FedAvg of the participants by samples: A = 0 (1), B = 3 (1), C = 9 (4) -> 39/6 = 6.5
+    state = _round(algo, state, 1, {0: (0.0, 0.1, 1), 1: (3.0, 0.1, 1), 2: (9.0, 0.1, 4)}, hist)
+    assert state["model"]["w"].item() == pytest.approx(6.5)
+    # round 2: only C, now at 6. The mean is over every client's selection, uniform, non-participants unchanged:
+    #   (A 0 + B 3 + C 6) / 3 = 3      (not FedAvg of the round's clients, 6; not by samples, (0 + 3 + 24)/6 = 4.5)
+    state = _round(algo, state, 2, {2: (6.0, 0.1, 4)}, hist)
+    assert state["model"]["w"].item() == pytest.approx(3.0)
+    assert state["selected"] == {0: 1, 1: 1, 2: 2}
+    # round 3: only A, now at 3: (3 + 3 + 6) / 3 = 4; B still counts with its round-1 model
+    state = _round(algo, state, 3, {0: (3.0, 0.1, 1)}, hist)
+    assert state["model"]["w"].item() == pytest.approx(4.0)
+    assert state["selected"] == {0: 3, 1: 1, 2: 2} and state["cda"]["clients"] == 3
+    # a client that has never taken part holds no model and is not in the mean: D joins at 12 -> (3+3+6+12)/4 = 6
+    state = _round(algo, state, 4, {3: (12.0, 0.1, 5)}, hist)
+    assert state["model"]["w"].item() == pytest.approx(6.0)
 
 
-def test_server_train_selects_then_averages_by_samples():
-    # newest (0, 4, 12): D = 16 + 144 + 64 = 224. Exact search over 8 combinations (B = 5 > 3 clients):
-    #   (10, 8, 9): D = 4 + 1 + 1 = 6, the least -> average weighted 1:1:2 = (10 + 8 + 2*9)/4 = 9
-    state = _server_round(rnd=3, warmup=2)
-    assert state["model"]["w"].item() == pytest.approx(9.0)
-    assert state["cda"] == {"divergence_newest": 224.0, "divergence": 6.0, "older": 3.0}
-    # in warm-up: plain FedAvg of the newest: (0 + 4 + 2*12)/4 = 7
-    state = _server_round(rnd=2, warmup=2)
-    assert state["model"]["w"].item() == pytest.approx(7.0) and state["cda"]["older"] == 0
+def test_batch_search_is_exhaustive_with_the_rest_fixed():
+    # two clients in one batch, models 0, 1 (client A, newest first) and 2, 3 (B) at the points 0, 4 | 1, 5; a
+    # fixed client at 2; all losses 0, L = 2, so J = (1/N) sum |s - mean|^2 with N = 3:
+    #   (0, 1): mean 1, J = (1 + 0 + 1)/3 = 2/3          (0, 5): mean 7/3, J = (49 + 64 + 1)/27 = 114/27
+    #   (4, 1): mean 7/3, J = (25 + 16 + 1)/27 = 42/27   (4, 5): mean 11/3, J = (1 + 16 + 25)/27 = 42/27
+    pts = np.array([0.0, 4.0, 1.0, 5.0])
+    gram = np.outer(pts, pts)
+    fixed_dot = pts * 2.0
+    best, j = select_batch([[0, 1], [2, 3]], gram, fixed_dot, np.zeros(4), (0.0, 4.0, 4.0, 1), smoothness=2.0)
+
+    def by_hand(a: float, b: float) -> float:
+        xs = np.array([a, b, 2.0])
+        return float(((xs - xs.mean()) ** 2).mean())
+
+    assert best == [0, 2] and j == pytest.approx(by_hand(0, 1)) == pytest.approx(2 / 3)
+    assert by_hand(0, 1) < min(by_hand(0, 5), by_hand(4, 1), by_hand(4, 5))
+    # objective() is the same formula from the running sums: N = 3, sums 0 + 1 + 2, squares 0 + 1 + 4
+    assert objective(3, 0.0, 5.0, 9.0, 2.0) == pytest.approx(2 / 3)
+
+
+def test_selection_is_a_pure_function_of_seed_and_round():
+    def run() -> dict:
+        algo, hist = _algo(2, 1, "algorithm.num_batches=2"), {}
+        state = algo.init_server_state({"w": torch.tensor([0.0])})
+        state = _round(algo, state, 1, {c: (float(c), 0.1 * c, 1) for c in range(5)}, hist)
+        return _round(algo, state, 2, {c: (float(3 - c), 0.1, 1) for c in range(5)}, hist)
+
+    a, b = run(), run()
+    assert a["selected"] == b["selected"] and a["model"]["w"].item() == b["model"]["w"].item()
+    assert a["cda"]["objective"] <= a["cda"]["objective_newest"] + 1e-12
 
 
 def test_history_store_keeps_a_bounded_window_and_survives_a_checkpoint(ray_cluster, tmp_path):
@@ -107,8 +139,8 @@ def test_history_store_keeps_a_bounded_window_and_survives_a_checkpoint(ray_clus
     assert not (ckpt / "history" / "c000009_r00001.pt").exists()
 
 
-@pytest.mark.parametrize("key,value", [("memory_size", "0"), ("client_batch", "0"), ("warmup_rounds", "-1"),
-                                       ("client_batch", "20")])
+@pytest.mark.parametrize("key,value", [("memory_size", "0"), ("num_batches", "0"), ("warmup_rounds", "-1"),
+                                       ("smoothness", "-1")])
 def test_bad_values_are_refused(key, value):
     with pytest.raises(ConfigError, match=f"'algorithm.{key}'"):
         load_config(None, ["algorithm.name=fedcda", f"algorithm.{key}={value}"])
@@ -120,8 +152,9 @@ def test_cli_bad_memory_size_exits_2_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
+# L large: the divergence outweighs the losses, so older models get selected within these few rounds
 CDA = dict(rounds=4, algorithm__name="fedcda", algorithm__memory_size=2, algorithm__warmup_rounds=1,
-           clients__fraction=0.5, data__partition="dirichlet")
+           algorithm__smoothness=1000.0, clients__fraction=0.5, data__partition="dirichlet")
 
 
 def _run(tmp_path, name, **extra):
@@ -133,7 +166,7 @@ def _run(tmp_path, name, **extra):
 
 
 def _no_cda(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("cda/")} for r in strip_timing(rows)]
+    return [{k: v for k, v in r.items() if not k.startswith(("cda/", "bytes_up"))} for r in strip_timing(rows)]
 
 
 def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, shared_run, tmp_path):
@@ -143,13 +176,13 @@ def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, shared
     _, two = _run(tmp_path, "w2", engine__num_workers=2, **CDA)
     assert strip_timing(one) == strip_timing(two)
     for r in one:
-        assert {"acc_global", "acc_mean", "loss", "cda/divergence", "cda/divergence_newest", "cda/older"} <= set(r)
-        assert math.isfinite(r["loss"]) and r["cda/divergence"] <= r["cda/divergence_newest"] + 1e-9
+        assert {"acc_global", "acc_mean", "loss", "cda/objective", "cda/objective_newest", "cda/older"} <= set(r)
+        assert math.isfinite(r["loss"]) and r["cda/objective"] <= r["cda/objective_newest"] + 1e-9
     assert one[0]["cda/older"] == 0  # warm-up
     assert any(r["cda/older"] > 0 for r in one[1:])  # an older model was aggregated at least once
-    # the cache is bounded: at most memory_size files per client, and each names a round it was kept in
+    # the cache is bounded: at most memory_size + 1 files per client, and each names a round it was kept in
     files = sorted(f.name for f in (run_dir / "checkpoint" / "history").iterdir())
-    assert files and max(sum(f.startswith(f"c{c:06d}") for f in files) for c in range(4)) <= 2
+    assert files and max(sum(f.startswith(f"c{c:06d}") for f in files) for c in range(4)) <= 3
     ckpt = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)
     assert sum(len(v) for v in ckpt["history"].values()) == len(files)
 
@@ -167,8 +200,9 @@ def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, shared
     run_experiment(cfg, resume=True)
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(one)
 
-    # K = 1 keeps only this round's model: FedAvg, bit for bit (aggregated on a worker instead of the driver)
-    _, k1 = _run(tmp_path, "k1", **{**CDA, "algorithm__memory_size": 1})
+    # warm-up through the whole run is FedAvg, bit for bit (aggregated on a worker instead of the driver); the
+    # upload carries the last epoch's loss as well (8 bytes more per client)
+    _, warm = _run(tmp_path, "warm", **{**CDA, "algorithm__warmup_rounds": 4})
     fedavg = shared_run(**{k: v for k, v in CDA.items() if not k.startswith("algorithm__")},
                         algorithm__name="fedavg")[1]  # the same run as engine/test_faults.py's FedAvg reference
-    assert _no_cda(k1) == _no_cda(fedavg)
+    assert _no_cda(warm) == _no_cda(fedavg)
