@@ -12,6 +12,11 @@ latent_layer_idx = -1), so that the participating clients' heads h_k, weighted p
     min_G  E_{y ~ U(Y_t), ε ~ U[0,1)^d} [ Σ_k α_k^y · CE(h_k(G(y, ε)), y) ]  +  η · L_div(ε, G(y, ε))
     L_div = exp( −mean_{i,j} ‖ε_i − ε_j‖²/d · ‖G_i − G_j‖₁/D )
 
+The authors' code computes the teacher term differently: its per-sample CE [B] times the weights [B, 1] broadcasts
+to [B, B], so each head's term is mean_i(α_k^{y_i}) · mean_j(CE_kj), the batch's mean weight times its mean CE,
+not the per-sample weighting above. ``algorithm.teacher_weighting``: ``per_sample`` (the paper, default) or
+``batch_mean`` (the authors' code).
+
 where Y_t are the labels some participating client holds. It runs in ``server_train`` (on a worker, seeded from
 (seed, round)): ensemble_epochs // n_teacher_iters × n_teacher_iters Adam steps (lr 3e-4 decayed ×0.98 per round,
 weight decay 1e-2, state kept across rounds), as in ``serverpFedGen.train_generator``. The server averages the
@@ -23,9 +28,11 @@ Client k in round t > 1 (the authors' ``regularization = glob_iter > 0``), per b
     L = CE(f(x), y) + (B̂/B) · α_t · CE(h(G(ŷ, ε)), ŷ) + β_t · KL( softmax(h(G(y, ε))) ‖ softmax(f(x)) )
 
 with ŷ ~ U(labels of the federation) (B̂ = gen_batch_size of them), α_t = max(1e-4, α · 0.98^(t−1)), likewise β_t
-(α = β = 10: RUNCONFIGS['mnist']), G in eval mode and not trained by clients. As in userpFedGen.py the generated
-features pass through the head only (``start_layer_idx=-1``), so the α-term trains the head alone; the KL target is
-detached, so the β-term trains the whole model through f(x). Round 1 is plain CE.
+(α = β = 10: RUNCONFIGS['mnist'], the defaults here; UNIDEAL's configs use 1 in the paper-sized settings and 0.2 in
+the CPU ones, scaled to their optimiser's step: see experiments/unideal/*/fedgen.yaml), G in eval mode and not
+trained by clients. As in userpFedGen.py the generated features pass through the head only
+(``start_layer_idx=-1``), so the α-term trains the head alone; the KL target is detached, so the β-term trains the
+whole model through f(x). Round 1 is plain CE.
 
 Differences from the authors' code, all deliberate: label counts are the exact training-label counts
 (``bincount``), not the authors' 1 + counts of the batches seen this round (the same proportions up to that +1
@@ -56,6 +63,7 @@ from raysim.registry import register_algorithm
 
 MIN_WEIGHT = 1e-4  # userpFedGen.exp_lr_scheduler: max(1e-4, init * decay ** glob_iter)
 GENERATOR_STREAM = 0xFED6E7  # seeds the generator's initial weights from the run seed
+TEACHER_WEIGHTINGS = ("per_sample", "batch_mean")
 
 
 @dataclass
@@ -72,6 +80,9 @@ class FedGenConfig(AlgorithmConfig):
     n_teacher_iters: int = 5  # ... of n_teacher_iters steps each: 50 steps a round
     generator_batch_size: Optional[int] = None  # null: train.batch_size (train_generator(self.batch_size))
     ensemble_alpha: float = 1.0  # weight of the teacher (CE) loss
+    # per_sample: the paper's Eq. 4, each generated sample's CE weighted by its label's α_k^y; batch_mean: the
+    # authors' code, whose [B] CE times [B, 1] weights broadcasts to mean_i(α_k^{y_i}) · mean_j(CE_kj)
+    teacher_weighting: str = "per_sample"
     ensemble_eta: float = 1.0  # weight of the diversity loss
     # client-side regularisation (RUNCONFIGS['mnist'], userpFedGen.train, main.py)
     generative_alpha: float = 10.0  # CE on generated features through the head
@@ -91,6 +102,8 @@ class FedGenConfig(AlgorithmConfig):
                  f"must be null or an integer >= 2 (batch norm and the diversity loss need pairs), "
                  f"got {self.generator_batch_size}")
         require(self.ensemble_lr > 0, "algorithm.ensemble_lr", f"must be > 0, got {self.ensemble_lr}")
+        require(self.teacher_weighting in TEACHER_WEIGHTINGS, "algorithm.teacher_weighting",
+                f"must be one of {', '.join(TEACHER_WEIGHTINGS)}, got {self.teacher_weighting!r}")
         for key in ("generator_lr_decay", "generative_decay"):
             value = getattr(self, key)
             require(0 < value <= 1, f"algorithm.{key}", f"must be in (0, 1], got {value}")
@@ -146,13 +159,20 @@ def label_weights(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def teacher_loss(features: torch.Tensor, y: torch.Tensor, head_weight: torch.Tensor, head_bias: torch.Tensor,
-                 weights: torch.Tensor) -> torch.Tensor:
-    """Σ_k mean_i weights[y_i, k] · CE(h_k(features_i), y_i) for heads h_k(z) = z W_kᵀ + b_k
-    (head_weight [K, C, D], head_bias [K, C], weights [C, K]), the authors' per-user sum of weighted NLL means."""
+                 weights: torch.Tensor, weighting: str = "per_sample") -> torch.Tensor:
+    """The generator's teacher loss over heads h_k(z) = z W_kᵀ + b_k (head_weight [K, C, D], head_bias [K, C],
+    weights [C, K]), summed over the K heads:
+
+    * ``per_sample`` (paper Eq. 4): Σ_k mean_i α_k^{y_i} · CE(h_k(features_i), y_i);
+    * ``batch_mean`` (the authors' ``serverpFedGen.train_generator``: ``torch.mean(nll(reduce=False) * weight)``
+      with weight of shape [B, 1] broadcasts to [B, B]): Σ_k mean_i(α_k^{y_i}) · mean_j CE(h_k(features_j), y_j)."""
     logits = torch.einsum("nd,kcd->knc", features, head_weight) + head_bias[:, None, :]
     k, n, c = logits.shape
     ce = F.cross_entropy(logits.reshape(k * n, c), y.repeat(k), reduction="none").view(k, n)
-    return (weights[y].T * ce).mean(dim=1).sum()
+    alpha = weights[y].T  # [K, n]
+    if weighting == "batch_mean":
+        return (alpha.mean(dim=1) * ce.mean(dim=1)).sum()
+    return (alpha * ce).mean(dim=1).sum()
 
 
 def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -167,7 +187,7 @@ def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
 def train_generator(generator: Generator, optimizer: torch.optim.Optimizer, head_weight: torch.Tensor,
                     head_bias: torch.Tensor, weights: torch.Tensor, qualified: torch.Tensor, steps: int,
                     batch_size: int, rng: torch.Generator, ensemble_alpha: float = 1.0,
-                    ensemble_eta: float = 1.0) -> dict[str, list[float]]:
+                    ensemble_eta: float = 1.0, weighting: str = "per_sample") -> dict[str, list[float]]:
     """``steps`` Adam steps on ``ensemble_alpha · teacher_loss + ensemble_eta · diversity_loss``, labels drawn
     uniformly (with replacement) from ``qualified`` and ε from U[0,1), all from ``rng``; the heads stay fixed.
     Returns the per-step teacher and diversity losses (unweighted)."""
@@ -179,7 +199,7 @@ def train_generator(generator: Generator, optimizer: torch.optim.Optimizer, head
         y = qualified[torch.randint(len(qualified), (batch_size,), generator=rng)].to(device)
         eps = generator.noise(batch_size, device, rng)
         feats = generator(y, eps)
-        t_loss = teacher_loss(feats, y, head_weight, head_bias, weights)
+        t_loss = teacher_loss(feats, y, head_weight, head_bias, weights, weighting)
         d_loss = diversity_loss(eps, feats)
         optimizer.zero_grad(set_to_none=True)
         (ensemble_alpha * t_loss + ensemble_eta * d_loss).backward()
@@ -251,7 +271,7 @@ class FedGen(Algorithm):
         rng = torch.Generator().manual_seed(ctx.seed)
         log = train_generator(gen, opt, head_w, head_b, weights, qualified, c.generator_steps,
                               c.generator_batch_size or self.cfg.train.batch_size, rng, c.ensemble_alpha,
-                              c.ensemble_eta)
+                              c.ensemble_eta, c.teacher_weighting)
         server_state["generator"] = {k: v.detach().clone() for k, v in gen.state_dict().items()}
         server_state["generator_opt"] = opt.state_dict()
         server_state["generator_stats"] = {"teacher_loss": float(np.mean(log["teacher"])),

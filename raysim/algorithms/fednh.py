@@ -41,11 +41,13 @@ Defaults and where they come from:
   clients and averaged with the body. ``scale`` = 30 is its starting value: the value the authors' code names as the
   paper's ("30.0 is a common choice in the paper", ``FedUH.py``) and the one it uses with ``FedNH_fix_scaling:
   True`` (``learn_scale: false`` here); their own models start a learned s at 1.0 (``Conv2CifarNH``) or 20.0
-  (``ResNetModNH``).
+  (``ResNetModNH``): ``algorithm.scale=1.0`` is the authors' choice for their CNN.
 * ``clip_grad`` = 10: ``torch.nn.utils.clip_grad_norm_(..., max_norm=10)`` in ``FedUHClient.training`` (0: off).
+* ``body_average`` = samples: the body and s are averaged as raysim's FedAvg, weighted by training samples (the
+  paper's Algorithm 1, and the table's fedavg row). ``uniform`` is the authors' code: ``FedNHServer.aggregate``
+  adds server_lr / num_participants times the summed updates (server_lr 1), an unweighted mean over participants.
 * Variants not reproduced: the "adv" prototype aggregation (``FedNH_{client,server}_adv_prototype_agg``, off by
-  default). The authors average the body as an unweighted mean over participants (server learning rate 1,
-  ``FedAvgServer.aggregate``); here it is raysim's FedAvg, weighted by training samples, as the table's fedavg row.
+  default).
 
 Evaluation: the global model (θ, s, W after the round) on each client's test split, so ``acc_global`` is the global
 model's pooled accuracy and ``acc_mean`` its mean per-client accuracy (FedNH's generic model; the paper's
@@ -66,13 +68,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, average_updates, split_state
+from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, average_updates,
+                                    split_state, weighted_average)
 from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.registry import register_algorithm
 
 PROTO_KEY = "head.prototype"
 SCALE_KEY = "head.scale"
 _CHUNK = 1024  # samples per forward pass when estimating prototypes
+BODY_AVERAGES = ("samples", "uniform")
 
 
 @dataclass
@@ -82,6 +86,9 @@ class FedNHConfig(AlgorithmConfig):
     scale: float = 30.0  # s, or its starting value when learned (FedUH.py: "30.0 is a common choice")
     learn_scale: bool = True  # s trained by clients and averaged (authors' FedNH_fix_scaling: False)
     clip_grad: float = 10.0  # max gradient norm per local step (FedUHClient.training); 0 disables clipping
+    # how the body and s are averaged: samples (FedAvg, as the paper and the table's fedavg row) | uniform (the
+    # authors' FedNHServer.aggregate: server_lr / num_participants times the summed updates, server_lr 1)
+    body_average: str = "samples"
 
     def validate(self) -> None:
         require(isinstance(self.rho, (int, float)) and 0 <= self.rho <= 1, "algorithm.rho",
@@ -92,6 +99,8 @@ class FedNHConfig(AlgorithmConfig):
                 f"must be true or false, got {self.learn_scale!r}")
         require(is_finite(self.clip_grad, 0), "algorithm.clip_grad",
                 f"must be a finite number >= 0 (0: no clipping), got {self.clip_grad}")
+        require(self.body_average in BODY_AVERAGES, "algorithm.body_average",
+                f"must be one of {', '.join(BODY_AVERAGES)}, got {self.body_average!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -161,7 +170,10 @@ class FedNH(Algorithm):
 
     # ------------------------------------------------------------------ driver side
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
-        model = average_updates(updates, lambda upload: upload["model"])
+        if self.config.body_average == "uniform":
+            model = weighted_average([u.upload["model"] for u in updates], [1.0] * len(updates))
+        else:
+            model = average_updates(updates, lambda upload: upload["model"])
         model[PROTO_KEY] = smooth_prototypes(server_state["model"][PROTO_KEY],
                                              [(u.upload["protos"], u.upload["counts"]) for u in updates],
                                              self.config.rho)

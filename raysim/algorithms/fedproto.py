@@ -13,11 +13,11 @@ With f_i the backbone of client i (``model.features``, the layer before the clas
   global prototype  C̄^j  = Σ_{i∈N_j} |D_{i,j}| C_i^j / Σ_{i∈N_j} |D_{i,j}|  (N_j: this round's clients with class j)
   local objective   L_i = CE(head(f_i(x)), y) + λ · (1/(B·d)) Σ_{b: y_b has a C̄} ‖f_i(x_b) − C̄^{y_b}‖²
 
-* Aggregation. The authors' ``proto_aggregation`` is a PLAIN mean over the clients that hold the class
-  (each client's prototype weighs 1, whatever its count). This module implements the COUNT-WEIGHTED average that
-  issue 12 asks for (the global prototype is then the mean feature of all the round's samples of that class).
-  The paper's aggregation equation carries |D_{i,j}| weights as we recall it (its text could not be re-read when
-  this was written; the code above is what was checked). With equal class counts on every client the two coincide.
+* Aggregation (``algorithm.aggregation``). ``count_weighted``, the default, is the COUNT-WEIGHTED average above
+  that issue 12 asks for (the global prototype is then the mean feature of all the round's samples of that class;
+  the paper's aggregation equation carries |D_{i,j}| weights as we recall it, its text could not be re-read here).
+  ``mean`` is the authors' code: ``proto_aggregation`` takes a PLAIN mean over the clients that hold the class
+  (each client's prototype weighs 1, whatever its count). With equal class counts on every client the two coincide.
 * Regulariser. The authors use ``nn.MSELoss()`` between the batch features and a copy of them in which each row
   with a global prototype is replaced by it: the squared distance summed over samples that have a prototype,
   divided by batch size × feature_dim (rows without one contribute 0 but still count in B). ``ld`` (λ) = 1 is the
@@ -48,6 +48,7 @@ from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.registry import register_algorithm
 
 PREDICTS = ("classifier", "prototype")
+AGGREGATIONS = ("count_weighted", "mean")
 _CHUNK = 1024  # samples per forward pass when computing prototypes
 
 
@@ -56,11 +57,16 @@ class FedProtoConfig(AlgorithmConfig):
     name: str = "fedproto"
     ld: float = 1.0  # λ, weight of the prototype regulariser (authors' lib/options.py: --ld default 1)
     predict: str = "classifier"  # classifier (own head) | prototype (nearest global prototype, the paper's inference)
+    # count_weighted: C̄^j = Σ_i n_ij C_i^j / Σ_i n_ij | mean: each client holding class j weighs 1 (the authors'
+    # lib/utils.py proto_aggregation)
+    aggregation: str = "count_weighted"
 
     def validate(self) -> None:
         require(is_finite(self.ld, 0), "algorithm.ld", f"must be a finite number >= 0, got {self.ld}")
         require(self.predict in PREDICTS, "algorithm.predict",
                 f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
+        require(self.aggregation in AGGREGATIONS, "algorithm.aggregation",
+                f"must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -85,20 +91,25 @@ def dense_prototypes(protos: torch.Tensor, counts: torch.Tensor) -> tuple[torch.
     return dense, present
 
 
-def aggregate_prototypes(uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Count-weighted average per class of the clients' (protos, counts), accumulated in float64 in the given
-    (client-id) order: C̄^j = Σ_i n_ij C_i^j / Σ_i n_ij. Returns the same sparse form (protos of the classes any
-    client holds, ascending; summed counts)."""
+def aggregate_prototypes(uploads: list[tuple[torch.Tensor, torch.Tensor]],
+                         weighting: str = "count_weighted") -> tuple[torch.Tensor, torch.Tensor]:
+    """Average per class of the clients' (protos, counts), accumulated in float64 in the given (client-id) order:
+    ``count_weighted`` C̄^j = Σ_i n_ij C_i^j / Σ_i n_ij, or ``mean`` C̄^j = (1/|N_j|) Σ_{i∈N_j} C_i^j over the
+    clients N_j that hold class j (the authors' ``proto_aggregation``). Returns the same sparse form (protos of the
+    classes any client holds, ascending; summed counts)."""
     num_classes, dim = len(uploads[0][1]), uploads[0][0].shape[1]
     sums = torch.zeros(num_classes, dim, dtype=torch.float64)
     total = torch.zeros(num_classes, dtype=torch.int64)
+    weight_sum = torch.zeros(num_classes, dtype=torch.float64)
     for protos, counts in uploads:
         present = counts > 0
         n = counts[present].to(torch.int64)
-        sums[present] += protos.to(torch.float64) * n[:, None].to(torch.float64)
+        w = n.to(torch.float64) if weighting == "count_weighted" else torch.ones(len(n), dtype=torch.float64)
+        sums[present] += protos.to(torch.float64) * w[:, None]
+        weight_sum[present] += w
         total[present] += n
     present = total > 0
-    return (sums[present] / total[present, None].to(torch.float64)).float(), total.to(torch.int32)
+    return (sums[present] / weight_sum[present, None]).float(), total.to(torch.int32)
 
 
 def proto_regulariser(features: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor,
@@ -130,7 +141,7 @@ class FedProto(Algorithm):
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         uploads = [(u.upload["protos"], u.upload["counts"]) for u in updates if u.upload]
         if uploads:  # the authors replace the global prototypes with this round's aggregate
-            server_state["protos"], server_state["counts"] = aggregate_prototypes(uploads)
+            server_state["protos"], server_state["counts"] = aggregate_prototypes(uploads, self.config.aggregation)
         return server_state
 
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:

@@ -47,6 +47,34 @@ def test_teacher_loss_by_hand():
     assert teacher_loss(feats, torch.tensor([0, 1]), head_w, head_b, weights).item() == pytest.approx(expected)
 
 
+def test_teacher_weighting_two_clients_by_hand():
+    # two clients' heads on 1-d features, 2 classes: head 0 gives logits (0, 0) (CE = ln 2 for any label), head 1
+    # gives (f, 0). Label counts: client 0 holds 3 of class 0 and 1 of class 1, client 1 the reverse, so
+    # alpha[y] = [3/4, 1/4] for y = 0 and [1/4, 3/4] for y = 1. Batch: f = ln 3 twice, labels (0, 1):
+    #   head 1: CE(y=0) = ln(1 + 1/3) = ln(4/3), CE(y=1) = ln(1 + 3) = ln 4
+    # per_sample (paper):  head 0: (3/4 + 1/4)/2 * ln 2 = ln2/2;  head 1: (1/4 ln(4/3) + 3/4 ln 4) / 2
+    # batch_mean (authors' code): head 0: mean(3/4, 1/4) * ln 2 = ln2/2;  head 1: mean(1/4, 3/4) * (ln(4/3) + ln 4)/2
+    feats = torch.full((2, 1), math.log(3.0))
+    y = torch.tensor([0, 1])
+    head_w = torch.tensor([[[0.0], [0.0]], [[1.0], [0.0]]])
+    head_b = torch.zeros(2, 2)
+    weights, _ = label_weights(torch.tensor([[3, 1], [1, 3]]))
+    ln2, ln43, ln4 = math.log(2), math.log(4 / 3), math.log(4)
+    paper = teacher_loss(feats, y, head_w, head_b, weights, "per_sample")
+    authors = teacher_loss(feats, y, head_w, head_b, weights, "batch_mean")
+    assert paper.item() == pytest.approx(ln2 / 2 + (ln43 / 4 + 3 * ln4 / 4) / 2)
+    assert authors.item() == pytest.approx(ln2 / 2 + 0.5 * (ln43 + ln4) / 2)
+    assert abs(paper.item() - authors.item()) > 0.1
+    # batch_mean is what the authors' expression computes: torch.mean(nll(reduce=False)(logp, y) * weight[B, 1])
+    literal = sum(torch.mean(F.nll_loss(F.log_softmax(feats @ head_w[k].T + head_b[k], dim=1), y, reduction="none")
+                             * weights[y][:, k].reshape(-1, 1)) for k in range(2))
+    assert authors.item() == pytest.approx(float(literal))
+    cfg = load_config(None, ["algorithm.name=fedgen", "algorithm.teacher_weighting=batch_mean"])
+    assert cfg.algorithm.teacher_weighting == "batch_mean"
+    with pytest.raises(ConfigError, match="'algorithm.teacher_weighting'"):
+        load_config(None, ["algorithm.name=fedgen", "algorithm.teacher_weighting=sum"])
+
+
 def test_diversity_loss_by_hand():
     # ε = [(0,0), (1,1)]: mean squared difference 1 for the pair; G = [(0,0), (2,0)]: mean absolute difference 1.
     # The 2x2 product matrix is [[0, 1], [1, 0]], mean 1/2: loss = exp(-1/2).

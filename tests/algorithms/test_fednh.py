@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 
+from raysim.algorithms.base import ClientUpdate
 from raysim.algorithms.fednh import PROTO_KEY, SCALE_KEY, PrototypeHead, client_prototypes, smooth_prototypes
 from raysim.config import ConfigError, load_config
 from raysim.models import build_model
@@ -54,6 +55,34 @@ def test_prototype_head_is_scaled_cosine_with_frozen_unit_rows():
     assert dict(head2.named_parameters()) == {} and head2.scale.item() == 30.0
     # more classes than dimensions: rows still unit vectors
     assert torch.allclose(PrototypeHead(4, 10, 1.0, True).prototype.norm(dim=1), torch.ones(10), atol=1e-6)
+
+
+def test_authors_scale_init_and_unweighted_body_average_two_clients_by_hand():
+    # algorithm.scale=1.0 (the authors' CNN): logits are the plain cosines. Feature [3, 4] -> unit [0.6, 0.8]; with
+    # prototypes e1, e2 the logits are [0.6, 0.8] (at the default s = 30: [18, 24])
+    head = PrototypeHead(2, 2, scale=1.0, learn_scale=True)
+    head.prototype.copy_(torch.eye(2))
+    assert torch.allclose(head(torch.tensor([[3.0, 4.0]])), torch.tensor([[0.6, 0.8]]))
+    cfg = load_config(None, ["algorithm.name=fednh", "algorithm.scale=1.0"])
+    model = build_model(cfg, "mlp", (64,), 10, algorithm=get_algorithm("fednh")(cfg))
+    assert model.head.scale.item() == 1.0
+    # two clients: body weight w = 1 (1 sample) and 5 (3 samples), s = 2 and 6; no class means (counts 0)
+    #   samples (default): w = (1 + 3*5)/4 = 4, s = (2 + 3*6)/4 = 5;   uniform (authors): w = 3, s = 4
+    protos = torch.eye(2)
+
+    def update(cid: int, w: float, s: float, n: int) -> ClientUpdate:
+        upload = {"model": {"body.w": torch.tensor([w]), SCALE_KEY: torch.tensor([s])},
+                  "protos": torch.zeros(2, 2), "counts": torch.zeros(2, dtype=torch.int32)}
+        return ClientUpdate(client_id=cid, upload=upload, num_samples=n)
+
+    for average, (w, s) in (("samples", (4.0, 5.0)), ("uniform", (3.0, 4.0))):
+        algo = get_algorithm("fednh")(load_config(None, ["algorithm.name=fednh", f"algorithm.body_average={average}"]))
+        state = algo.server_aggregate([update(0, 1.0, 2.0, 1), update(1, 5.0, 6.0, 3)],
+                                      {"model": {PROTO_KEY: protos}}, 1)
+        assert state["model"]["body.w"].item() == pytest.approx(w) and state["model"][SCALE_KEY].item() == s
+        assert torch.equal(state["model"][PROTO_KEY], protos)  # no class means: W unchanged
+    with pytest.raises(ConfigError, match="'algorithm.body_average'"):
+        load_config(None, ["algorithm.name=fednh", "algorithm.body_average=median"])
 
 
 def test_config_defaults_and_clip_attribute():

@@ -59,6 +59,26 @@ def test_count_weighted_average_by_hand():
     torch.save(state, "/dev/null")  # checkpointable
 
 
+def test_plain_mean_aggregation_two_clients_by_hand():
+    # the authors' proto_aggregation (algorithm.aggregation=mean): each client holding a class weighs 1
+    # client A: class 0 mean [1, 2] (3 samples), class 1 mean [0, 4] (1 sample)
+    # client B: class 0 mean [5, 6] (1 sample),  class 2 mean [3, 3] (2 samples)
+    # mean:           class 0: ([1,2] + [5,6]) / 2 = [3, 4]; class 1: [0, 4]; class 2: [3, 3]
+    # count-weighted: class 0: (3*[1,2] + 1*[5,6]) / 4 = [8, 12]/4 = [2, 3]
+    a = (torch.tensor([[1.0, 2.0], [0.0, 4.0]]), torch.tensor([3, 1, 0], dtype=torch.int32))
+    b = (torch.tensor([[5.0, 6.0], [3.0, 3.0]]), torch.tensor([1, 0, 2], dtype=torch.int32))
+    protos, counts = aggregate_prototypes([a, b], "mean")
+    assert torch.equal(protos, torch.tensor([[3.0, 4.0], [0.0, 4.0], [3.0, 3.0]]))
+    assert counts.tolist() == [4, 1, 2]  # the counts still travel summed
+    assert torch.equal(aggregate_prototypes([a, b])[0][0], torch.tensor([2.0, 3.0]))
+    algo = get_algorithm("fedproto")(load_config(None, ["algorithm.name=fedproto", "algorithm.aggregation=mean"]))
+    updates = [ClientUpdate(i, {"protos": p, "counts": n}, num_samples=int(n.sum())) for i, (p, n) in enumerate([a, b])]
+    state = algo.server_aggregate(updates, algo.init_server_state({}), 1)
+    assert torch.equal(state["protos"], protos)
+    with pytest.raises(Exception, match="'algorithm.aggregation'"):
+        load_config(None, ["algorithm.name=fedproto", "algorithm.aggregation=median"])
+
+
 def test_regulariser_by_hand():
     # f = [[1,2],[3,4],[0,0]], y = [0,1,2]; C̄0 = [0,0], C̄1 = [3,2], class 2 has no global prototype
     # sample 0: (1-0)² + (2-0)² = 5; sample 1: 0 + (4-2)² = 4; sample 2: no prototype -> 0
