@@ -13,6 +13,9 @@ SEEDS=1-5
 U=experiments/unideal/digits-niid1-cpu
 F=experiments/fapd
 NIID2=(data.partition=niid2 data.label_skew=subsample data.alpha=0.5)  # = digits-niid2-cpu/base.yaml's keys
+# the study ran before the UNIDEAL configs held out 10% of every client's data for FedPCL's stand-in (issue 26):
+# its UNIDEAL runs keep every client's data, as in the committed results (docs/curriculum-study/data)
+FULL=data.server_holdout=0.0
 
 sweep() {  # sweep FILE DIR: run it, or continue it if it was interrupted
   if [ -f "$2/results.csv" ]; then return; fi
@@ -28,19 +31,19 @@ seeds() {  # seeds DIR CONFIG OVERRIDES...: five seeds of a config into DIR, or 
 # ---- UNIDEAL: search CLKD's settings on NIID-1, then rerun the best against the seed's settings and PartialKD
 sweep experiments/sweeps/study-unideal-niid1.yaml "$OUT/unideal-niid1-search"
 BEST_U="$OUT/unideal-niid1-search/best.yaml"
-seeds "$OUT/niid1/unideal" $U/unideal.yaml name=niid1-unideal
-seeds "$OUT/niid1/unideal-best" "$BEST_U" name=niid1-unideal-best
-seeds "$OUT/niid1/partialkd" $U/partialkd.yaml name=niid1-partialkd
-seeds "$OUT/niid2/unideal" $U/unideal.yaml "${NIID2[@]}" name=niid2-unideal
-seeds "$OUT/niid2/unideal-best" "$BEST_U" "${NIID2[@]}" name=niid2-unideal-best
-seeds "$OUT/niid2/partialkd" $U/partialkd.yaml "${NIID2[@]}" name=niid2-partialkd
+seeds "$OUT/niid1/unideal" $U/unideal.yaml $FULL name=niid1-unideal
+seeds "$OUT/niid1/unideal-best" "$BEST_U" $FULL name=niid1-unideal-best
+seeds "$OUT/niid1/partialkd" $U/partialkd.yaml $FULL name=niid1-partialkd
+seeds "$OUT/niid2/unideal" $U/unideal.yaml "${NIID2[@]}" $FULL name=niid2-unideal
+seeds "$OUT/niid2/unideal-best" "$BEST_U" "${NIID2[@]}" $FULL name=niid2-unideal-best
+seeds "$OUT/niid2/partialkd" $U/partialkd.yaml "${NIID2[@]}" $FULL name=niid2-partialkd
 # two controls: CLKD's other divisor (the kept samples, not the batch), and the best config without its curriculum
 # (shape=constant, end=1.0: PartialKD at the best's alpha, metric and local epochs), which separates the curriculum
 # from the search's other choices (on NIID-2 only, where UNIDEAL and PartialKD differ most)
 FLAT=(algorithm.schedule.shape=constant algorithm.schedule.end=1.0)
-seeds "$OUT/niid1/unideal-kept" $U/unideal.yaml algorithm.kd_norm=kept name=niid1-unideal-kept
-seeds "$OUT/niid2/unideal-kept" $U/unideal.yaml "${NIID2[@]}" algorithm.kd_norm=kept name=niid2-unideal-kept
-seeds "$OUT/niid2/unideal-best-flat" "$BEST_U" "${NIID2[@]}" "${FLAT[@]}" name=niid2-unideal-best-flat
+seeds "$OUT/niid1/unideal-kept" $U/unideal.yaml $FULL algorithm.kd_norm=kept name=niid1-unideal-kept
+seeds "$OUT/niid2/unideal-kept" $U/unideal.yaml "${NIID2[@]}" $FULL algorithm.kd_norm=kept name=niid2-unideal-kept
+seeds "$OUT/niid2/unideal-best-flat" "$BEST_U" "${NIID2[@]}" "${FLAT[@]}" $FULL name=niid2-unideal-best-flat
 # the paired grid: curriculum or not, at 300 and 2,000 samples per domain, seeds 0-2
 sweep experiments/sweeps/study-unideal-scale.yaml "$OUT/unideal-scale"
 

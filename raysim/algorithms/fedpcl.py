@@ -49,9 +49,11 @@ Pretrained weights. ``model.weights`` (a torchvision-format state dict of the ba
 pretrained backbones (the authors use three ResNet-18s pretrained on Quickdraw, Aircraft and CUB and concatenate
 their features; this module uses each client's one backbone, the authors' ``--num_bb 1`` variant). No weights can be
 downloaded here, so without ``model.weights`` an OFFLINE STAND-IN is used: raysim pre-trains each backbone centrally
-(SGD, momentum 0.9, CE with a linear classifier) on a split carved out of the clients' training data before the run
-(``algorithm.pretrain.fraction`` of each client's training samples, which no client then holds), one backbone per
-architecture and input shape (and per client where clients see different columns), and caches it under
+(SGD, momentum 0.9, CE with a linear classifier) on the server's holdout (``data.server_holdout``: that share of
+each client's training samples, taken out of every method's clients alike, so FedPCL trains on the same client data
+as every other method of the comparison; no client holds the pre-training samples), one backbone per architecture
+and input shape (and per client where clients see different columns; each on its clients' held-out samples), and
+caches it under
 ``algorithm.pretrain.cache_dir``, else ``data.cache_dir``, else ``$RAYSIM_CACHE``, else ``~/.cache/raysim`` (in
 ``fedpcl-backbone/``). This stand-in is NOT a public foundation model: its features come from a little in-domain
 data, so FedPCL's numbers with it are not the paper's regime; say so wherever they are reported.
@@ -92,7 +94,6 @@ _CHUNK = 1024
 class PretrainConfig:
     """The offline stand-in for pretrained backbones (used where ``model.weights`` gives none)."""
 
-    fraction: float = 0.1  # share of each client's training samples moved to the pre-training split
     epochs: int = 30  # central pre-training epochs (SGD with momentum 0.9, as FAPD's offline teacher)
     lr: float = 0.05
     batch_size: int = 32
@@ -100,7 +101,6 @@ class PretrainConfig:
 
     def validate(self) -> None:
         key = "algorithm.pretrain."
-        require(0.0 < self.fraction < 1.0, f"{key}fraction", f"must be in (0, 1), got {self.fraction}")
         require(self.epochs >= 1, f"{key}epochs", f"must be >= 1, got {self.epochs}")
         require(is_finite(self.lr, 0, strict=True), f"{key}lr", f"must be a finite number > 0, got {self.lr}")
         require(self.batch_size >= 2, f"{key}batch_size", f"must be >= 2, got {self.batch_size}")
@@ -227,9 +227,16 @@ class FedPCL(Algorithm):
         data.meta[BACKBONES_KEY] = {}
         needed = sorted({g for g in groups.values() if g is not None})
         if needed:
+            if data.holdout_by_client is None:
+                raise UserError("config key 'data.server_holdout': fedpcl's offline stand-in backbone pre-trains on "
+                                "the server's holdout, which is 0 here; set data.server_holdout (e.g. 0.1) in every "
+                                "config of the comparison, so every method trains on the same client data, or give "
+                                "pretrained backbones with model.weights")
             members = {g: [c for c, gc in groups.items() if gc == g] for g in needed}
-            pretrain = carve_pretrain_split(data, [c for g in needed for c in members[g]],
-                                            self.config.pretrain.fraction, self.cfg.seed)
+            pretrain = {c: data.holdout_by_client[c] for g in needed for c in members[g]}
+            if not all(len(pretrain[c]) for c in pretrain):
+                raise UserError(f"config key 'data.server_holdout': {self.cfg.data.server_holdout} leaves a client "
+                                f"with no held-out sample to pre-train fedpcl's stand-in backbone on; raise it")
             for g in needed:
                 data.meta[BACKBONES_KEY][g] = stand_in_backbone(self.cfg, data, members[g], pretrain)
         return data
@@ -351,23 +358,6 @@ def stand_in_groups(cfg: ExperimentConfig, data: FederatedData) -> dict[int, Opt
     return groups
 
 
-def carve_pretrain_split(data: FederatedData, clients: list[int], fraction: float, seed: int) -> dict[int, np.ndarray]:
-    """Move ``fraction`` of each listed client's training samples (at least one, keeping at least one) out of its
-    training split; returns them per client. Deterministic from the seed."""
-    rng = np.random.default_rng([seed, 0xFED9C1])
-    out = {}
-    for cid in sorted(clients):
-        split = data.clients[cid]
-        n = len(split.train)
-        m = min(max(int(round(fraction * n)), 1), n - 1)
-        mask = np.zeros(n, dtype=bool)
-        if m > 0:
-            mask[rng.choice(n, size=m, replace=False)] = True
-        out[cid] = np.sort(split.train[mask]).astype(np.int64)
-        split.train = split.train[~mask]
-    return out
-
-
 def _cache_root(cfg: ExperimentConfig) -> Path:
     """``algorithm.pretrain.cache_dir``, else the data cache (``data.cache_dir``, ``$RAYSIM_CACHE``, ...)."""
     if cfg.algorithm.pretrain.cache_dir:
@@ -379,7 +369,7 @@ def _cache_root(cfg: ExperimentConfig) -> Path:
 
 def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[int],
                       pretrain: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Pre-train one backbone centrally on its clients' carved-out samples; returns its state dict (cached)."""
+    """Pre-train one backbone centrally on its clients' held-out samples; returns its state dict (cached)."""
     from raysim.engine.epochs import torch_threads
     from raysim.registry import get_model
 
@@ -422,7 +412,7 @@ def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[
             out = {k: v.detach().cpu().clone() for k, v in model.backbone.state_dict().items()}
         require_finite(out.values(), key="algorithm.pretrain.lr",
                        what="the offline stand-in backbone diverged (NaN weights)")
-        print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} carved-out samples of "
+        print(f"raysim: fedpcl: offline stand-in backbone ({arch} {list(shape)}, {len(y)} held-out samples of "
               f"clients {members}, {p.epochs} epochs) pre-trained on {device.type} "
               f"in {time.perf_counter() - start:.1f}s; it stands in "
               f"for a public pretrained model (set model.weights for a real one)", file=sys.stderr, flush=True)

@@ -98,25 +98,25 @@ def build_federated_data(cfg: ExperimentConfig) -> FederatedData | OnDemandData:
         raise UserError(f"config key 'data.augment': random crops and flips need images, and {cfg.data.name} "
                         f"holds inputs of shape {list(data.domains[0].x.shape[1:])}")
     if cfg.data.server_holdout > 0:
-        if len(data.domains) != 1:
-            raise UserError(f"config key 'data.server_holdout': the server's holdout indexes one domain, but "
-                            f"{cfg.data.name} has {len(data.domains)}")
-        data.holdout = hold_out(data, cfg.data.server_holdout, cfg.seed)
+        data.holdout_by_client = hold_out_by_client(data, cfg.data.server_holdout, cfg.seed)
+        if len(data.domains) == 1:
+            data.holdout = _joined(data.holdout_by_client)
     for cid, split in enumerate(data.clients):
         if len(split.train) == 0:
             raise UserError(f"client {cid} has no training samples (lower clients.num or raise data.min_samples)")
     return data
 
 
-def hold_out(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
-    """Move ``fraction`` of every client's training samples (keeping at least one) to the server; returns them.
+def hold_out_by_client(data: FederatedData, fraction: float, seed: int) -> list[np.ndarray]:
+    """Move ``fraction`` of every client's training samples (keeping at least one) to the server; returns what was
+    taken from each client (indices into its domain, sorted), in client order.
 
     Taking the same share from every client makes the split follow the federation's overall label mix however
     skewed the clients are. Deterministic from the seed (the stream FAPD's calibration split has always used), and
     independent of the algorithm, so every method run on one config trains on the same client data.
     """
     if fraction <= 0:
-        return np.zeros(0, dtype=np.int64)
+        return [np.zeros(0, dtype=np.int64) for _ in data.clients]
     rng = np.random.default_rng([seed, 0xFA9D])
     taken = []
     for split in data.clients:
@@ -124,9 +124,18 @@ def hold_out(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
         m = min(int(round(fraction * n)), n - 1)
         mask = np.zeros(n, dtype=bool)
         mask[rng.choice(n, size=max(m, 0), replace=False)] = True
-        taken.append(split.train[mask])
+        taken.append(np.sort(split.train[mask]).astype(np.int64))
         split.train = split.train[~mask]
-    return np.sort(np.concatenate(taken)).astype(np.int64) if taken else np.zeros(0, dtype=np.int64)
+    return taken
+
+
+def hold_out(data: FederatedData, fraction: float, seed: int) -> np.ndarray:
+    """``hold_out_by_client`` of a one-domain federation, as one sorted index array (FAPD's calibration split)."""
+    return _joined(hold_out_by_client(data, fraction, seed))
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
 def label_skewed_subset(share: np.ndarray, labels: np.ndarray, num_classes: int, alpha: float, min_samples: int,

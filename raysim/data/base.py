@@ -68,7 +68,10 @@ class FederatedData:
     # the official test split (data.test_split=official), held by the evaluation, not by a client: its samples are
     # ``server_test.test``; the evaluation addresses it as client id ``num_clients`` (``server_client_id``)
     server_test: Optional[ClientSplit] = None
-    holdout: Optional[np.ndarray] = None  # data.server_holdout: training samples taken from the clients (indices)
+    # data.server_holdout: the training samples taken from each client (indices into its domain), for every method
+    # alike; ``holdout`` joins them when there is one domain (FAPD's calibration split)
+    holdout_by_client: Optional[list[np.ndarray]] = None
+    holdout: Optional[np.ndarray] = None
 
     @property
     def num_clients(self) -> int:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 
 from conftest import ROOT, read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedpcl import (BACKBONES_KEY, GROUP_KEY, FrozenProjection, filled, mean_prototypes,
-                                      own_prototype_logits, prototype_contrastive_loss)
+                                      own_prototype_logits, prototype_contrastive_loss, stand_in_backbone)
 from raysim.config import ConfigError, load_config
 from raysim.errors import UserError
 from raysim.models import build_model
@@ -124,30 +126,43 @@ def test_model_weights_file_loads_and_errors_name_the_key(tmp_path):
 def _tiny_cfg(tmp_path, *extra: str):
     return load_config(None, tiny_overrides(tmp_path, algorithm__name="fedpcl", algorithm__pretrain__epochs=2,
                                             algorithm__pretrain__cache_dir=str(tmp_path / "cache"),
-                                            algorithm__proj_dim=8) + list(extra))
+                                            algorithm__proj_dim=8, data__server_holdout=0.1) + list(extra))
 
 
-def test_stand_in_backbone_is_pretrained_on_carved_data_and_cached(tmp_path, capsys):
+def test_stand_in_backbone_is_pretrained_on_the_servers_holdout_and_cached(tmp_path, capsys):
     from raysim.data import build_federated_data
 
     cfg = _tiny_cfg(tmp_path)
     algo = get_algorithm("fedpcl")(cfg)
-    before = [len(s.train) for s in build_federated_data(cfg).clients]
+    before = build_federated_data(cfg)  # what every method of this config trains on (holdout already taken)
     data = algo.prepare_data(build_federated_data(cfg))
-    after = [len(s.train) for s in data.clients]
-    assert [b - a for b, a in zip(before, after)] == [round(0.1 * b) for b in before]  # 10% moved out
+    # fedpcl's clients keep exactly the training samples every other method's clients keep: nothing more is carved
+    assert all(np.array_equal(a.train, b.train) for a, b in zip(before.clients, data.clients))
+    full = build_federated_data(load_config(None, tiny_overrides(tmp_path, data__server_holdout=0.0)))
+    for cid, split in enumerate(data.clients):  # 10% of each client went to the server, for every method alike
+        held = data.holdout_by_client[cid]
+        assert len(held) == round(0.1 * len(full.clients[cid].train)) and not np.intersect1d(held, split.train).size
+        assert np.array_equal(np.sort(np.concatenate([held, split.train])), np.sort(full.clients[cid].train))
     assert set(data.meta[GROUP_KEY].values()) == {"mlp:1x8x8"}  # one architecture and input shape: one backbone
     sd = data.meta[BACKBONES_KEY]["mlp:1x8x8"]
     assert "stand-in" in capsys.readouterr().err and len(list((tmp_path / "cache").glob("*.pt"))) == 1
     # the second time it comes from the cache, bit for bit
     again = algo.prepare_data(build_federated_data(cfg)).meta[BACKBONES_KEY]["mlp:1x8x8"]
     assert "pre-trained" not in capsys.readouterr().err and all(torch.equal(sd[k], again[k]) for k in sd)
-    # with model.weights nobody needs a stand-in, and no data is carved out
+    # the stand-in is what central training on the held-out samples gives (same recipe, another cache directory)
+    fresh = stand_in_backbone(_tiny_cfg(tmp_path, f"algorithm.pretrain.cache_dir={tmp_path / 'other'}"), data,
+                              list(range(len(data.clients))), dict(enumerate(data.holdout_by_client)))
+    assert all(torch.equal(sd[k], fresh[k]) for k in sd)
+    # with model.weights nobody needs a stand-in
     path = tmp_path / "w.pt"
     torch.save(sd, path)
     cfg_w = _tiny_cfg(tmp_path, f"model.weights={path}")
     data_w = get_algorithm("fedpcl")(cfg_w).prepare_data(build_federated_data(cfg_w))
-    assert set(data_w.meta[GROUP_KEY].values()) == {None} and [len(s.train) for s in data_w.clients] == before
+    assert set(data_w.meta[GROUP_KEY].values()) == {None}
+    # without a holdout there is nothing no client holds: a one-line error naming the key, not a carved split
+    cfg_0 = _tiny_cfg(tmp_path, "data.server_holdout=0")
+    with pytest.raises(UserError, match="'data.server_holdout'"):
+        get_algorithm("fedpcl")(cfg_0).prepare_data(build_federated_data(cfg_0))
 
     # ------------------------------------------------------------- the hooks on that data, no Ray
     model = build_model(cfg, "mlp", (1, 8, 8), 10, 0, algo)
@@ -212,7 +227,6 @@ def mean_dense(state):
                                            ("algorithm.base_tau=-1", "algorithm.base_tau"),
                                            ("algorithm.proj_dim=0", "algorithm.proj_dim"),
                                            ("algorithm.global_weight=-1", "algorithm.global_weight"),
-                                           ("algorithm.pretrain.fraction=1", "algorithm.pretrain.fraction"),
                                            ("algorithm.pretrain.epochs=0", "algorithm.pretrain.epochs")])
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -248,7 +262,8 @@ def test_hete_metrics_do_not_depend_on_the_worker_count(ray_cluster, tmp_path):
         overrides = tiny_overrides(tmp_path / str(workers), algorithm__name="fedpcl", rounds=3,
                                    engine__num_workers=workers, model__name="[cnn,mlp,mlp_hete,mlp]", model__width=8,
                                    train__optimizer="adam", train__lr=0.001, train__weight_decay=0.0001,
-                                   algorithm__pretrain__epochs=3, algorithm__pretrain__cache_dir=str(tmp_path / "c"))
+                                   algorithm__pretrain__epochs=3, algorithm__pretrain__cache_dir=str(tmp_path / "c"),
+                                   data__server_holdout=0.1)
         run_dir, _, _ = run_experiment(load_config(None, overrides))
         runs[workers] = read_rows(run_dir)
     assert strip_timing(runs[1]) == strip_timing(runs[2])
