@@ -114,28 +114,37 @@ def test_selection_is_a_pure_function_of_seed_and_round():
     assert a["cda"]["objective"] <= a["cda"]["objective_newest"] + 1e-12
 
 
-def test_history_store_keeps_a_bounded_window_and_survives_a_checkpoint(ray_cluster, tmp_path):
-    import ray
+class _Objects:
+    """The store's object interface (an executor's put/get) in this process, as the inline executor has it."""
 
+    def put(self, obj):
+        return obj
+
+    def get(self, handles):
+        return list(handles)
+
+
+def test_history_store_keeps_a_bounded_window_and_survives_a_checkpoint(tmp_path):
     from raysim.engine.state import ClientHistoryStore
 
-    store = ClientHistoryStore(limit=2)
+    objects = _Objects()
+    store = ClientHistoryStore(2, objects)
     for rnd in (1, 2, 3):
         for cid in (0, 5):
-            store.push(cid, rnd, ray.put({"w": torch.tensor([10.0 * cid + rnd])}))
+            store.push(cid, rnd, objects.put({"w": torch.tensor([10.0 * cid + rnd])}))
     assert store.index() == {0: [2, 3], 5: [2, 3]}
-    assert [o["w"].item() for o in ray.get(store.refs(5))] == [52.0, 53.0]
+    assert [o["w"].item() for o in objects.get(store.refs(5))] == [52.0, 53.0]
     ckpt = tmp_path / "checkpoint"
     assert store.save(ckpt) == {0: [2, 3], 5: [2, 3]}
-    store.push(0, 4, ray.put({"w": torch.tensor([4.0])}))
+    store.push(0, 4, objects.put({"w": torch.tensor([4.0])}))
     index = store.save(ckpt)
     store.prune(ckpt)
     assert sorted(f.name for f in (ckpt / "history").iterdir()) == [
         "c000000_r00003.pt", "c000000_r00004.pt", "c000005_r00002.pt", "c000005_r00003.pt"]
     (ckpt / "history" / "c000009_r00001.pt").write_bytes(b"stray")  # a file no checkpoint names
-    again = ClientHistoryStore(limit=2)
+    again = ClientHistoryStore(2, objects)
     again.load(ckpt, index)
-    assert again.index() == index and [o["w"].item() for o in ray.get(again.refs(0))] == [3.0, 4.0]
+    assert again.index() == index and [o["w"].item() for o in objects.get(again.refs(0))] == [3.0, 4.0]
     assert not (ckpt / "history" / "c000009_r00001.pt").exists()
 
 
