@@ -36,7 +36,9 @@ Ambiguities, and what is chosen here:
   * Later batches of the same round sit at their newest model while an earlier batch is searched (one
     reproduction leaves them out of J; another holds them at their previous selection).
   * That research script searches with the sum over tensors of ‖s̄ − s_n‖ (unsquared, no loss term) and takes
-    B as a batch size; the paper's text as reproduced, not that script, is followed here.
+    B as a batch size; its recursive search passes the best value so far by value, so it keeps the last
+    combination it enumerates (every client's newest model). The paper's text as reproduced, not that script, is
+    followed here.
 
 Engine: the cache is the engine's per-client server history (``server_history`` = K + 1: the K candidates plus
 the standing selection, which is at most one upload older than the oldest candidate), as object-store references
