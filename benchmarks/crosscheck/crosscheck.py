@@ -62,8 +62,9 @@ METHODS: dict[str, Method] = {
     "fedrod": Method(("algorithm.name=fedrod",), "pfllib", "FedROD"),
     "fedbabu": Method(("algorithm.name=fedbabu", "algorithm.finetune_epochs=0"), "pfllib", "FedBABU",
                       {"fine_tuning_epochs": 5}),
-    "fedbabu-ft": Method(("algorithm.name=fedbabu", "algorithm.finetune_epochs=5"), "pfllib", "FedBABU",
-                         {"fine_tuning_epochs": 5}, final_only=True),
+    # PFLlib fine-tunes with the clients' own optimiser (the training lr): raysim's finetune_lr set to match
+    "fedbabu-ft": Method(("algorithm.name=fedbabu", "algorithm.finetune_epochs=5", "algorithm.finetune_lr=0.05"),
+                         "pfllib", "FedBABU", {"fine_tuning_epochs": 5}, final_only=True),
     "fedrep": Method(("algorithm.name=fedrep", "algorithm.head_epochs=1"), "pfllib", "FedRep", {"plocal_epochs": 1}),
     "fednh": Method(("algorithm.name=fednh", "algorithm.scale=1.0", "algorithm.learn_scale=true",
                      "algorithm.body_average=uniform", "algorithm.rho=0.9", "algorithm.clip_grad=10"),
@@ -195,6 +196,8 @@ def plot(curves: dict, methods: list[str], seeds: list[int], path: Path) -> None
     import matplotlib.pyplot as plt
 
     shown = [m for m in methods if not METHODS[m].final_only]
+    if not shown:
+        return  # only final values: nothing to draw per round
     cols = 4
     rows = (len(shown) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False, sharey=True)
@@ -228,6 +231,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "crosscheck")
     p.add_argument("--peer-keep-last", action="store_true",
                    help="diagnostic: PFLlib trains on each epoch's last, partial batch too (it drops it: drop_last)")
+    p.add_argument("--peer-finetune-global", action="store_true",
+                   help="diagnostic: PFLlib's FedBABU fine-tunes from the global body (it starts from local models)")
     a = p.parse_args()
     methods = [m for m in a.methods.split(",") if m]
     unknown = [m for m in methods if m not in METHODS]
@@ -246,7 +251,8 @@ def main() -> None:
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     curves = results.setdefault("curves", {})
-    names = {"pfllib": f"PFLlib {commits['pfllib'][:7]}" + (" (keep last batch)" if a.peer_keep_last else ""),
+    names = {"pfllib": f"PFLlib {commits['pfllib'][:7]}" + (" (keep last batch)" if a.peer_keep_last else "")
+             + (" (fine-tune from the global body)" if a.peer_finetune_global else ""),
              "fednh": f"FedNH (authors) {commits.get('fednh', '')[:7]}"}
     for m in methods:
         method = METHODS[m]
@@ -261,6 +267,8 @@ def main() -> None:
             export(method, seed, work)
             (out / "logs").mkdir(exist_ok=True)
             extra = ("--keep-last",) if a.peer_keep_last and method.peer == "pfllib" else ()
+            if a.peer_finetune_global and method.algorithm == "FedBABU":
+                extra += ("--finetune-global",)
             peer_curve = run_peer(method, seed, work, peers, a.peer_python, out / "logs" / f"{m}-seed-{seed}.log",
                                   extra)
             rounds = len(ray_curve)

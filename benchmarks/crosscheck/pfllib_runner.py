@@ -59,6 +59,21 @@ def keep_last_batch() -> None:
     Client.load_train_data = load_train_data
 
 
+def finetune_from_global(server) -> None:
+    """The diagnostic's one change for FedBABU: each client loads the server's global body before ``fine_tune``
+    (PFLlib's ``FedBABU.train`` calls ``client.fine_tune()`` after its round loop without ``send_models()``, so
+    each client fine-tunes its own model from its last local training, one round past the last aggregation)."""
+    from flcore.clients.clientbabu import clientBABU
+
+    original = clientBABU.fine_tune
+
+    def fine_tune(self, which_module=("base", "head")):
+        self.set_parameters(server.global_model)
+        return original(self, list(which_module))
+
+    clientBABU.fine_tune = fine_tune
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--peer", required=True, type=Path)
@@ -69,6 +84,8 @@ def main() -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--keep-last", action="store_true",
                    help="diagnostic: train on the last, partial batch too (PFLlib's Client.load_train_data drops it)")
+    p.add_argument("--finetune-global", action="store_true",
+                   help="diagnostic (FedBABU): fine-tune from the global body, not from each client's local model")
     a = p.parse_args()
     work = a.work.resolve()
     meta = json.loads((work / "federation.json").read_text())
@@ -97,6 +114,8 @@ def main() -> None:
     module = __import__(f"flcore.servers.{SERVERS[a.algorithm]}", fromlist=[a.algorithm])
     server_cls = getattr(module, {"FedROD": "FedROD"}.get(a.algorithm, a.algorithm))
     server = server_cls(args, 0)
+    if a.finetune_global:
+        finetune_from_global(server)
     server.train()
     a.out.write_text(json.dumps({"acc": [float(v) for v in server.rs_test_acc], "algorithm": a.algorithm}))
 
