@@ -2,13 +2,15 @@
 
     .venv/bin/python experiments/sweeps/curriculum-study-data.py runs/study docs/curriculum-study/data
 
-Reads the run directories that experiments/sweeps/curriculum-study.sh writes (STUDY) and writes to OUT:
+Reads the run directories that experiments/sweeps/curriculum-study.sh writes (STUDY) and writes to OUT what they
+hold (a part the study did not reach is left out, and so is a run that stopped before its last round):
 
   unideal-search.csv, fapd-search.csv   every trial of the two searches: its settings, best metric, rounds run
   seeds.csv         every 5-seed rerun: experiment (niid1, niid2, fapd), method, seed, best acc_mean, best
                     acc_global, the offline teacher's accuracy and the last round's k (FAPD)
   scale.csv         the paired data-size grid: samples per domain, schedule shape, seed, best acc_mean
-  curves.csv        per round of every rerun and grid run: acc_mean, acc_global, p (UNIDEAL), k (FAPD)
+
+Per-round curves are not written: the document's plots are committed as images, and no number it prints needs them.
 
 tests/test_curriculum_study.py recomputes every mean, difference, p-value and Holm value of the document from these
 files with raysim report's own statistics. Values are written with 10 significant digits.
@@ -22,8 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 SEED_SETS = {"niid1": "niid1", "niid2": "niid2", "fapd": "fapd"}  # experiment -> directory under STUDY
-CURVE_KEYS = ("acc_mean", "acc_global", "p", "k")
 
 
 def rows_of(run_dir: Path) -> list[dict]:
@@ -60,12 +63,15 @@ def search(results: Path) -> tuple[list[str], list[dict]]:
     return columns, [{c: r[c] for c in columns} for r in rows]
 
 
+def finished(run_dir: Path) -> bool:
+    """The run reached its configured last round."""
+    rows = rows_of(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    rounds = yaml.safe_load((run_dir / "config.yaml").read_text())["rounds"]
+    return bool(rows) and rows[-1]["round"] == rounds
+
+
 def seed_dirs(method_dir: Path) -> list[tuple[int, Path]]:
-    out = []
-    for d in sorted(method_dir.glob("seed-*")):
-        if (d / "metrics.jsonl").is_file():
-            out.append((int(d.name.split("-", 1)[1]), d))
-    return out
+    return [(int(d.name.split("-", 1)[1]), d) for d in sorted(method_dir.glob("seed-*")) if finished(d)]
 
 
 def main() -> None:
@@ -74,10 +80,13 @@ def main() -> None:
     study, out = Path(sys.argv[1]), Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     for name, folder in (("unideal-search", "unideal-niid1-search"), ("fapd-search", "fapd-search")):
-        columns, rows = search(study / folder / "results.csv")
-        write(out / f"{name}.csv", columns, rows)
-    seeds, curves = [], []
+        if (study / folder / "results.csv").is_file():
+            columns, rows = search(study / folder / "results.csv")
+            write(out / f"{name}.csv", columns, rows)
+    seeds = []
     for experiment, folder in SEED_SETS.items():
+        if not (study / folder).is_dir():
+            continue
         for method_dir in sorted(p for p in (study / folder).iterdir() if p.is_dir()):
             for seed, run in seed_dirs(method_dir):
                 rows = rows_of(run)
@@ -86,24 +95,18 @@ def main() -> None:
                               "rounds": len(rows), "best_acc_mean": best(rows, "acc_mean"),
                               "best_acc_global": best(rows, "acc_global"),
                               "teacher_acc": last.get("curriculum/teacher_acc"), "final_k": last.get("k")})
-                curves += [{"experiment": experiment, "method": method_dir.name, "seed": seed, "round": r["round"],
-                            **{k: r.get(k) for k in CURVE_KEYS}} for r in rows]
     write(out / "seeds.csv", ["experiment", "method", "seed", "rounds", "best_acc_mean", "best_acc_global",
                               "teacher_acc", "final_k"], seeds)
+    if not (study / "unideal-scale" / "results.csv").is_file():
+        return
     scale = []
     with open(study / "unideal-scale" / "results.csv") as fh:
         for r in csv.DictReader(fh):
-            rows = rows_of(Path(r["run_dir"]))
-            cfg_seed = int(r["seed"])
-            shape = r["algorithm.schedule.shape"]
-            samples = int(r["data.samples_per_domain"])
-            scale.append({"samples_per_domain": samples, "shape": shape, "seed": cfg_seed,
-                          "best_acc_mean": best(rows, "acc_mean")})
-            curves += [{"experiment": f"scale-{samples}", "method": shape, "seed": cfg_seed, "round": x["round"],
-                        **{k: x.get(k) for k in CURVE_KEYS}} for x in rows]
+            scale.append({"samples_per_domain": int(r["data.samples_per_domain"]),
+                          "shape": r["algorithm.schedule.shape"], "seed": int(r["seed"]),
+                          "best_acc_mean": best(rows_of(Path(r["run_dir"])), "acc_mean")})
     scale.sort(key=lambda r: (r["samples_per_domain"], r["shape"], r["seed"]))
     write(out / "scale.csv", ["samples_per_domain", "shape", "seed", "best_acc_mean"], scale)
-    write(out / "curves.csv", ["experiment", "method", "seed", "round", *CURVE_KEYS], curves)
 
 
 if __name__ == "__main__":
