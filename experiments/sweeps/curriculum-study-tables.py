@@ -4,8 +4,9 @@
 
 Prints, in docs/curriculum-study.md's formats, the two search tables, the two five-seed tables, the data-size grid
 and the figures the text cites (means by group, Holm-adjusted p-values as `raysim report` computes them, ranges),
-all from raysim's own statistics (``raysim.report_stats``). The document's numbers come from this output, and
-tests/test_curriculum_study.py recomputes every one of them from the same data.
+all from raysim's own statistics (``raysim.report_stats``); a part with no data is left out. The document's section
+"The committed data" comes from this output, and tests/test_curriculum_study.py recomputes every number of it from
+the same data.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ F_METHODS = ["fedavg", "fapd-nadpt", "fapd", "fapd-best", "fapd-big-teacher", "f
 
 
 def read(name: str, data: Path = DATA) -> list[dict]:
+    """A data file's rows; none for a part of the study that has no data."""
+    if not (data / name).is_file():
+        return []
     with open(data / name) as fh:
         return list(csv.DictReader(fh))
 
@@ -81,7 +85,7 @@ def main() -> None:
         start = "1/B" if r["algorithm.schedule.start"] in ("", "None") else r["algorithm.schedule.start"]
         span = "epochs" if r["algorithm.schedule.over"] == "local_epochs" else "rounds"
         print(f"| {float(r['best_acc_mean']):.4f} | {r['rounds'].split('/')[0]} | {r['algorithm.kd_norm']} | {span} | "
-              f"{r['algorithm.schedule.shape']} | {start} | {float(r['algorithm.schedule.end']):.1f} | "
+              f"{r['algorithm.schedule.shape']} | {start} | {float(r['algorithm.schedule.end'])} | "
               f"{float(r['algorithm.alpha']):.2f} | {r['algorithm.metric']} | {r['train.local_epochs']} |")
     print()
     for key in ("algorithm.schedule.shape", "algorithm.kd_norm", "train.local_epochs"):
@@ -96,7 +100,9 @@ def main() -> None:
         column = {}
         for m in U_METHODS:
             v = by_seed(seeds, exp, m, "best_acc_mean")
-            if not v:
+            if len(v) < 2:
+                if v:
+                    print(f"{exp} {m}: only seed(s) {sorted(v)} finished")
                 continue
             column[m] = v
             line = f"{exp} {m}: {pct(mean_std(list(v.values())))}"
@@ -107,12 +113,30 @@ def main() -> None:
         holm = holm_column(column)
         print(f"{exp} report column (vs the best mean), raw p / Holm: " +
               ", ".join(f"{m} {p_text(h[0])} / {p_text(h[1])}" for m, h in holm.items() if m in column))
-    d, p = paired(by_seed(seeds, "niid2", "unideal-best-flat", "best_acc_mean"),
-                  by_seed(seeds, "niid2", "unideal-best", "best_acc_mean"))
-    print(f"niid2 best-flat − best: {signed(100 * d)} (p {p_text(p)})")
+    print("\nas one table (| method | NIID-1 | Δ | p | Holm | NIID-2 | Δ | p | Holm |):\n")
+    holms = {exp: holm_column({m: v for m in U_METHODS if len(v := by_seed(seeds, exp, m, "best_acc_mean")) >= 2})
+             for exp in ("niid1", "niid2")}
+    for m in U_METHODS:
+        cells = []
+        for exp in ("niid1", "niid2"):
+            v = by_seed(seeds, exp, m, "best_acc_mean")
+            if len(v) < 2:
+                cells += ["", "", "", ""]
+            elif m == "partialkd":
+                cells += [pct(mean_std(list(v.values()))), "", "", p_text(holms[exp][m][1])]
+            else:
+                d, p = paired(v, by_seed(seeds, exp, "partialkd", "best_acc_mean"))
+                cells += [pct(mean_std(list(v.values()))), signed(100 * d), p_text(p), p_text(holms[exp][m][1])]
+        if any(cells):
+            print(f"| {m} | " + " | ".join(cells) + " |")
+    flat = by_seed(seeds, "niid2", "unideal-best-flat", "best_acc_mean")
+    if flat:
+        d, p = paired(flat, by_seed(seeds, "niid2", "unideal-best", "best_acc_mean"))
+        print(f"niid2 best-flat − best: {signed(100 * d)} (p {p_text(p)})")
     # ---------------------------------------------------------------- scale grid
-    print("\n## Data per domain\n")
-    scale = read("scale.csv")
+    scale = read("scale.csv", data)
+    if scale:
+        print("\n## Data per domain\n")
     for n in sorted({int(r["samples_per_domain"]) for r in scale}):
         lin = {int(r["seed"]): float(r["best_acc_mean"]) for r in scale
                if int(r["samples_per_domain"]) == n and r["shape"] == "linear"}
@@ -123,6 +147,9 @@ def main() -> None:
         print(f"| {n:,} | {pct(mean_std(list(lin.values())))} | {pct(mean_std(list(con.values())))} | "
               f"{signed(100 * d)} | {p_text(p)} |   per seed: {per_seed}")
     # ---------------------------------------------------------------- FAPD search
+    if not read("fapd-search.csv", data) and not any(r["experiment"] == "fapd" for r in seeds):
+        print("\n(no FAPD data)")
+        return
     print("\n## FAPD search\n")
     print("| best acc_global | rounds run | ε | Δk | window | k0 | λ_kd | λ_cl | kd_tau |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
