@@ -729,12 +729,14 @@ class _CohortRun:
 
 def _clip_per_client(trained: list[torch.Tensor], max_norm: float, k: int) -> None:
     """``clip_grad_norm_`` for each client's slice: its gradient norm over every trained tensor, clipped to
-    ``max_norm``."""
+    ``max_norm``, with the numbers ``clip_grad_norm_`` gives one client alone: each tensor's norm, then the norm of
+    the client's norms as one contiguous row (a reduction across rows, over the other dimension, sums in another
+    order)."""
     grads = [p.grad for p in trained if p.grad is not None]
     if not grads:
         return
-    norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), dim=1) for g in grads])
-    total = torch.linalg.vector_norm(norms, dim=0)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(k, -1), dim=1) for g in grads], dim=1)  # [k, tensors]
+    total = torch.linalg.vector_norm(norms, dim=1)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef.view(k, *([1] * (g.dim() - 1))))
