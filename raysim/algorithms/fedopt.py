@@ -100,7 +100,7 @@ class FedOpt(Algorithm):
 
     Config = FedOptConfig
     shared = "all"
-    vectorizable = True  # engine.vectorize: FedAvg's client hooks (SCAFFOLD, which has its own, does not inherit it)
+    vectorizable = True  # engine.vectorize: FedAvg's client hooks (SCAFFOLD, which has its own, declares it again)
 
     def init_moments(self, x: torch.Tensor) -> Moments:
         """The optimiser state of one tensor before the first round (zeros of its shape, or nothing)."""

@@ -8,7 +8,8 @@ averaged by training samples, c ← c + Σ Δc_i / N), checked against FL-bench'
 ``src/client/scaffold.py``: the correction added to the gradient before ``optimizer.step()``).
 
 The server holds the model x and its control variate c; client i holds its own c_i (client state, kept by the
-driver outside the workers: a killed worker loses nothing; 0 before its first round). In round t client i
+driver outside the workers: a killed worker loses nothing; zeros for every parameter before its first round, from
+``init_client_state``). In round t client i
 downloads (x, c) and takes K local steps from y_i = x with the corrected gradient
 
     y_i ← y_i − η_l · (g_i(y_i) − c_i + c)
@@ -25,6 +26,8 @@ After training, option II of Algorithm 1 (the default, ``algorithm.control: 2``)
 
     c_i⁺ = c_i − c + (x − y_i) / (K · η_l)        K: local steps taken, η_l: ``train.lr``
 
+(K is the client's batches per epoch times the epochs it ran, ``ctx.epoch`` at upload: ``local_steps``)
+
 or option I (``control: 1``): c_i⁺ = ∇f_i(x), the gradient of the mean cross-entropy over the client's whole
 training split at the downloaded x (one extra pass, in train mode, before local training; the model is then
 reloaded from the download, so running statistics are untouched). The client uploads y_i and Δc_i = c_i⁺ − c_i and
@@ -38,6 +41,11 @@ Batch-norm running statistics and integer buffers are averaged.
 
 **Bytes.** Both directions carry a model and a control variate: ``bytes_down`` counts x and c (c is empty in round 1,
 before any client reported), ``bytes_up`` counts y_i and Δc_i, about twice FedAvg's.
+
+**Vectorised cohorts** (``engine.vectorize``): the client hooks vectorise. ``client_loss`` reads only the batch, the
+payload's c and the client's c_i (``ctx.state``, stacked per client in a cohort; every client's has one structure,
+since new clients start from zeros), and K is counted outside it, so a cohort gives every client the numbers it gets
+alone, bit for bit on an MLP (``tests/engine/test_cohort.py``).
 
 Defaults: ``control: 2`` (the paper: option II is cheaper and is what its experiments use), ``server_lr`` η_g = 1
 (the paper's experiments and NIID-Bench; FL-bench's ``--global_lr 1.0``).
@@ -55,6 +63,7 @@ from raysim.algorithms.base import (ClientContext, ClientUpdate, TensorDict, ave
                                     weighted_average)
 from raysim.algorithms.fedopt import FedOpt, FedOptConfig, Moments, momentum_step
 from raysim.config import ExperimentConfig, require
+from raysim.engine.epochs import batch_bounds
 from raysim.registry import register_algorithm
 
 CONTROLS = (1, 2)
@@ -92,6 +101,14 @@ def option_two(c_own: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.T
     return c_own - c + (x - y) / (steps * lr)
 
 
+def local_steps(ctx: ClientContext, batch_size: int) -> int:
+    """K, the local steps the client took: its batches per epoch times the epochs it ran (``ctx.epoch`` after
+    training, set by the one-client loop and by a vectorised cohort alike; an epoch whose loss turned non-finite
+    counts, as its steps were taken). Counted outside ``client_loss``, which a cohort runs under ``vmap``."""
+    assert ctx.train_data is not None  # a training job's context always has its split
+    return len(batch_bounds(len(ctx.train_data[1]), batch_size)) * ctx.epoch
+
+
 def _get(tree: TensorDict, name: str, like: torch.Tensor) -> torch.Tensor:
     value = tree.get(name)
     return torch.zeros_like(like) if value is None else value.to(like.device, like.dtype)
@@ -103,6 +120,7 @@ class SCAFFOLD(FedOpt):
     """Control variates (server c, client c_i) correct each local gradient by c − c_i; option II update."""
 
     Config = SCAFFOLDConfig
+    vectorizable = True  # engine.vectorize: its own client_setup and client_loss, declared here (not FedOpt's)
 
     @classmethod
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
@@ -144,9 +162,13 @@ class SCAFFOLD(FedOpt):
         return self.server_aggregate_mean(self.client_average(updates), server_state, round)  # FedOpt's step
 
     # ------------------------------------------------------------------ client
+    def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:
+        """c_i = 0 for every parameter before the client's first round: the same numbers as no c_i at all, and every
+        client's state has one structure, so a vectorised cohort of new and returning clients can stack them."""
+        return {"control": {name: torch.zeros_like(p) for name, p in model.named_parameters()}}
+
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         model.load_state_dict(ctx.payload["model"])
-        ctx.scratch["steps"] = 0
         if self.config.control == 1 and ctx.round > 0:
             ctx.scratch["grad_at_x"] = self._full_gradient(model, ctx)
             model.load_state_dict(ctx.payload["model"])  # running statistics as downloaded
@@ -168,7 +190,6 @@ class SCAFFOLD(FedOpt):
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ce = F.cross_entropy(model(x), y)
-        ctx.scratch["steps"] += 1
         own = ctx.state.get("control", {})
         correction = correction_term(model.named_parameters(), ctx.payload.get("control", {}), own)
         return ce + correction, {}
@@ -176,7 +197,7 @@ class SCAFFOLD(FedOpt):
     def _new_control(self, model: nn.Module, ctx: ClientContext) -> TensorDict:
         """c_i⁺ for every parameter (option I or II); c_i itself when no step was taken."""
         own, c, x = ctx.state.get("control", {}), ctx.payload.get("control", {}), ctx.payload["model"]
-        steps, lr = ctx.scratch["steps"], self.cfg.train.lr
+        steps, lr = local_steps(ctx, self.cfg.train.batch_size), self.cfg.train.lr
         out = {}
         for name, p in model.named_parameters():
             y = p.detach()
