@@ -15,7 +15,7 @@ where ∇L_k(θ_k^{t-1}) is the client's gradient at its previous local optimum,
 authors' ``local_param_list``, which holds −∇L_k/α): −⟨∇L_k(θ_k^{t-1}), θ⟩ = α_k·⟨λ_k, θ⟩. After training, θ_k^t
 being the trained model (first-order condition ∇L_k(θ_k^t) = ∇L_k(θ_k^{t-1}) − α_k(θ_k^t − θ^{t-1})),
 
-    λ_k ← λ_k + (θ_k^t − θ^{t-1})                                   (client state; 0 before its first round)
+    λ_k ← λ_k + (θ_k^t − θ^{t-1})                (client state; zeros before its first round: init_client_state)
 
 The server keeps D = (1/N) Σ_{all k} λ_k (``server_state["drift"]``; in the paper's notation h = −α·D), updated from
 this round's clients alone, and sets
@@ -36,6 +36,13 @@ paper's Algorithm 1 does); and the gradient norm clipped at 10 every step (``max
 ``algorithm.max_grad_norm``, null for none). The authors put (α_k/2)‖θ‖² into SGD's weight decay, which the clip
 does not see; here the whole regulariser is in the loss, so the clip sees it (same gradient, same step when the norm
 stays under 10).
+
+**Vectorised cohorts** (``engine.vectorize``): the client hooks vectorise. ``client_setup`` puts α_k into the job's
+state as a float32 scalar and ``client_loss`` reads it there, alone and in a cohort alike (a cohort's loss has no
+``ctx.train_data`` to take n_k from; the arithmetic is the same float32 as a Python α_k's); λ_k is stacked per client
+(every client's has one structure, since new clients start from zeros), and the cohort clips each client's
+gradient norm on its own, so a cohort gives every client the numbers it gets alone, bit for bit on an MLP
+(``tests/engine/test_cohort.py``).
 
 Defaults: α = 0.01 (``alpha_coef = 1e-2`` in ``example_cifar_10.py``; the paper tries {0.1, 0.01, 0.001}).
 
@@ -60,6 +67,7 @@ from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 MEAN_SIZE = "feddyn_mean_train_size"  # data.meta key: n̄, the mean training-set size over all clients
+ALPHA = "alpha"  # ctx.state key during a job: α_k as a float32 scalar (client_setup), never kept
 
 
 @dataclass
@@ -76,7 +84,8 @@ class FedDynConfig(AlgorithmConfig):
 
 
 # ---------------------------------------------------------------------------------------------- the math
-def linear_term(pairs: Iterable[tuple[torch.Tensor, Optional[torch.Tensor]]], alpha: float) -> torch.Tensor:
+def linear_term(pairs: Iterable[tuple[torch.Tensor, Optional[torch.Tensor]]],
+                alpha: float | torch.Tensor) -> torch.Tensor:
     """α·Σ⟨λ, θ⟩ over (live parameter θ, kept λ) pairs, λ None counting as 0 (a client's first round):
     −⟨∇L_k(θ_k^{t-1}), θ⟩ in the paper's terms. λ never receives a gradient."""
     pairs = list(pairs)
@@ -113,6 +122,7 @@ class FedDyn(Algorithm):
 
     Config = FedDynConfig
     shared = "all"
+    vectorizable = True  # engine.vectorize: α_k and λ_k come from ctx.state (see the module's docstring)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -153,9 +163,21 @@ class FedDyn(Algorithm):
             alpha = alpha * ctx.meta[MEAN_SIZE] / max(n_k, 1)
         return alpha
 
+    def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:
+        """λ_k = 0 for every parameter before the client's first round: the same numbers as no λ_k at all, and every
+        client's state has one structure, so a vectorised cohort of new and returning clients can stack them."""
+        return {"lambda": {name: torch.zeros_like(p) for name, p in model.named_parameters()}}
+
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        """The usual setup, then α_k into the job's state as a float32 scalar (``ALPHA``), which ``client_loss``
+        reads: a cohort's loss has no ``ctx.train_data`` to size the client by, and gets it stacked per client."""
+        super().client_setup(model, ctx)
+        alpha = torch.tensor(self.client_alpha(ctx), dtype=torch.float32, device=ctx.device)
+        ctx.state = {**ctx.state, ALPHA: alpha}  # a new dict: the one passed in may be the stored state itself
+
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        alpha = self.client_alpha(ctx)
+        alpha = ctx.state[ALPHA]  # set by client_setup
         ce = F.cross_entropy(model(x), y)
         lam, start = ctx.state.get("lambda", {}), ctx.payload["model"]
         params = list(model.named_parameters())

@@ -49,7 +49,7 @@ class FedProxConfig(AlgorithmConfig):
         require(self.mu >= 0, "algorithm.mu", f"must be >= 0, got {self.mu}")  # also refuses NaN
 
 
-def proximal_term(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], mu: float) -> torch.Tensor:
+def proximal_term(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], mu: float | torch.Tensor) -> torch.Tensor:
     """(mu/2) · Σ ||w − w_t||² over (live parameter, frozen global value) pairs; w_t never receives a gradient."""
     total = None
     for w, w_t in pairs:

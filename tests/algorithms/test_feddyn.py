@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import context, killed_worker_matches_inline, refused_config, tiny_overrides
 
-from raysim.algorithms.feddyn import MEAN_SIZE, linear_term, server_update
+from raysim.algorithms.feddyn import ALPHA, MEAN_SIZE, linear_term, server_update
 from raysim.config import ConfigError, load_config
 from raysim.models import build_model
 from raysim.registry import get_algorithm
@@ -56,7 +56,7 @@ def _setup(*extra: str, n: int = 6, mean_size: float = 6.0):
     x, y = torch.randn(n, 5), torch.randint(0, 3, (n,))
     ctx = context(payload={"model": {k: v.clone() for k, v in start.items()}}, state={"lambda": lam},
                   meta={MEAN_SIZE: mean_size}, train_data=(x, y, torch.arange(n)))
-    model.load_state_dict(start)
+    algo.client_setup(model, ctx)  # loads the download, puts α_k into ctx.state
     return algo, model, ctx, start, lam, x, y
 
 
@@ -94,9 +94,29 @@ def test_alpha_is_scaled_by_the_clients_share_of_the_mean_size():
     assert plain.client_alpha(ctx2) == 0.1
 
 
+def test_setup_puts_alpha_into_a_new_state_for_the_loss_and_keeps_lambda_alone():
+    """client_setup: α_k as a float32 scalar in a new ctx.state (the passed-in dict may be the stored state), which
+    the loss reads (a vectorised cohort has no train_data to size the client by); client_keep keeps λ alone."""
+    algo, model, ctx, _, _, x, y = _setup("algorithm.alpha=0.1", n=6, mean_size=12.0)
+    given = {"lambda": ctx.state["lambda"]}
+    ctx.state = given
+    algo.client_setup(model, ctx)
+    assert set(given) == {"lambda"} and ctx.state is not given  # the state passed in is untouched
+    alpha = ctx.state[ALPHA]
+    assert alpha.dtype == torch.float32 and alpha.dim() == 0 and alpha.item() == pytest.approx(0.2)
+    ctx.state = {**ctx.state, ALPHA: torch.tensor(0.0)}  # the loss reads α_k from the state, nowhere else
+    _, parts = algo.client_loss(model, x, y, ctx)  # at the download: the proximal part is 0 anyway
+    assert parts["linear"].item() == 0.0 and parts["prox"].item() == 0.0
+    assert set(algo.client_keep(model, ctx)) == {"lambda"}
+
+
 def test_first_round_has_no_linear_term():
-    algo, model, ctx, *_ , x, y = _setup()
-    ctx.state = {}
+    """λ_k starts as zeros for every parameter (init_client_state): one state structure for every client."""
+    algo, model, ctx, *_, x, y = _setup()
+    ctx.state = algo.init_client_state(model, ctx)
+    assert {k: v.abs().sum().item() for k, v in ctx.state["lambda"].items()} == \
+        {name: 0.0 for name, _ in model.named_parameters()}
+    algo.client_setup(model, ctx)
     _, parts = algo.client_loss(model, x, y, ctx)
     assert parts["linear"].item() == 0.0
 
