@@ -15,7 +15,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from conftest import EXAMPLE_PLUGINS, read_rows, refused_config, strip_timing, tiny_overrides
-from raysim.algorithms.base import Algorithm
+from raysim.algorithms.base import Algorithm, ClientUpdate
 from raysim.algorithms.fedavg import FedAvg
 from raysim.checks import config_warnings
 from raysim.config import load_config
@@ -32,10 +32,14 @@ if str(EXAMPLE_PLUGINS) not in sys.path:  # resmlp, a model plugin with dropout
     sys.path.insert(0, str(EXAMPLE_PLUGINS))
 
 SUPPORTED = ["fedavg", "local", "fedprox", "partialavg", "partialkd", "unideal", "fedrep", "fedbabu", "fapd",
-             "fedavgm", "fedadam", "ditto"]
-# each algorithm's own parts in play: several local epochs (FedRep's two phases, UNIDEAL's moving p), its knobs
+             "fedavgm", "fedadam", "ditto", "scaffold", "feddyn"]
+# each algorithm's own parts in play: several local epochs (FedRep's two phases, UNIDEAL's moving p), its knobs;
+# SCAFFOLD and FedDyn over three rounds, so that clients return with kept state beside new ones (FedDyn's α_k
+# scaled per client, its gradient clip tight enough to bite)
 EXTRA: dict[str, dict] = {
     "fedprox": {"algorithm__mu": 0.1},
+    "scaffold": {"train__momentum": 0, "rounds": 3},
+    "feddyn": {"algorithm__scale_alpha": "true", "algorithm__max_grad_norm": 0.5, "rounds": 3},
     "unideal": {"train__local_epochs": 3, "algorithm__kd_norm": "kept", "algorithm__metric": "l2"},
     "fedrep": {"algorithm__head_epochs": 2},
     "fedbabu": {"algorithm__finetune_epochs": 1},
@@ -162,6 +166,38 @@ def test_states_of_different_structures_are_never_read_as_a_default(tmp_path):
     assert len(train_cohort(core, jobs[1:3], shared, [None] * 2, [None] * 2)) == 2  # one structure: stacked
 
 
+@pytest.mark.parametrize("algorithm, extra", [("scaffold", {"train__momentum": 0}),
+                                              ("scaffold", {"algorithm__control": 1}),
+                                              ("feddyn", {"algorithm__max_grad_norm": 0.8})])
+def test_new_and_returning_clients_share_a_cohort(tmp_path, monkeypatch, algorithm, extra):
+    """Round 2 of an algorithm with client state (SCAFFOLD's c_i, FedDyn's λ_k): clients 0 and 2 return with what
+    they kept in round 1, 1 and 3 are new (zeros from init_client_state), so their states have one structure and
+    the loss reads them stacked; every client's upload, kept state and loss equal its one-at-a-time job's. FedDyn's
+    gradient clip bites (the cohort clips each client's norm on its own, as clip_grad_norm_ does)."""
+    core, jobs, shared = _setup(tmp_path, algorithm, **extra)
+    alg = core.algorithm
+    first = {c: core.train(jobs[c], shared, None, None) for c in (0, 2)}
+    server = alg.init_server_state({k: v.clone() for k, v in core.model(0).state_dict().items()})
+    server = alg.server_aggregate([ClientUpdate(c, r.upload, r.num_samples) for c, (r, _) in first.items()],
+                                  server, 1)
+    shared2 = alg.server_payload(server, 2)
+    jobs2 = [TrainJob(client_id=c, round=2, payload_ref=None) for c in range(4)]
+    states = [first[0][1], None, first[2][1], None]
+    norms: list[float] = []
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(float(clip(*a, **k))))
+    alone = [core.train(j, shared2, None, s) for j, s in zip(jobs2, states)]
+    monkeypatch.undo()
+    together = train_cohort(core, jobs2, shared2, [None] * 4, states)
+    for (r1, keep1), (r2, keep2) in zip(alone, together):
+        assert _same_tree(r1.upload, r2.upload) and _same_tree(keep1, keep2)
+        assert (r1.loss, r1.parts, r1.finite) == (r2.loss, r2.parts, r2.finite)
+    if algorithm == "feddyn":
+        assert max(norms) > 0.8 > min(norms)  # clipped on some steps, not on others
+    else:
+        assert all(any(bool(v.any()) for v in keep["control"].values()) for _, keep in together)  # c_i⁺ moved
+
+
 def test_a_cnn_cohort_is_each_client_alone_bit_for_bit(tmp_path):
     """On a CPU each client's convolutions run as alone (forward and backward), the rest of the step batched:
     a CNN's cohort equals one client at a time bit for bit too, clients of different sizes included."""
@@ -241,7 +277,7 @@ def _rows(tmp_path: Path, algorithm: str, vectorize: str, **extra: object) -> li
 def test_every_supported_algorithm_has_identical_metrics_vectorised(tmp_path, algorithm):
     """Cohorts of 4 (a round's 6 clients: 4 + 2) against one client at a time: every metric of every round equal."""
     off = _rows(tmp_path, algorithm, "off")
-    assert len(off) == 2 and off[-1]["acc_mean"] is not None
+    assert len(off) == EXTRA.get(algorithm, {}).get("rounds", 2) and off[-1]["acc_mean"] is not None
     assert _rows(tmp_path, algorithm, "4") == off
 
 
