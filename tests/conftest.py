@@ -12,28 +12,32 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (EXAMPLE_PLUGINS, ROOT, TINY, context, killed_worker_matches_inline, read_rows,  # noqa: F401
-                     refused_config, strip_timing, tiny_overrides, wandb_history)
+from helpers import (EXAMPLE_PLUGINS, ROOT, TEST_PLUGINS, TINY, context, killed_worker_matches_inline,  # noqa: F401
+                     read_rows, refused_config, strip_timing, tiny_overrides, wandb_history)
+
+# the test plugins (tests/plugins) and the examples' import in this process, where in-process runs use them
+for _folder in (str(TEST_PLUGINS), str(EXAMPLE_PLUGINS)):
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
+    """The session's Ray: 2 CPUs and no GPU, whatever the machine has (the GPU fail-fast tests need none)."""
     import ray
 
     from raysim.engine.resources import init_local_ray
 
     # workers inherit the environment of the Ray that this process starts: let them import tests/plugins
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests" / "plugins"), str(EXAMPLE_PLUGINS),
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TEST_PLUGINS), str(EXAMPLE_PLUGINS),
                                                             os.environ.get("PYTHONPATH")]))
-    sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-    sys.path.insert(0, str(EXAMPLE_PLUGINS))
-    init_local_ray(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    init_local_ray(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING)
     yield ray
     ray.shutdown()
 
 
 @pytest.fixture(scope="session")
-def unideal_run(ray_cluster, tmp_path_factory) -> Path:
+def unideal_run(tmp_path_factory) -> Path:
     """One tiny UNIDEAL run for the tests that only read what a run leaves behind (TensorBoard layout, p,
     client_metrics.jsonl, t-SNE): two rounds, evaluation in the second only, TensorBoard on."""
     import raysim
@@ -43,12 +47,13 @@ def unideal_run(ray_cluster, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_run(ray_cluster, tmp_path_factory):
+def shared_run(tmp_path_factory):
     """``shared_run(**extra)``: the run of ``tiny_overrides(..., **extra)`` as (run_dir, rows), made once per session.
 
     For tests that only read an undisturbed run (a reference for a killed, resumed or other-worker-count run, or a
-    run's files): an equal config asked for by several tests, in any file, runs once (each run costs its driver's
-    and workers' process starts, ~5 s on 2 cores). Never change the run directory: copy it first."""
+    run's files): an equal config asked for by several tests, in any file, runs once. In this process, like every
+    tiny run (a test that asks for ``engine__backend="ray"`` also asks for ``ray_cluster``). Never change the run
+    directory: copy it first."""
     import json
 
     from raysim.config import load_config, to_flat_dict

@@ -4,10 +4,15 @@ check that the CLI refuses a config the way a user sees it. ``conftest.py`` re-e
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_PLUGINS = ROOT / "examples" / "plugins"
+TEST_PLUGINS = ROOT / "tests" / "plugins"  # test-only algorithms (tests/plugins/*.py), importable by conftest
 
 
 # the same tiny experiment as a config mapping (for YAML files written by tests)
@@ -24,11 +29,13 @@ TINY = {
 def tiny_overrides(tmp_path: Path, **extra: object) -> list[str]:
     """A small, fast experiment on scikit-learn's digits; extra keys as dotted overrides (a__b -> a.b).
 
-    One worker, since each worker is a process that imports torch; tests about several workers ask for them."""
+    In this process (``engine.backend=inline``: ~0.3 s, where a run on Ray starts a driver and a worker process,
+    ~5-10 s), whatever Ray the session has started (with Ray initialised, ``auto`` would mean Ray). Tests about what
+    only Ray does ask for ``engine__backend="ray"`` (and the ``ray_cluster`` fixture) and for more workers."""
     base = {
         "name": "t", "rounds": 2, "clients.num": 4, "data.name": "sklearn_digits", "data.partition": "iid",
         "model.name": "mlp", "model.hidden": "[32]", "model.feature_dim": 16, "train.lr": 0.1,
-        "train.batch_size": 32, "engine.num_workers": 1, "log.dir": str(tmp_path / "run"),
+        "train.batch_size": 32, "engine.num_workers": 1, "engine.backend": "inline", "log.dir": str(tmp_path / "run"),
     }
     base.update({k.replace("__", "."): v for k, v in extra.items()})
     return [f"{k}={v}" for k, v in base.items()]
@@ -103,6 +110,71 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def held_jobs(gate: Path, round: int = 2) -> dict:
+    """``tiny_overrides`` extras for a run on Ray whose client jobs of ``round`` each note (round, client, pid) and
+    wait for the file ``gate`` (tests/plugins/held.py; the algorithm is one of its ``held_*``): see KillInFlight."""
+    return dict(plugins="[held]", algorithm__hold_round=round, algorithm__hold_in="client",
+                algorithm__hold_until=str(gate), engine__backend="ray")
+
+
+def _read_jobs(gate: Path) -> list[tuple[int, int, int]]:
+    from held import read_jobs  # tests/plugins/held.py, importable once conftest has run
+
+    return read_jobs(gate)
+
+
+class KillInFlight:
+    """A thread that SIGKILLs the worker of the first held job of ``round``, then opens the gate.
+
+    ``killed``: (client, pid) of that job. The gate opens whatever happens, so a failing test never leaves a run
+    waiting for it."""
+
+    def __init__(self, gate: Path, round: int = 2, timeout: float = 300):
+        self.gate, self.round, self.timeout = gate, round, timeout
+        self.killed: tuple[int, int] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "KillInFlight":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.gate.touch()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        try:
+            while time.monotonic() < deadline:
+                held = [(client, pid) for rnd, client, pid in _read_jobs(self.gate) if rnd == self.round]
+                if held:
+                    client, pid = held[0]
+                    os.kill(pid, signal.SIGKILL)
+                    while alive(pid) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    self.killed = (client, pid)
+                    return
+                time.sleep(0.05)
+        finally:
+            self.gate.touch()
+
+    def assert_rerun(self) -> None:
+        """The killed job ran again, in another process."""
+        assert self.killed is not None, f"no job of round {self.round} was held: {_read_jobs(self.gate)}"
+        client, pid = self.killed
+        pids = [p for rnd, c, p in _read_jobs(self.gate) if (rnd, c) == (self.round, client)]
+        assert pids[0] == pid and len(pids) >= 2 and pids[-1] != pid, (self.killed, _read_jobs(self.gate))
+
+
 # the runs of killed_worker_matches_inline: half the clients sampled, so some clients train for the first time after
 # round 1 and others bring back state from rounds before. The driver runs in the calling process and reports each
 # round before it starts the next, so the kill after round 1 always lands before round 2: small rounds will do
@@ -114,9 +186,6 @@ def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
     two workers, one SIGKILLed once round 1 is reported (before round 2 starts). Both must give the same
     metrics: one comparison checks one vs two workers and a killed worker (client state lives outside workers,
     server state in the driver). Returns the in-process rows. Needs the ``ray_cluster`` fixture."""
-    import os
-    import signal
-
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
 
