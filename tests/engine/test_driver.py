@@ -1,4 +1,5 @@
-"""The engine on the shared 2-CPU Ray: pool, determinism, resume, resources, algorithms end to end, TensorBoard."""
+"""The engine: the Ray pool and determinism over worker counts and batching (on the shared 2-CPU Ray); resume,
+resources, algorithms end to end and TensorBoard (in-process)."""
 
 from __future__ import annotations
 
@@ -58,17 +59,28 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
     assert not torch.equal(states[0]["head.weight"], states[1]["head.weight"])
 
 
-def test_metrics_identical_with_one_or_two_workers(ray_cluster, tmp_path):
-    extra = dict(rounds=3, clients__num=6, clients__fraction=0.5, data__partition="dirichlet")
-    _, one = _run(tmp_path, "w1", engine__num_workers=1, **extra)
-    _, two = _run(tmp_path, "w2", engine__num_workers=2, **extra)
-    assert strip_timing(one) == strip_timing(two)
-    assert len(one) == 3 and all(r["acc_mean"] is not None for r in one)
-    clients = [(tmp_path / w / "client_metrics.jsonl").read_text() for w in ("w1", "w2")]
+DETERMINISM = dict(rounds=3, clients__num=8, clients__fraction=0.75, data__partition="dirichlet")
+
+
+@pytest.fixture(scope="module")
+def inline_run(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory.mktemp("inline"), "inline", **DETERMINISM)[0]
+
+
+@pytest.mark.parametrize("workers, per_call", [(1, "auto"), (2, "1"), (3, "3")])
+def test_metrics_identical_for_any_worker_count_and_clients_per_call(ray_cluster, inline_run, tmp_path, workers,
+                                                                    per_call):
+    """Ray with 1, 2 and 3 workers (half a CPU each for 3, on 2 CPUs), one client per call, three, or auto: the
+    metrics and per-client lines of the in-process run, bit for bit."""
+    run_dir, rows = _run(tmp_path, "ray", engine__backend="ray", engine__num_workers=workers,
+                         engine__cpus_per_worker=0.5 if workers == 3 else 1, engine__clients_per_call=per_call,
+                         **DETERMINISM)
+    assert strip_timing(rows) == strip_timing(read_rows(inline_run)) and len(rows) == 3
+    clients = [(d / "client_metrics.jsonl").read_text() for d in (run_dir, inline_run)]
     assert clients[0] == clients[1] and clients[0].count("\n") == 3
 
 
-def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
+def test_resume_matches_uninterrupted_run(tmp_path):
     extra = dict(rounds=4, algorithm__name="partialavg", clients__fraction=0.5, data__partition="dirichlet")
     _, full = _run(tmp_path, "full", **extra)
 
@@ -82,8 +94,7 @@ def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
     with pytest.raises(Crash):
         run_experiment(cfg, on_round=crash_after_two)
-    # the driver's round loop may already have finished round 3 when the host crashes after reading round 2
-    assert [r["round"] for r in read_rows(tmp_path / "part")][:2] == [1, 2]
+    assert [r["round"] for r in read_rows(tmp_path / "part")] == [1, 2]
     _, resumed = run_experiment(cfg, resume=True)[:2]
     assert resumed and resumed[-1]["round"] == 4
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(full)
@@ -92,7 +103,7 @@ def test_resume_matches_uninterrupted_run(ray_cluster, tmp_path):
         (tmp_path / "full" / "client_metrics.jsonl").read_text()
 
 
-def test_fedavg_with_one_client_equals_local_training(ray_cluster, tmp_path):
+def test_fedavg_with_one_client_equals_local_training(tmp_path):
     extra = dict(clients__num=1, engine__num_workers=1, data__partition="iid")
     _, fed = _run(tmp_path, "fed", algorithm__name="fedavg", **extra)
     _, loc = _run(tmp_path, "loc", algorithm__name="local", **extra)
@@ -101,7 +112,7 @@ def test_fedavg_with_one_client_equals_local_training(ray_cluster, tmp_path):
     assert loc[0]["bytes_up"] == 0 and fed[0]["bytes_up"] > 0
 
 
-def test_partialavg_shares_only_the_head(ray_cluster, tmp_path):
+def test_partialavg_shares_only_the_head(tmp_path):
     run_dir, rows = _run(tmp_path, algorithm__name="partialavg")
     ckpt = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)
     assert set(ckpt["server_state"]["model"]) == {"head.weight", "head.bias"}

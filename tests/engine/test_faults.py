@@ -1,4 +1,5 @@
-"""Fault tolerance: killed workers, a killed driver process, Ctrl-C, NaN updates, bad files."""
+"""Fault tolerance: killed workers and exhausted retries (on Ray), a killed ``raysim run``, Ctrl-C once and twice,
+NaN/Inf updates, damaged, foreign and malicious files."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 
-from conftest import ROOT, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, TEST_PLUGINS, read_rows, strip_timing, tiny_overrides
+from helpers import KillInFlight, alive, held_jobs
 from raysim.cli import main as cli_main
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
 from raysim.errors import RunStopped, find_user_error
-
-# rounds long enough (~1 s) that a kill lands inside a round
-SLOW = dict(rounds=3, clients__num=6, train__local_epochs=4, model__hidden="[256,256]", data__partition="dirichlet")
 
 
 def _cfg(tmp_path: Path, name: str, **extra):
@@ -31,28 +31,27 @@ def _without(rows: list[dict], *keys: str) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in keys} for r in strip_timing(rows)]
 
 
-def _kill_a_worker_after_round_one(pids: list[int]):
-    def on_round(metrics):
-        if metrics["round"] == 1:  # the driver is already inside round 2: the streaming loop runs ahead
-            os.kill(pids[0], signal.SIGKILL)
-    return on_round
+# ------------------------------------------------------------------------------------------- killed workers (Ray)
+# Every client job of round 2 notes its (client, pid) and waits at a gate (tests/plugins/held.py), so the kill lands
+# in a job that is certainly in flight; the gate opens once the worker is dead.
+HELD = dict(plugins="[held]", algorithm__name="held_fedavg", rounds=3, clients__num=6, data__partition="dirichlet")
 
 
-def _remember_worker_pids(pids: list[int]):
-    def on_start(info):
-        pids.extend(w["pid"] for w in info["control"].worker_info())
-    return on_start
+def _held(gate: Path, **extra) -> dict:
+    return dict(HELD, **held_jobs(gate), **extra)
 
 
 def test_killed_worker_changes_no_metric(ray_cluster, tmp_path):
-    """Also with several clients per Ray call: the killed worker's batch is re-run client by client, and the
-    metrics equal those of the calm run that sends one client a call."""
-    _, calm, _ = run_experiment(_cfg(tmp_path, "calm", engine__num_workers=2, engine__clients_per_call=1, **SLOW))
-    pids: list[int] = []
-    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__num_workers=2, engine__clients_per_call=3, **SLOW),
-                               on_start=_remember_worker_pids(pids), on_round=_kill_a_worker_after_round_one(pids))
-    assert hit[-1]["workers_replaced"] >= 1
-    assert _without(hit, "workers_replaced") == _without(calm, "workers_replaced")
+    """A worker SIGKILLed in the middle of a batch of three clients (one Ray call): the batch is re-run client by
+    client, and the metrics equal those of an undisturbed run (in-process, which gives Ray's numbers)."""
+    calm = run_experiment(_cfg(tmp_path, "calm", **HELD))[1]
+    gate = tmp_path / "gate"
+    with KillInFlight(gate) as kill:
+        hit = run_experiment(_cfg(tmp_path, "hit", **_held(gate, engine__num_workers=2,
+                                                           engine__clients_per_call=3)))[1]
+    kill.assert_rerun()
+    assert hit[1]["workers_replaced"] == hit[-1]["workers_replaced"] == 1 and "workers_replaced" not in hit[0]
+    assert _without(hit, "workers_replaced") == strip_timing(calm)
 
 
 def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
@@ -68,38 +67,83 @@ def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
 
 
 def test_retries_exhausted_stops_with_client_and_round(ray_cluster, tmp_path):
-    pids: list[int] = []
-    cfg = _cfg(tmp_path, "r", engine__max_retries=0, **SLOW)
-    with pytest.raises(BaseException) as info:
-        run_experiment(cfg, on_start=_remember_worker_pids(pids), on_round=_kill_a_worker_after_round_one(pids))
+    gate = tmp_path / "gate"
+    with KillInFlight(gate) as kill, pytest.raises(BaseException) as info:
+        run_experiment(_cfg(tmp_path, "r", **_held(gate, engine__max_retries=0)))
+    assert kill.killed is not None
     stopped = find_user_error(info.value)
-    assert isinstance(stopped, RunStopped)
-    assert "round 2" in str(stopped) and "client" in str(stopped) and "max_retries" in str(stopped)
-    ckpt = (tmp_path / "r" / "checkpoint" / "server.pt")
-    import torch
-    assert torch.load(ckpt, weights_only=True)["round"] == 1
+    assert isinstance(stopped, RunStopped), info.value
+    message = str(stopped)
+    assert "in round 2: worker died 1 times (engine.max_retries=0)" in message and "client" in message, message
+    assert torch.load(tmp_path / "r" / "checkpoint" / "server.pt", weights_only=True)["round"] == 1
+    assert [r["round"] for r in read_rows(tmp_path / "r")] == [1]
 
 
-@pytest.mark.parametrize("policy", ["skip", "stop"])
-def test_nonfinite_update_is_never_aggregated(ray_cluster, tmp_path, policy):
-    cfg = _cfg(tmp_path, policy, plugins="[nan_algorithm]", algorithm__name="nan_fedavg", rounds=3,
-               engine__on_nonfinite=policy)
-    if policy == "skip":
-        _, rows, _ = run_experiment(cfg)
-        assert [r["round"] for r in rows] == [1, 2, 3]
-        assert rows[1]["skipped"] == [1] and "skipped" not in rows[0]
-        assert all(r["acc_mean"] == r["acc_mean"] for r in rows)  # no NaN leaked into the global model
-        assert rows[1]["bytes_up"] == rows[0]["bytes_up"] * 3 // 4
-    else:
-        with pytest.raises(BaseException) as info:
-            run_experiment(cfg)
-        stopped = find_user_error(info.value)
-        assert isinstance(stopped, RunStopped) and "client 1" in str(stopped) and "round 2" in str(stopped)
-        assert [r["round"] for r in read_rows(tmp_path / policy)] == [1]
+def test_setup_error_in_the_driver_frees_the_workers_it_was_given(ray_cluster, tmp_path):
+    """The host creates the workers beside the driver; a driver that fails its setup must not leave them holding
+    CPUs (the next run in the session would wait for ever)."""
+    cfg = _cfg(tmp_path, "nodata", data__name="cifar10", data__root=str(tmp_path / "empty"), engine__num_workers=2,
+               engine__backend="ray")
+    with pytest.raises(BaseException) as info:
+        run_experiment(cfg)
+    assert "data.root" in str(find_user_error(info.value))
+    assert not (tmp_path / "nodata").exists()
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
 
 
+# ------------------------------------------------------------------------------------------- non-finite updates
+def _all_finite(state: object) -> bool:
+    if isinstance(state, torch.Tensor):
+        return bool(torch.isfinite(state).all()) if state.is_floating_point() else True
+    if isinstance(state, dict):
+        return all(_all_finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(_all_finite(v) for v in state)
+    return True
+
+
+def _server_checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)
+
+
+def test_nonfinite_update_is_skipped_and_never_aggregated(tmp_path):
+    """engine.on_nonfinite=skip: client 1's NaN update in round 2 (tests/plugins/nan_algorithm.py) is dropped and
+    recorded; the round is the mean of the other three, and no NaN reaches the model."""
+    run_dir, rows, _ = run_experiment(_cfg(tmp_path, "skip", plugins="[nan_algorithm]", algorithm__name="nan_fedavg",
+                                           rounds=3, engine__on_nonfinite="skip"))
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[1]["skipped"] == [1] and "skipped" not in rows[0] and "skipped" not in rows[2]
+    assert rows[1]["bytes_up"] == rows[0]["bytes_up"] * 3 // 4
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows), [r["loss"] for r in rows]
+    # the model kept learning after the dropped update (so on seeds 0-5)
+    assert rows[0]["loss"] > rows[1]["loss"] > rows[2]["loss"] and rows[2]["acc_global"] > rows[0]["acc_global"]
+    saved = _server_checkpoint(run_dir)
+    assert saved["round"] == 3 and _all_finite(saved["server_state"])
+    assert read_rows(run_dir)[1]["skipped"] == [1]
+
+
+@pytest.mark.parametrize("algorithm", ["nan_fedavg", "inf_fedavg"])
+def test_nonfinite_update_stops_the_cli_with_exit_3_and_the_last_good_checkpoint(tmp_path, capsys, algorithm):
+    run_dir = tmp_path / "stop"
+    code = cli_main(["run", *tiny_overrides(tmp_path, log__dir=str(run_dir), plugins="[nan_algorithm]",
+                                            algorithm__name=algorithm, rounds=3), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 3, err
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith("raysim: stopped: client 1 returned a non-finite (NaN/Inf) update in round 2"), err
+    assert err.endswith(f"resume with: raysim run --resume {run_dir}"), err
+    saved = _server_checkpoint(run_dir)
+    assert saved["round"] == 1 and _all_finite(saved["server_state"])
+    assert [r["round"] for r in read_rows(run_dir)] == [1]
+
+
+# ------------------------------------------------------------------------------------------- a killed or stopped CLI
 def _cli(args: list[str], **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TEST_PLUGINS), os.environ.get("PYTHONPATH")])))
     return subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **kw)
 
@@ -136,14 +180,6 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 ALGORITHM_EXTRAS = {
     "fedavg": {},
     "unideal": {"train__local_epochs": 2},  # two local epochs, so the CLKD schedule moves within a round
@@ -152,8 +188,10 @@ ALGORITHM_EXTRAS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_EXTRAS))
-def test_sigkilled_driver_resumes_to_identical_metrics(shared_run, tmp_path, algorithm):
+def test_sigkilled_run_resumes_to_identical_metrics(shared_run, tmp_path, algorithm):
+    """``raysim run`` SIGKILLed after round 2 (in-process: the process killed is the one that runs the rounds)."""
     extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
                  **ALGORITHM_EXTRAS[algorithm])
     if algorithm == "fapd":
@@ -164,6 +202,7 @@ def test_sigkilled_driver_resumes_to_identical_metrics(shared_run, tmp_path, alg
     _wait_for_round(proc, 2)
     proc.kill()
     proc.wait(timeout=60)
+    assert 2 <= len(read_rows(run_dir)) < 4  # killed mid-run
     assert cli_main(["run", "--resume", str(run_dir), "--quiet"]) == 0
     assert strip_timing(read_rows(run_dir)) == strip_timing(full)
 
@@ -171,7 +210,7 @@ def test_sigkilled_driver_resumes_to_identical_metrics(shared_run, tmp_path, alg
 @pytest.mark.slow
 def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(tmp_path):
     run_dir = tmp_path / "int"
-    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=200))
+    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=200, engine__backend="ray"))
     _wait_for_round(proc, 1)
     family = _descendants(proc.pid)
     assert family, "raysim started no Ray processes?"
@@ -179,11 +218,53 @@ def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert f"raysim run --resume {run_dir}" in err
-    import torch
-    done = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)["round"]
+    done = _server_checkpoint(run_dir)["round"]
     assert 1 <= done < 200 and len(read_rows(run_dir)) == done
-    time.sleep(2)
-    assert not [p for p in family if _alive(p)]
+    deadline = time.monotonic() + 60  # Ray's processes end once they see their raylet go
+    while [p for p in family if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in family if alive(p)]
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{path} never appeared; stderr: {proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_second_sigint_aborts_at_once(tmp_path):
+    """The first Ctrl-C asks to finish the round, but round 2 cannot finish: it waits for a gate that never opens
+    (for up to 300 s; tests/plugins/held.py). Only the second Ctrl-C can end the run before that, and does: 130,
+    with round 1 on disk."""
+    run_dir, gate = tmp_path / "int", tmp_path / "never"
+    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=3, plugins="[held]",
+                               algorithm__name="held_fedavg", algorithm__hold_round=2,
+                               algorithm__hold_until=str(gate), algorithm__hold_timeout_s=300))
+    _wait_for_file(Path(f"{gate}.waiting"), proc)  # round 2 is held
+    proc.send_signal(signal.SIGINT)
+    _wait_for_file(Path(f"{gate}.sigints"), proc)  # the first Ctrl-C reached the run's handler: a graceful stop
+    assert proc.poll() is None  # ... which cannot end a held round
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "raysim: interrupted" and "Traceback" not in err, err
+    assert Path(f"{gate}.sigints").read_text() == "SIGINT\nSIGINT\n"
+    assert _server_checkpoint(run_dir)["round"] == 1 and [r["round"] for r in read_rows(run_dir)] == [1]
+
+
+# ------------------------------------------------------------------------------------------- damaged and foreign files
+class _OpensAFile:
+    """Unpickling this runs code: ``open(path, "w")`` creates ``path``."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
 
 
 def test_bad_files_are_one_line_errors(shared_run, tmp_path, capsys):
@@ -194,7 +275,8 @@ def test_bad_files_are_one_line_errors(shared_run, tmp_path, capsys):
     assert "another config" in capsys.readouterr().err
     # a truncated checkpoint
     server = run_dir / "checkpoint" / "server.pt"
-    server.write_bytes(server.read_bytes()[:100])
+    whole = server.read_bytes()
+    server.write_bytes(whole[:100])
     assert cli_main(["run", "--resume", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert "damaged" in err and err.strip().count("\n") == 0
@@ -204,19 +286,33 @@ def test_bad_files_are_one_line_errors(shared_run, tmp_path, capsys):
     assert cli_main(["run", smoke, f"log.dir={tmp_path / 'file' / 'run'}"]) == 2
     assert "log.dir" in capsys.readouterr().err
     # an existing run is never overwritten
+    server.write_bytes(whole)
     assert cli_main(["run", smoke, f"log.dir={run_dir}"]) == 2
     assert "--resume" in capsys.readouterr().err
+    # data.root where there is no data
+    missing = tmp_path / "no-cifar"
+    assert cli_main(["run", *tiny_overrides(tmp_path, log__dir=str(tmp_path / "cifar"), data__name="cifar10",
+                                            data__root=str(missing))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raysim: error: ") and "data.root" in err and "cifar-10-batches-py" in err, err
+    assert err.count("\n") == 0 and not (tmp_path / "cifar").exists()
 
 
-def test_setup_error_in_the_driver_frees_the_workers_it_was_given(ray_cluster, tmp_path):
-    """The host creates the workers beside the driver; a driver that fails its setup must not leave them holding
-    CPUs (the next run in the session would wait for ever)."""
-    cfg = _cfg(tmp_path, "nodata", data__name="cifar10", data__root=str(tmp_path / "empty"), engine__num_workers=2)
-    with pytest.raises(BaseException) as info:
-        run_experiment(cfg)
-    assert "data.root" in str(find_user_error(info.value))
-    assert not (tmp_path / "nodata").exists()
-    deadline = time.monotonic() + 30
-    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == 2
+@pytest.mark.parametrize("which", ["server", "client"])
+def test_a_checkpoint_cannot_run_code(shared_run, tmp_path, capsys, which):
+    """A checkpoint file that would run code when unpickled (here: create a file) is refused as damaged, and the
+    code never runs: checkpoints are read with torch.load(weights_only=True)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(shared_run(algorithm__name="partialavg")[0], run_dir)  # partialavg keeps a state per client
+    marker = tmp_path / "code-ran"
+    target = run_dir / "checkpoint" / ("server.pt" if which == "server" else "clients")
+    if which == "client":
+        target = sorted(target.iterdir())[0]
+    saved = torch.load(target, weights_only=True)
+    saved[next(iter(saved))] = _OpensAFile(marker)
+    torch.save(saved, target)
+    assert cli_main(["run", "--resume", str(run_dir), "rounds=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "damaged" in err and str(target.name) in err and err.count("\n") == 0, err
+    assert not marker.exists()
+    assert [r["round"] for r in read_rows(run_dir)] == [1, 2]
