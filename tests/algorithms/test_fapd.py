@@ -1,4 +1,4 @@
-"""FAPD: config and teacher-file errors, the driver-side hooks without Ray, and a tiny run on the 2-CPU Ray."""
+"""FAPD: config and teacher-file errors, the driver-side hooks, the client loss worked by hand, and a tiny run."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from conftest import read_rows, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.algorithms.fapd import CALIBRATION_KEY, CLASSES_KEY, TEACHER_KEY, carve_calibration
 from raysim.config import ConfigError, load_config
-from raysim.curriculum.consensus import ConsensusController, is_stable
+from raysim.curriculum.consensus import ConsensusController
 from raysim.curriculum.pca import fit_pca, fit_rotation
 from raysim.data import build_federated_data
 from raysim.errors import UserError
@@ -125,34 +126,85 @@ def test_driver_hooks_with_a_teacher_file(tmp_path):
     assert out["curriculum/explained_variance"] == pytest.approx(1.0)
 
 
-def _expected_k(accs: list[float], k0: int, delta_k: int, epsilon: float, window: int, dim: int) -> list[int]:
-    """The seed's rule written out: k_1 = k0; k_{t+1} = min(k_t + delta_k, D) if C(t) else k_t."""
-    ks = [k0]
-    for t in range(len(accs) - 1):
-        ks.append(min(ks[-1] + delta_k, dim) if is_stable(accs[:t + 1], epsilon, window) else ks[-1])
-    return ks
+class _Identity(nn.Module):
+    """features(x) = x, head = the identity: logits are the features (the hand-worked cases below)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(2, 2)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(2))
+            self.head.bias.zero_()
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return x
 
 
-def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
+# Worked by hand: D = 2, k = 2 (P = I), tau = 0.5, kd_tau = 1, class embeddings e_0 = (1, 0), e_1 = (0, 1).
+# Sample a: x = (1, 0), y = 0, index 3, teacher row 3 = (0, 1). Sample b: x = (0, 1), y = 1, index 0, row 0 = (1, 0).
+#   CE: logits = x: log(1 + e^-1) = 0.3132616875 for each sample.
+#   KD: z_S = x, z_T its teacher row: KL(softmax(z_T) || softmax(z_S)) = (s(1) - s(-1)) * log(s(1) / s(-1))
+#       = tanh(1/2) * 1 = 0.4621171573 for each (s the logistic function; s(1)/s(-1) = e).
+#       Had a sample been given the other one's row, z_T = z_S and KD = 0.
+#   CL: cos(z_S, e_c) / tau = (2, 0) for a, (0, 2) for b: log(1 + e^-2) = 0.1269280110 for each.
+CE, KD, CL = 0.3132616875, 0.4621171573, 0.1269280110
+
+
+@pytest.mark.parametrize("lambda_kd, lambda_cl", [(0.5, 0.5), (2.0, 0.25), (0.0, 0.5), (0.5, 0.0)])
+def test_client_loss_by_hand(lambda_kd, lambda_cl):
+    from helpers import context
+
+    cfg = load_config(None, ["algorithm.name=fapd", "algorithm.tau=0.5", f"algorithm.lambda_kd={lambda_kd}",
+                             f"algorithm.lambda_cl={lambda_cl}", "model.feature_dim=2"])
+    algo = get_algorithm("fapd")(cfg)
+    teacher = np.array([[1, 0], [1, 0], [1, 0], [0, 1]], dtype=np.float32)  # rows 0..3 of the domain
+    ctx = context(payload={"projection": torch.eye(2)}, sample_idx=torch.tensor([3, 0]),
+                  meta={TEACHER_KEY: teacher, CLASSES_KEY: np.eye(2, dtype=np.float32)})
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
+    loss, parts = algo.client_loss(_Identity(), x, y, ctx)
+    assert parts["ce"].item() == pytest.approx(CE, abs=1e-6)
+    assert ("kd" in parts) == (lambda_kd > 0) and ("cl" in parts) == (lambda_cl > 0)  # a zero weight: no term
+    if lambda_kd > 0:
+        assert parts["kd"].item() == pytest.approx(KD, abs=1e-6)
+    if lambda_cl > 0:
+        assert parts["cl"].item() == pytest.approx(CL, abs=1e-6)
+    assert loss.item() == pytest.approx(CE + lambda_kd * KD + lambda_cl * CL, abs=1e-6)
+    loss.backward()  # gradients reach the student
+
+
+def test_fapd_and_fedpcl_refuse_data_made_on_demand(tmp_path):
+    """data.name=synthetic makes each client's samples on demand: no shared sample index to distil or carve."""
+    for algorithm in ("fapd", "fedpcl"):
+        line = refused_config("data.name", *tiny_overrides(tmp_path, algorithm__name=algorithm,
+                                                            data__name="synthetic"))
+        assert algorithm in line and "synthetic" in line, line
+        assert not (tmp_path / "run").exists()
+
+
+def test_fapd_run_follows_the_consensus_rule_and_resumes(tmp_path):
+    """epsilon = 1 (accuracies always agree within 1): the network is stable from the round its window of N = 2
+    accuracies is full, so k is k0 = 2 for rounds 1 and 2, then grows by delta_k = 3 every round."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from raysim.engine.runner import run_experiment
 
-    k0, delta_k, epsilon, window, dim = 2, 3, 0.1, 2, 16
+    k0, delta_k, window, dim = 2, 3, 2, 16
     extra = dict(rounds=5, algorithm__name="fapd", algorithm__k0=k0, algorithm__delta_k=delta_k,
-                 algorithm__epsilon=epsilon, algorithm__window=window, algorithm__teacher__epochs=5,
+                 algorithm__epsilon=1.0, algorithm__window=window, algorithm__teacher__epochs=5,
                  algorithm__teacher__cache_dir=str(tmp_path / "cache"))
     cfg = load_config(None, tiny_overrides(tmp_path, **extra))
     run_dir, rows, _ = run_experiment(cfg)
     logged = read_rows(run_dir)
     accs = [r["acc_global"] for r in logged]
     ks = [r["k"] for r in logged]
-    assert ks == _expected_k(accs, k0, delta_k, epsilon, window, dim)
-    assert ks[-1] > k0  # the curriculum moved
+    assert ks == [2, 2, 5, 8, 11]
+    assert [r["curriculum/stable"] for r in logged] == [0, 1, 1, 1, 1]
+    assert [r["curriculum/k_next"] for r in logged] == [2, 5, 8, 11, 14]
+    # P_t travels with the model: 4 clients x k x D float32s more down than up
+    assert [r["bytes_down"] - r["bytes_up"] for r in logged] == [4 * k * dim * 4 for k in (2, 2, 5, 8, 11)]
     for r in logged:
-        assert r["curriculum/stable"] == int(is_stable(accs[:r["round"]], epsilon, window))
-        assert r["bytes_down"] - r["bytes_up"] == r["clients"] * r["k"] * dim * 4  # P_t travels with the model
         assert r["loss_kd"] > 0 and r["loss_cl"] > 0 and 0 < r["curriculum/explained_variance"] <= 1
+    assert logged[-1]["loss"] < logged[0]["loss"] and accs[-1] > accs[0]  # it learns
 
     events = EventAccumulator(str(run_dir))
     events.Reload()
@@ -163,7 +215,7 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(ray_cluster, tmp_path):
 
     # the checkpoint holds the controller where the run left it: a resumed run continues the curriculum
     saved = torch.load(run_dir / "checkpoint" / "server.pt", weights_only=True)["server_state"]
-    ctrl = ConsensusController(k0, delta_k, epsilon, window, dim)
+    ctrl = ConsensusController(k0, delta_k, 1.0, window, dim)
     ctrl.load_state_dict(saved["curriculum"])
     assert ctrl.k == logged[-1]["curriculum/k_next"] and ctrl.history == accs[-window:]
     teacher = torch.load(next((tmp_path / "cache").glob("*.pt")), weights_only=True)["features"].numpy()

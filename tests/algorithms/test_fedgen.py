@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, tiny_overrides
 from raysim.algorithms.base import ClientContext, ClientUpdate, ServerContext
 from raysim.algorithms.fedgen import (FedGen, FedGenConfig, decayed, diversity_loss, label_weights, make_generator,
                                       teacher_loss, train_generator)
@@ -314,11 +314,11 @@ def _run(tmp_path: Path, name: str, **extra) -> list[dict]:
     return read_rows(run_dir)
 
 
-def test_runs_identical_on_one_and_two_workers(ray_cluster, tmp_path):
-    one = _run(tmp_path, "w1", engine__num_workers=1)
-    two = _run(tmp_path, "w2", engine__num_workers=2)
-    assert strip_timing(one) == strip_timing(two)
-    assert all(math.isfinite(r["loss"]) and r["acc_mean"] is not None and r["acc_global"] is not None for r in one)
+def test_fedgen_run_trains_a_generator_and_learns(tmp_path):
+    one = _run(tmp_path, "w1")
+    assert all(math.isfinite(r["loss"]) for r in one)
+    # chance is 0.1; seeds 0-4 reach 0.37 to 0.57 (acc_global) and 0.34 to 0.56 (acc_mean)
+    assert one[-1]["acc_global"] > 0.3 and one[-1]["acc_mean"] > 0.3
     assert "loss_gen" not in one[0] and {"loss_ce", "loss_gen", "loss_latent"} <= set(one[1])
     assert all(math.isfinite(r["generator/teacher_loss"]) and r["generator/diversity_loss"] > 0 for r in one)
     assert [r["generator/lr"] for r in one] == pytest.approx([3e-4, 2.94e-4, 2.8812e-4])
@@ -328,14 +328,13 @@ def test_runs_identical_on_one_and_two_workers(ray_cluster, tmp_path):
         assert r["bytes_down"] == r["clients"] * (MODEL_BYTES + extra), r
 
 
-def test_fedgen_p_runs_hete_clients_sharing_only_heads(ray_cluster, tmp_path):
-    """Every client its own MLP (mlp_hete): only the head (and label counts) goes up, the same on 1 and 2 workers."""
-    one = _run(tmp_path, "p1", algorithm__name="fedgen-p", model__name="mlp_hete", engine__num_workers=1)
-    two = _run(tmp_path, "p2", algorithm__name="fedgen-p", model__name="mlp_hete", engine__num_workers=2)
-    assert strip_timing(one) == strip_timing(two)
+def test_fedgen_p_runs_hete_clients_sharing_only_heads(tmp_path):
+    """Every client its own MLP (mlp_hete): only the head (and label counts) goes up."""
+    one = _run(tmp_path, "p1", algorithm__name="fedgen-p", model__name="mlp_hete")
     head = 4 * (16 * 10 + 10)
+    assert one[-1]["acc_mean"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.35 to 0.65
     for r in one:
-        assert "acc_global" not in r and r["acc_mean"] is not None and math.isfinite(r["loss"])
+        assert "acc_global" not in r and math.isfinite(r["loss"])
         assert r["bytes_up"] == r["clients"] * (head + COUNTS_BYTES)
         extra = GENERATOR_BYTES + LABELS_BYTES if r["round"] > 1 else 0
         assert r["bytes_down"] == r["clients"] * (head + extra), r

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, tiny_overrides
 
 from raysim.algorithms.base import ClientUpdate
 from raysim.algorithms.fednh import PROTO_KEY, SCALE_KEY, PrototypeHead, client_prototypes, smooth_prototypes
@@ -127,23 +127,12 @@ def test_worker_clips_gradients_and_uploads_prototypes(tmp_path):
     assert torch.allclose(up["protos"].norm(dim=1), counts.float(), atol=1e-4)  # n_c * unit vector
 
 
-@pytest.fixture(scope="module")
-def runs(ray_cluster, tmp_path_factory):
+def test_fednh_run_learns_its_scale_and_sends_prototypes(tmp_path):
     from raysim.engine.runner import run_experiment
 
-    tmp = tmp_path_factory.mktemp("fednh")
-    out = {}
-    for name, workers in (("w1", 1), ("w2", 2)):
-        cfg = load_config(None, tiny_overrides(tmp, log__dir=str(tmp / name), algorithm__name="fednh",
-                                               engine__num_workers=workers, train__local_epochs=2))
-        run_dir, _, _ = run_experiment(cfg)
-        out[name] = read_rows(run_dir)
-    return out
-
-
-def test_fednh_runs_the_same_on_one_and_two_workers(runs):
-    one, two = runs["w1"], runs["w2"]
-    assert strip_timing(one) == strip_timing(two)
+    cfg = load_config(None, tiny_overrides(tmp_path, algorithm__name="fednh", train__local_epochs=2))
+    run_dir, _, _ = run_experiment(cfg)
+    one = read_rows(run_dir)
     assert [r["round"] for r in one] == [1, 2]
     for r in one:
         assert {"acc_global", "acc_mean", "loss", "bytes_up", "bytes_down", "scale"} <= set(r)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, tiny_overrides
 from raysim.algorithms.base import ClientUpdate
 from raysim.algorithms.fedpac import (class_centroids, combine_heads, feature_statistics, head_combination_weights,
                                       qp_matrix, solve_simplex_qp)
@@ -199,7 +199,7 @@ def test_experiment_configs_load():
             assert cfg.data.feature_layout == "shared"  # the sliced columns, in the shared column space
 
 
-# ---------------------------------------------------------------------------------------------- on Ray
+# ---------------------------------------------------------------------------------------------- whole runs
 BACKBONE_BYTES = 4 * ((64 * 32 + 32) + (32 * 16 + 16))  # tiny_overrides' mlp: 64 -> 32 -> 16
 HEAD_BYTES = 4 * (16 * 10 + 10)
 CENTROID_BYTES = 4 * 16 * 10 + 10  # float32 [10, 16] centroids + bool [10] "present"
@@ -210,18 +210,17 @@ def _run(tmp_path: Path, name: str, **extra) -> list[dict]:
     from raysim.engine.runner import run_experiment
 
     cfg = load_config(None, tiny_overrides(tmp_path / name, algorithm__name="fedpac", rounds=3, clients__fraction=0.5,
-                                           data__partition="dirichlet", **extra))
+                                           data__partition="dirichlet", train__momentum=0.9, **extra))
     run_dir, _, _ = run_experiment(cfg)
     return read_rows(run_dir)
 
 
-def test_runs_identical_on_one_and_two_workers_and_count_own_heads_per_client(ray_cluster, tmp_path):
+def test_run_learns_and_counts_own_heads_per_client(tmp_path):
     from raysim.engine.driver import sample_clients
 
-    one = _run(tmp_path, "w1", engine__num_workers=1)
-    two = _run(tmp_path, "w2", engine__num_workers=2)
-    assert strip_timing(one) == strip_timing(two)
-    assert all(math.isfinite(r["loss"]) and r["acc_mean"] is not None for r in one)
+    one = _run(tmp_path, "w1")
+    assert all(math.isfinite(r["loss"]) for r in one)
+    assert one[-1]["acc_mean"] > 0.4  # chance is 0.1; seeds 0-4 reach 0.53 to 0.72
     assert "acc_global" not in one[-1] and {"loss_ce", "loss_align", "fedpac/self_weight"} <= set(one[-1])
     assert "loss_align" not in one[0]  # no centroids before the first aggregation
     # per round: every sampled client downloads backbone (+ centroids after round 1); those sampled before also

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import ROOT, read_rows, refused_config, tiny_overrides
 from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedpcl import (BACKBONES_KEY, GROUP_KEY, FrozenProjection, filled, mean_prototypes,
                                       own_prototype_logits, prototype_contrastive_loss, stand_in_backbone)
@@ -252,22 +252,17 @@ def test_experiment_configs_load():
     assert len(recipes) == 1  # one recipe (the authors' optimiser and loss) in every setting
 
 
-# ---------------------------------------------------------------------------------------------- on Ray
-def test_hete_metrics_do_not_depend_on_the_worker_count(ray_cluster, tmp_path):
-    """HETE (cnn, mlp, mlp_hete, mlp): only prototypes travel. The second run's stand-ins come from the cache."""
+# ---------------------------------------------------------------------------------------------- a whole run
+def test_hete_run_sends_prototypes_only_and_learns(tmp_path):
+    """HETE (cnn, mlp, mlp_hete, mlp): only prototypes travel."""
     from raysim.engine.runner import run_experiment
 
-    runs = {}
-    for workers in (1, 2):
-        overrides = tiny_overrides(tmp_path / str(workers), algorithm__name="fedpcl", rounds=3,
-                                   engine__num_workers=workers, model__name="[cnn,mlp,mlp_hete,mlp]", model__width=8,
-                                   train__optimizer="adam", train__lr=0.001, train__weight_decay=0.0001,
-                                   algorithm__pretrain__epochs=3, algorithm__pretrain__cache_dir=str(tmp_path / "c"),
-                                   data__server_holdout=0.1)
-        run_dir, _, _ = run_experiment(load_config(None, overrides))
-        runs[workers] = read_rows(run_dir)
-    assert strip_timing(runs[1]) == strip_timing(runs[2])
-    rows = runs[1]
+    overrides = tiny_overrides(tmp_path, algorithm__name="fedpcl", rounds=3, model__name="[cnn,mlp,mlp_hete,mlp]",
+                               model__width=8, train__optimizer="adam", train__lr=0.001, train__weight_decay=0.0001,
+                               algorithm__pretrain__epochs=3, algorithm__pretrain__cache_dir=str(tmp_path / "c"),
+                               data__server_holdout=0.1)
+    run_dir, _, _ = run_experiment(load_config(None, overrides))
+    rows = read_rows(run_dir)
     assert [r["round"] for r in rows] == [1, 2, 3] and all(math.isfinite(r["loss"]) for r in rows)
     assert {"loss_con", "proto_classes", "acc_mean", "bytes_up", "bytes_down"} <= set(rows[-1])
     assert "acc_global" not in rows[-1]

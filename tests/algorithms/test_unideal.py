@@ -128,7 +128,7 @@ def _run(tmp_path, name: str, **extra) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def kd_runs(ray_cluster, tmp_path_factory) -> dict[str, list[dict]]:
+def kd_runs(tmp_path_factory) -> dict[str, list[dict]]:
     tmp = tmp_path_factory.mktemp("kd")
     common = dict(train__local_epochs=2)
     return {
@@ -138,15 +138,17 @@ def kd_runs(ray_cluster, tmp_path_factory) -> dict[str, list[dict]]:
     }
 
 
-def test_unideal_bytes_are_head_only(kd_runs):
+def test_unideal_bytes_are_head_only(kd_runs, shared_run):
     rows = kd_runs["unideal"]
     head_floats = 16 * 10 + 10  # tiny_overrides: feature_dim 16, 10 classes, 4 clients
-    whole_floats = (64 * 32 + 32) + (32 * 16 + 16) + head_floats  # what fedavg would move: the whole mlp
+    whole_floats = (64 * 32 + 32) + (32 * 16 + 16) + head_floats  # what fedavg moves: the whole mlp
     assert [r["bytes_up"] for r in rows] == [4 * 4 * head_floats] * 2
     assert [r["bytes_down"] for r in rows] == [4 * 4 * head_floats] * 2
     assert [r["bytes_up_total"] for r in rows] == [16 * head_floats, 32 * head_floats]
     assert [r["bytes_down_total"] for r in rows] == [16 * head_floats, 32 * head_floats]
-    assert rows[0]["bytes_up"] * whole_floats == 4 * 4 * whole_floats * head_floats  # i.e. 16 % of fedavg's
+    fedavg = shared_run()[1]  # the same federation under FedAvg
+    assert [(r["bytes_up"], r["bytes_down"]) for r in fedavg] == [(4 * 4 * whole_floats,) * 2] * 2
+    assert rows[0]["bytes_up"] / fedavg[0]["bytes_up"] == head_floats / whole_floats  # 6.1 % of what FedAvg moves
     assert "acc_global" not in rows[-1] and rows[-1]["acc_mean"] > 0.3
     assert {"loss_ce", "loss_clkd"} <= set(rows[-1])
 
@@ -157,20 +159,21 @@ def test_partialkd_equals_unideal_with_schedule_fixed_at_one(kd_runs):
     assert kd_runs["unideal"][0]["loss_clkd"] < kd_runs["partialkd"][0]["loss_clkd"]
 
 
-def test_fedrep_moves_the_backbone_only(ray_cluster, tmp_path):
-    rows = _run(tmp_path, "fedrep", algorithm__name="fedrep")
+def test_fedrep_moves_the_backbone_only(tmp_path):
+    rows = _run(tmp_path, "fedrep", algorithm__name="fedrep", train__momentum=0.9)  # seeds 0-4: acc 0.58-0.72
     assert rows[-1]["bytes_up"] == 4 * 4 * ((64 * 32 + 32) + (32 * 16 + 16)) and rows[-1]["acc_mean"] > 0.3
     assert "acc_global" not in rows[-1]
 
 
-def test_hete_three_backbones_train_together(ray_cluster, tmp_path):
+def test_hete_three_backbones_train_together(tmp_path):
     overrides = tiny_overrides(tmp_path / "h", algorithm__name="unideal", clients__num=3, engine__num_workers=1,
                                model__name="[cnn,resnet18,mobilenet_v3_small]", model__width=8,
                                model__feature_dim=32, train__batch_size=64, train__lr=0.02)
     _, rows, _ = run_experiment(load_config(None, overrides))
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[-1]["bytes_up"] == 3 * (32 * 10 + 10) * 4
-    assert all(r["acc_mean"] > 0.15 for r in rows) and rows[-1]["loss"] < rows[0]["loss"], rows
+    # chance is 0.1; seeds 0-4 reach 0.31 to 0.38
+    assert rows[-1]["acc_mean"] > 0.25 and rows[-1]["loss"] < rows[0]["loss"], rows
     from raysim.data import build_federated_data
 
     cfg = load_config(None, overrides + ["algorithm.name=fedrep"])
@@ -178,7 +181,7 @@ def test_hete_three_backbones_train_together(ray_cluster, tmp_path):
         get_algorithm("fedrep")(cfg).check(cfg, build_federated_data(cfg))
 
 
-def test_tabular_style_hete_mlps_train_together(ray_cluster, tmp_path):
+def test_tabular_style_hete_mlps_train_together(tmp_path):
     rows = _run(tmp_path, "mlp_hete", algorithm__name="unideal", model__name="mlp_hete", clients__num=3,
                 train__local_epochs=2)
     assert rows[-1]["bytes_up"] == 3 * (16 * 10 + 10) * 4 and rows[-1]["acc_mean"] > 0.3, rows
