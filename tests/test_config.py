@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from raysim.config import ConfigError, load_config, to_flat_dict, to_yaml
+from raysim.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,10 +58,10 @@ def test_resolved_yaml_round_trips(tmp_path):
     (["clients.num=3", "model.name=[mlp,cnn]"], "model.name"),
 ])
 def test_bad_configs_name_the_key(override, key):
-    with pytest.raises(Exception) as info:
+    with pytest.raises(UserError) as info:  # a ConfigError, or for an unknown name the registry's UserError
         load_config(None, override)
     message = str(info.value)
-    assert f"'{key}'" in message and "\n" not in message
+    assert message.startswith(f"config key '{key}'") and "\n" not in message, message
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

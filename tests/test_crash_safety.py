@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, TEST_PLUGINS, TINY, read_rows, strip_timing, tiny_overrides
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.dirlock import DirLock
@@ -24,8 +24,10 @@ from raysim.tune import load_sweep, spec_to_yaml
 
 
 def _launch(args: list[str]) -> subprocess.Popen:
-    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included); the test
+    plugins (tests/plugins) importable."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TEST_PLUGINS), os.environ.get("PYTHONPATH")])))
     return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
 
@@ -66,6 +68,19 @@ def _sweep_file(tmp_path: Path, **body: object) -> Path:
     return tmp_path / "sweep.yaml"
 
 
+def _undisturbed(run_dir: Path, tmp_path: Path) -> list[dict]:
+    """The rows of an undisturbed run of a trial's config (in-process, which gives Ray's numbers)."""
+    cfg = load_config(run_dir / "config.yaml", [f"log.dir={tmp_path / 'plain' / run_dir.name}",
+                                                "engine.backend=inline"])
+    return strip_timing(run_experiment(cfg)[1])
+
+
+def _finished_runs(parent: Path, rounds: int) -> dict[Path, str]:
+    """metrics.jsonl (wall times included, unique to one run) of every run under ``parent`` that has all rounds."""
+    files = {p.parent: p.read_text() for p in parent.glob("*/metrics.jsonl")}
+    return {d: text for d, text in files.items() if text.count("\n") == rounds}
+
+
 @pytest.mark.parametrize("moment", ["before any report", "after a trial ended"])
 def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys, moment):
     quiet = ["--quiet"] if moment == "after a trial ended" else []
@@ -83,19 +98,22 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys,
     proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet])
     _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
     gate.touch()
+    ended = _finished_runs(out / "trials", 3)  # with the gate, exactly the open trial had ended
+    assert len(ended) == (1 if quiet else 0), ended
 
     assert main(["tune", "--resume", str(out), "--quiet"]) == 0
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and f"{trials}/{trials} trials done" in captured.out
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert len(rows) == trials and all(r["status"] == "done" and r["rounds"] == "3/3" for r in rows), rows
-    # each trial ends as an undisturbed run of its config (continued from its checkpoint, or restarted)
+    # a trial that had ended was not run again (its rows, wall times included, are those it wrote before the kill)
+    assert {d: (d / "metrics.jsonl").read_text() for d in ended} == ended
+    # and each trial ends as an undisturbed run of its config (continued from its checkpoint, or restarted)
     for r in rows:
         run_dir = Path(r["run_dir"])
-        assert [m["round"] for m in read_rows(run_dir)] == [1, 2, 3]
-        if r.get("algorithm.hold_until") == str(gate):  # the trial mid-way at the kill, continued from round 1
-            cfg = load_config(run_dir / "config.yaml", [f"log.dir={tmp_path / 'plain'}"])
-            assert strip_timing(read_rows(run_dir)) == strip_timing(run_experiment(cfg)[1])
+        if quiet:
+            assert load_config(run_dir / "config.yaml").algorithm.hold_until == r["algorithm.hold_until"]
+        assert strip_timing(read_rows(run_dir)) == _undisturbed(run_dir, tmp_path), r
 
     if moment == "after a trial ended":  # killed while the table was written: a resume writes it again
         table = (out / "results.md").read_text()
@@ -106,20 +124,26 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys,
         assert len(list(csv.DictReader(open(out / "results.csv")))) == 2
 
 
+@pytest.mark.slow
 def test_seed_set_killed_midway_resumes(shared_run, tmp_path, capsys):
+    """A seed set run in this process (engine.backend=inline), killed after its first seed ended."""
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
-    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "--quiet"])
+    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
+                    "engine.backend=inline", "--quiet"])
     _kill_group_once(proc, "1/2 seeds done")
+    ended = _finished_runs(parent, 3)
+    assert [d.name for d in ended] == ["seed-0"]
     assert main(["run", "--resume", str(parent), "--quiet"]) == 0
     assert "2/2 seeds done" in capsys.readouterr().out
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted(r["seed"] for r in rows) == ["0", "1"] and all(r["status"] == "done" for r in rows)
+    assert (parent / "seed-0" / "metrics.jsonl").read_text() == ended[parent / "seed-0"]  # not run again
     plain = shared_run(name=TINY["name"], seed=1, rounds=3)[1]  # exp.yaml with seed=1 rounds=3 (as test_seeds')
     assert strip_timing(read_rows(parent / "seed-1")) == strip_timing(plain)
 
 
-def test_a_failing_trial_shows_its_cause(ray_cluster, tmp_path, capsys):
+def test_a_failing_trial_shows_its_cause_and_resume_runs_it_again(ray_cluster, tmp_path, capsys):
     sweep = _sweep_file(tmp_path, space={"algorithm.name": {"grid": ["fedavg", "fail_round2"]}},
                         fixed={"plugins": ["fail_round2"]})
     out = tmp_path / "sw"
@@ -137,12 +161,97 @@ def test_a_failing_trial_shows_its_cause(ray_cluster, tmp_path, capsys):
     assert [p.read_text().count("Failure #") for p in (out / "tune").glob("*/error.txt")] == [1]
     assert "Tune restarts it" not in captured.out
 
+    done = (Path(rows["fedavg"]["run_dir"]) / "metrics.jsonl").read_text()
+
+    # --resume runs the failed trial again (it passes now: tests/plugins/fail_round2.py), not the one that ended
+    (out / "trials" / "PASS").touch()
+    assert main(["tune", "--resume", str(out), "--quiet"]) == 0
+    rows = {r["algorithm.name"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert all(r["status"] == "done" and r["rounds"] == "2/2" for r in rows.values()), rows
+    assert (Path(rows["fedavg"]["run_dir"]) / "metrics.jsonl").read_text() == done
+    assert not (Path(rows["fail_round2"]["run_dir"]) / "error.txt").exists()
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{path} never appeared:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.05)
+
+
+def _held(gate: Path) -> list[str]:
+    """Round 2 of every run waits for ``gate`` (tests/plugins/held.py), so a Ctrl-C lands in a round."""
+    return ["plugins=[held]", "algorithm.name=held_fedavg", "algorithm.hold_round=2", f"algorithm.hold_until={gate}"]
+
+
+def test_sweep_stopped_by_ctrl_c_exits_130_with_its_trials_unfinished(ray_cluster, tmp_path, capsys, monkeypatch):
+    """Ctrl-C once the sweep's only trial has reported round 1, while its round 2 waits for a gate: exit 130, the
+    trial `unfinished`, the resume hint."""
+    from raysim.tune import _Progress
+
+    sweep, out, gate = _sweep_file(tmp_path, space={"train.lr": {"grid": [0.3]}}), tmp_path / "sw", tmp_path / "gate"
+    reported = _Progress.result
+
+    def report_then_interrupt(self, trial, result):
+        reported(self, trial, result)
+        if result.get("round") == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: Tune stops the experiment and saves its state
+
+    monkeypatch.setattr(_Progress, "result", report_then_interrupt)
+    try:
+        code = main(["tune", str(sweep), f"dir={out}", "rounds=3", "--quiet", *_held(gate)])
+    finally:
+        gate.touch()
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert f"1 trials unfinished; resume with: raysim tune --resume {out}" in err and "Traceback" not in err, err
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [(r["status"], r["rounds"]) for r in rows] == [("unfinished", "1/3")], rows
+
+
+@pytest.mark.slow
+def test_seed_set_stopped_by_ctrl_c_exits_130_with_its_seeds_unfinished(tmp_path):
+    """Ctrl-C in round 2 of seed 0 (in-process): that round ends and is checkpointed, the set stops with exit
+    130, and both seeds are `unfinished`."""
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    parent, gate = tmp_path / "seeds", tmp_path / "gate"
+    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
+                    "engine.backend=inline", "--quiet", *_held(gate)])
+    try:
+        _wait_for_file(Path(f"{gate}.waiting"), proc)
+        proc.send_signal(signal.SIGINT)
+        _wait_for_file(Path(f"{gate}.sigints"), proc)  # a graceful stop asked for; now round 2 may end
+        gate.touch()
+        out_text = proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out_text
+    assert f"2 seeds unfinished; resume with: raysim run --resume {parent}" in out_text, out_text
+    rows = {r["seed"]: r for r in csv.DictReader(open(parent / "results.csv"))}
+    assert [rows[s]["status"] for s in "01"] == ["unfinished", "unfinished"] and rows["0"]["rounds"] == "2/3"
+    assert [r["round"] for r in read_rows(parent / "seed-0")] == [1, 2]
+
+
+def test_a_failing_seed_set_exits_1_with_each_cause(tmp_path, capsys):
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    parent = tmp_path / "seeds"
+    assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "plugins=[fail_round2]",
+                 "algorithm.name=fail_round2", "engine.backend=inline", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    cause = "RuntimeError: deliberate failure in round 2 | for the test"
+    assert f"seed seed-0 failed: {cause}" in err and "2 seeds failed" in err, err
+    rows = list(csv.DictReader(open(parent / "results.csv")))
+    assert [(r["seed"], r["status"], r["rounds"]) for r in rows] == [(s, f"error: {cause}", "1/2") for s in "01"]
+
 
 # ------------------------------------------------------------------------------------------- torn line, full disk
 
 
 @pytest.fixture(scope="module")
-def undisturbed_dir(ray_cluster, tmp_path_factory) -> Path:
+def undisturbed_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("undisturbed")
     return run_experiment(load_config(None, tiny_overrides(d, rounds=3, plugins="[full_disk]")))[0]
 
@@ -199,7 +308,8 @@ def test_dir_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
     DirLock(tmp_path).acquire().release()  # the lock file is still there, but nothing holds it
 
 
-def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(ray_cluster, tmp_path, capsys):
+@pytest.mark.slow
+def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(tmp_path, capsys):
     run_dir = tmp_path / "run"
     first = _launch(["run", *tiny_overrides(tmp_path, rounds=200)])
     try:
@@ -217,6 +327,20 @@ def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes
     assert main(["run", "--resume", str(run_dir), "rounds=3", "--quiet"]) == 0
     rounds = [m["round"] for m in read_rows(run_dir)]
     assert rounds == list(range(1, len(rounds) + 1)) and rounds[-1] >= 3  # one run's rounds, once each
+
+
+def test_a_filesystem_without_locks_warns_and_runs(tmp_path, capsys, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert main(["run", *tiny_overrides(tmp_path), "--quiet"]) == 0
+    warning = _one_line_error(capsys.readouterr().err, "raysim: warning:")
+    assert f"cannot lock {tmp_path / 'run' / '.raysim.lock'} (No locks available)" in warning, warning
+    assert [r["round"] for r in read_rows(tmp_path / "run")] == [1, 2]
 
 
 def test_sweeps_and_seed_sets_are_refused_while_their_directory_is_in_use(tmp_path, capsys):

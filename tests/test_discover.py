@@ -87,21 +87,23 @@ def test_list_and_keys_include_plugins(capsys):
 
 
 def test_help_carries_examples(capsys):
-    for argv in (["--help"], ["run", "--help"], ["config", "--help"], ["list", "--help"]):
-        try:
+    for argv in (["--help"], ["run", "--help"], ["tune", "--help"], ["report", "--help"], ["config", "--help"],
+                 ["list", "--help"]):
+        with pytest.raises(SystemExit) as info:
             main(argv)
-        except SystemExit:
-            pass
-        assert "examples:" in capsys.readouterr().out
+        assert info.value.code == 0, argv  # argparse exits 0 after printing the help
+        out = capsys.readouterr().out
+        assert out.startswith("usage: raysim") and "examples:" in out, argv
+        examples = out.split("examples:", 1)[1]
+        assert "raysim " in examples, argv  # at least one command to copy
 
 
 # ---------------------------------------------------------------------------------------------- rough edges (#27)
 def test_config_show_and_keys_help_carry_examples(capsys):
     for argv in (["config", "show", "--help"], ["config", "keys", "--help"]):
-        try:
+        with pytest.raises(SystemExit) as info:
             main(argv)
-        except SystemExit:
-            pass
+        assert info.value.code == 0, argv
         out = capsys.readouterr().out
         assert "examples:" in out and f"raysim config {argv[1]} " in out.split("examples:")[1]
 

@@ -58,7 +58,7 @@ def test_plugin_dataset_takes_its_own_config_keys():
     assert data.num_classes == 3 and data.input_shape(0) == (6,) and data.num_clients == 3
 
 
-def test_all_three_plugins_run_together(ray_cluster, tmp_path):
+def test_all_three_plugins_run_together(tmp_path):
     result = raysim.run(None, *tiny_overrides(tmp_path, data__name="blobs", model__name="resmlp",
                                               algorithm__name="fednesterov", model__resmlp__blocks=1),
                         PLUGINS, "data.blobs.samples=200")

@@ -36,7 +36,8 @@ def write_run(run_dir: Path, algorithm: str, partition: str, seed: int, best: fl
     up, down = BYTES[algorithm]
     rows = []
     for rnd, acc in enumerate([0.4, best, best - 0.01], start=1):
-        row = {"round": rnd, "acc_mean": acc, "loss": 1.0 / rnd, "bytes_up": up, "bytes_down": down,
+        row = {"round": rnd, "acc_mean": acc, "acc_weighted": acc - 0.02, "loss": 1.0 / rnd, "bytes_up": up,
+               "bytes_down": down,
                "bytes_up_total": up * rnd, "bytes_down_total": down * rnd, "wall_s": 1.0, "wall_s_total": float(rnd)}
         if algorithm == "fedavg":
             row["acc_global"] = acc - 0.05
@@ -162,10 +163,44 @@ def test_report_cli(runs, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "55.00 ± 5.00*" in out and "report.md" in out
     # a single setting: the column is named after the dataset
-    assert list(csv.reader(open(tmp_path / "o" / "table.csv")))[0] == ["method", "sklearn_digits"]
+    table = list(csv.reader(open(tmp_path / "o" / "table.csv")))
+    assert table[0] == ["method", "sklearn_digits"]
     assert main(["report", str(runs), "--metric", "acc_global", "--target", "0.6", "--no-plots",
                  "--out", str(tmp_path / "g")]) == 0
     assert not list((tmp_path / "g").glob("*.png"))
+
+
+def test_report_cli_metric_acc_weighted_and_columns(runs, tmp_path, capsys):
+    # every run's acc_weighted is its acc_mean less 0.02: the best per seed is too
+    assert main(["report", str(runs), "--metric", "acc_weighted", "--no-plots", "--out", str(tmp_path / "w")]) == 0
+    assert "acc_weighted" in capsys.readouterr().out
+    rows = {r[0]: r[1:] for r in csv.reader(open(tmp_path / "w" / "table.csv"))}
+    assert rows["method"] == ["partition=dirichlet", "partition=iid"]
+    assert rows["fedavg"] == ["70.00 ± 2.00", "90.00 ± 2.00"]
+    assert [v.rstrip("*") for v in rows["local"]] == ["69.00 ± 2.00", "53.00 ± 5.00"]
+    # --columns with a prefix that no varying key has: one column, the partition moves into the rows
+    assert main(["report", str(runs), "--columns", "clients.", "--no-plots", "--out", str(tmp_path / "c")]) == 0
+    rows = {r[0]: r[1:] for r in csv.reader(open(tmp_path / "c" / "table.csv"))}
+    assert rows["method"] == ["sklearn_digits"]
+    assert {k: v[0].rstrip("*") for k, v in rows.items() if k != "method"} == {
+        "fedavg (partition=dirichlet)": "72.00 ± 2.00", "fedavg (partition=iid)": "92.00 ± 2.00",
+        "local (partition=dirichlet)": "71.00 ± 2.00", "local (partition=iid)": "55.00 ± 5.00"}
+    # --columns algorithm.: the methods become the columns
+    assert main(["report", str(runs), "--columns", "algorithm.", "--no-plots", "--out", str(tmp_path / "a")]) == 0
+    assert next(csv.reader(open(tmp_path / "a" / "table.csv"))) == ["method", "name=fedavg", "name=local"]
+
+
+def test_report_from_python(runs, tmp_path):
+    """``raysim.report(...)`` writes what ``raysim report`` does and lists its files."""
+    import raysim
+
+    rep = raysim.report(runs / "fedavg-iid", runs / "local-iid", out=tmp_path / "py", columns=["data."], plots=False)
+    assert rep.files["report.md"] == tmp_path / "py" / "report.md" and rep.files["report.md"].is_file()
+    assert main(["report", str(runs / "fedavg-iid"), str(runs / "local-iid"), "--no-plots",
+                 "--out", str(tmp_path / "cli")]) == 0
+    for name in ("table.csv", "summary.csv", "comm.csv"):
+        assert rep.files[name].read_text() == (tmp_path / "cli" / name).read_text(), name
+    assert not list((tmp_path / "py").glob("*.png"))
 
 
 def test_report_errors_are_one_line(tmp_path, capsys):

@@ -28,13 +28,13 @@ def test_teacher_features_are_cached_under_raysim_cache(tmp_path, monkeypatch, c
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     cfg = load_config(None, ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4",
-                             "model.feature_dim=16", "model.hidden=[32]", "algorithm.teacher.epochs=1"])
+                             "model.feature_dim=16", "model.hidden=[32]", "algorithm.teacher.epochs=10"])
     data = build_federated_data(cfg)
     calibration = carve_calibration(data, cfg.algorithm.teacher.calibration_fraction, cfg.seed)
     first, accuracy = offline_teacher_features(cfg, data, calibration)
     err = capsys.readouterr().err
     assert "offline teacher" in err and f"{accuracy:.4f}" in err  # trained; the accuracy it printed is returned
-    assert 0.0 <= accuracy <= 1.0
+    assert accuracy > 0.6  # on the samples outside its split; chance is 0.1, seeds 0-4 give 0.72 to 0.85
     files = list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))
     # nothing under the default cache (XDG's raysim/; matplotlib may keep its font list beside it)
     assert len(files) == 1 and not (tmp_path / "xdg" / "raysim").exists()

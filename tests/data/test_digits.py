@@ -186,14 +186,16 @@ def test_bsds500_backgrounds_from_root(tmp_path):
     assert key.startswith("bsds:") and [p.shape for p in photos] == [(40, 48, 3), (40, 48, 3)]
 
 
-def test_digits_end_to_end_partialavg_niid1(tmp_path, ray_cluster):
+def test_digits_end_to_end_partialavg_niid1(tmp_path):
     from raysim.engine.runner import run_experiment
 
     cfg = load_config(None, tiny_overrides(
-        tmp_path, data__name="digits", data__partition="niid1", clients__num=3, data__samples_per_domain=60,
+        tmp_path, data__name="digits", data__partition="niid1", clients__num=3, data__samples_per_domain=200,
         data__min_samples=5, data__cache_dir=str(tmp_path / "cache"), algorithm__name="partialavg",
-        model__name="cnn", model__width=4, model__feature_dim=8, engine__num_workers=1))
+        model__name="cnn", model__width=16, model__feature_dim=16, train__local_epochs=5, train__batch_size=16,
+        train__lr=0.05, train__momentum=0.9, rounds=4))
     run_dir, rows, stopped = run_experiment(cfg)
-    assert not stopped and [r["round"] for r in rows] == [1, 2]
-    assert all(0.0 <= r["acc_mean"] <= 1.0 and np.isfinite(r["loss"]) for r in rows)
+    assert not stopped and [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert all(np.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
+    assert rows[-1]["acc_mean"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.32 to 0.42
     assert (run_dir / "metrics.jsonl").is_file()

@@ -77,15 +77,19 @@ def test_cifar10_root_may_be_the_extracted_folder_itself(tmp_path):
 def test_cifar100_fine_labels(tmp_path):
     rng = np.random.default_rng(1)
     folder = tmp_path / "cifar-100-python"
+    xs, fine = [], []
     for name, n in (("train", 8), ("test", 4)):
-        _pickle(folder / name, {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                                "fine_labels": [int(v) for v in rng.integers(0, 100, n)],
-                                "coarse_labels": [int(v) for v in rng.integers(0, 20, n)]})
+        x, labels = rng.integers(0, 256, (n, 3072), dtype=np.uint8), [int(v) for v in rng.integers(20, 100, n)]
+        _pickle(folder / name, {"data": x, "fine_labels": labels,
+                                "coarse_labels": [int(v) for v in rng.integers(0, 20, n)]})  # never a fine label
+        xs.append(x)
+        fine += labels
     _pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)],
                               "coarse_label_names": [f"c{i}" for i in range(20)]})
     data = build_federated_data(_cfg("cifar100", tmp_path))
-    assert data.num_classes == 100 and data.domains[0].x.shape == (12, 3, 32, 32)
-    assert 0 <= data.domains[0].y.min() and data.domains[0].y.max() < 100
+    assert data.num_classes == 100 and data.meta["classes"][:2] == ["f0", "f1"]
+    assert np.array_equal(data.domains[0].y, fine)  # the fine labels, training split then test split
+    assert np.array_equal(data.domains[0].x, np.concatenate(xs).reshape(-1, 3, 32, 32))
 
 
 @pytest.mark.parametrize("name,folder", [("cifar10", "cifar-10-batches-py"), ("cifar100", "cifar-100-python")])

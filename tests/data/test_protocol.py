@@ -40,12 +40,12 @@ def _tiny_cifar10(root: Path) -> np.ndarray:
 
 def test_cifar_official_test_split_and_augmentation_deterministic_for_any_worker_count(ray_cluster, tmp_path):
     """Clients train on the training batches, acc_global is the global model's accuracy on test_batch, and with
-    data.augment on the metrics are the same on one or two workers."""
+    data.augment on the metrics are the same in this process and on two Ray workers."""
     _tiny_cifar10(tmp_path / "data")
     extra = dict(data__name="cifar10", data__root=str(tmp_path / "data"), data__augment="true", rounds=2,
                  data__cache_dir=str(tmp_path / "cache"), model__hidden="[8]", model__feature_dim=8)
     runs = {}
-    for name, over in (("w1", {}), ("w2", {"engine__num_workers": 2})):
+    for name, over in (("w1", {}), ("w2", {"engine__backend": "ray", "engine__num_workers": 2})):
         cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**extra, **over}))
         runs[name] = run_experiment(cfg)[0]
     one, two = strip_timing(read_rows(runs["w1"])), strip_timing(read_rows(runs["w2"]))

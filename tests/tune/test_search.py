@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+import raysim
 from raysim.tune import SweepError, _Progress, _scheduler, _searcher, load_sweep, run_sweep
 from test_tune import write_sweep
 
@@ -38,6 +39,26 @@ def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch
     assert len(rows) == 2 and all(r["status"] == "done" for r in rows)
     assert done[0]["train.lr"] in [float(r["train.lr"]) for r in rows]
     assert result.best is not None and "best_loss" in rows[0]
+
+
+@pytest.mark.parametrize("scheduler", [{"name": "asha", "grace_period": 1, "reduction_factor": 2},
+                                       {"name": "hyperband", "reduction_factor": 2},
+                                       {"name": "median", "grace_period": 1, "min_samples_required": 1}],
+                         ids=lambda s: s["name"])
+def test_a_scheduler_stops_the_weak_trial(ray_cluster, tmp_path, scheduler):
+    """Two trials one after the other (max_concurrent 1, the grid's order): one that learns (lr 0.3, momentum 0.9)
+    runs its 4 rounds; one that cannot (lr 1e-6) is stopped by the scheduler when its first rounds compare badly.
+    Through the Python API: the table as a DataFrame, the best trial and its config."""
+    from raysim.config import load_config
+
+    sweep = write_sweep(tmp_path, max_concurrent=1, scheduler=scheduler, fixed={"train.momentum": 0.9},
+                        space={"train.lr": {"grid": [0.3, 1e-6]}})
+    result = raysim.tune(sweep, f"dir={tmp_path / 'sw'}", "rounds=4")
+    rows = {row["train.lr"]: row for row in result.trials.to_dict("records")}
+    assert (rows[0.3]["status"], rows[0.3]["rounds"]) == ("done", "4/4"), rows
+    assert rows[1e-6]["status"] == "stopped" and int(rows[1e-6]["rounds"].split("/")[0]) < 4, rows
+    assert result.best["train.lr"] == 0.3 and result.best["status"] == "done"
+    assert result.best_config == tmp_path / "sw" / "best.yaml" and load_config(result.best_config).train.lr == 0.3
 
 
 def test_schedulers_and_searchers_are_checked(tmp_path):

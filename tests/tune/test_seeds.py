@@ -11,12 +11,14 @@ from raysim.cli import main
 from raysim.config import load_config, to_flat_dict
 
 
-def test_seeds_run_each_seed_in_its_own_directory(shared_run, tmp_path, capsys):
+def test_seeds_run_each_seed_in_its_own_directory(ray_cluster, shared_run, tmp_path, capsys):
+    """A seed set on Ray Tune (engine.backend=ray); tests/test_crash_safety.py runs them in this process."""
     config = tmp_path / "exp.yaml"
     config.write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
     # three rounds: the plain seed-1 run below is test_crash_safety's killed seed set's reference too
-    assert main(["run", str(config), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "--quiet"]) == 0
+    assert main(["run", str(config), "--seeds", "0,1", f"log.dir={parent}", "rounds=3", "engine.backend=ray",
+                 "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "2/2 seeds done" in printed
     table = (parent / "results.md").read_text()
@@ -30,10 +32,10 @@ def test_seeds_run_each_seed_in_its_own_directory(shared_run, tmp_path, capsys):
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted(r["seed"] for r in rows) == ["0", "1"] and all(r["status"] == "done" for r in rows)
 
-    # a seed's run is the same run that `raysim run` would make with that seed
+    # a seed's run is the same run that `raysim run` would make with that seed (here in-process: the same numbers)
     plain, rows_plain = shared_run(name=TINY["name"], seed=1, rounds=3)  # = load_config(config, ["seed=1", ...])
-    what = [{k: v for k, v in to_flat_dict(load_config(d / "config.yaml")).items() if not k.startswith("log.")}
-            for d in (plain, parent / "seed-1")]
+    what = [{k: v for k, v in to_flat_dict(load_config(d / "config.yaml")).items()
+             if not k.startswith("log.") and k != "engine.backend"} for d in (plain, parent / "seed-1")]
     assert what[0] == what[1]
     assert strip_timing(rows_plain) == strip_timing(read_rows(parent / "seed-1"))
 

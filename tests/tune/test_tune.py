@@ -89,7 +89,7 @@ def test_sweep_file_errors_name_the_key(tmp_path):
         load_sweep(write_sweep(tmp_path, base="missing.yaml"))
 
 
-def test_unknown_or_invalid_searched_keys_fail_before_ray(ray_cluster, tmp_path, capsys):
+def test_unknown_or_invalid_searched_keys_fail_before_ray(tmp_path, capsys):
     assert main(["tune", str(write_sweep(tmp_path, space={"train.lrr": {"choice": [0.1]}}))]) == 2
     assert "train.lrr" in capsys.readouterr().err
     # every value of a choice is checked, not just the first
