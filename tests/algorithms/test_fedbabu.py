@@ -88,5 +88,5 @@ def test_fedbabu_run_moves_the_body_only_and_learns(tmp_path):
         assert r["loss"] == r["loss"]
         # only the body travels: MLP body 64*32 + 32 + 32*16 + 16 floats per client, both ways
         assert r["bytes_up"] == r["bytes_down"] == 4 * (64 * 32 + 32 + 32 * 16 + 16) * 4
-    # chance is 0.1; a frozen random head learns slowly, but with momentum 0.9 seeds 0-4 reach 0.80 to 0.89
+    # chance is 0.1; a frozen random head learns slowly, but with momentum 0.9 seeds 0-4 reach 0.80 to 0.88
     assert one[-1]["acc_mean"] > 0.5 and one[-1]["loss"] < one[0]["loss"]

@@ -315,9 +315,9 @@ def _run(tmp_path: Path, name: str, **extra) -> list[dict]:
 
 
 def test_fedgen_run_trains_a_generator_and_learns(tmp_path):
-    one = _run(tmp_path, "w1")
+    one = _run(tmp_path, "w1", train__local_epochs=2)
     assert all(math.isfinite(r["loss"]) for r in one)
-    # chance is 0.1; seeds 0-4 reach 0.37 to 0.57 (acc_global) and 0.34 to 0.56 (acc_mean)
+    # chance is 0.1; seeds 0-4 reach 0.47 to 0.78 (acc_global) and 0.48 to 0.79 (acc_mean)
     assert one[-1]["acc_global"] > 0.3 and one[-1]["acc_mean"] > 0.3
     assert "loss_gen" not in one[0] and {"loss_ce", "loss_gen", "loss_latent"} <= set(one[1])
     assert all(math.isfinite(r["generator/teacher_loss"]) and r["generator/diversity_loss"] > 0 for r in one)
@@ -332,7 +332,7 @@ def test_fedgen_p_runs_hete_clients_sharing_only_heads(tmp_path):
     """Every client its own MLP (mlp_hete): only the head (and label counts) goes up."""
     one = _run(tmp_path, "p1", algorithm__name="fedgen-p", model__name="mlp_hete")
     head = 4 * (16 * 10 + 10)
-    assert one[-1]["acc_mean"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.35 to 0.65
+    assert one[-1]["acc_mean"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.42 to 0.71
     for r in one:
         assert "acc_global" not in r and math.isfinite(r["loss"])
         assert r["bytes_up"] == r["clients"] * (head + COUNTS_BYTES)

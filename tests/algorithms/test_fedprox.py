@@ -115,6 +115,6 @@ def test_fedprox_run_adds_the_term_and_learns(runs):
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_prox", "bytes_up", "bytes_down"} <= set(r)
         assert r["loss"] == r["loss"] and r["loss_prox"] > 0
         assert r["loss"] == pytest.approx(r["loss_ce"] + r["loss_prox"], rel=1e-6)
-    assert one[-1]["acc_global"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.44 to 0.81
+    assert one[-1]["acc_global"] > 0.3  # chance is 0.1; seeds 0-4 reach 0.47 to 0.76
     assert one[0]["bytes_up"] == runs["fedavg"][0]["bytes_up"]  # the whole model travels, nothing more
     assert strip_timing(one) != strip_timing(runs["fedavg"])  # the term changes training

@@ -166,4 +166,4 @@ def test_fedrcl_run_adds_both_terms_and_learns(tmp_path):
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_scl", "loss_div"} <= set(r)
         assert math.isfinite(r["loss"]) and r["loss_scl"] > 0
         assert r["loss"] == pytest.approx(r["loss_ce"] + r["loss_scl"] + r["loss_div"], rel=1e-6)
-    assert rows[1][-1]["acc_global"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.32 to 0.77
+    assert rows[1][-1]["acc_global"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.46 to 0.70

@@ -177,6 +177,6 @@ def test_one_worker_in_process_and_two_on_ray_with_one_killed_agree(ray_cluster,
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_con"} <= set(r)
         assert math.isfinite(r["loss"]) and r["loss"] == pytest.approx(r["loss_ce"] + 5 * r["loss_con"], rel=1e-6)
     assert one[0]["loss_con"] == pytest.approx(math.log(2), rel=1e-4)  # round 1: previous = initial = global model
-    # chance is 0.1; MOON at mu = 5 learns erratically on this tiny set: seeds 0-9 reach 0.23 to 0.63
+    # chance is 0.1; MOON at mu = 5 learns erratically on this tiny set: seeds 0-4 reach 0.29 to 0.57
     assert one[-1]["loss_con"] < math.log(2) and one[-1]["acc_global"] > 0.2
     assert strip_timing(read_rows(tmp_path / "one")) == strip_timing(one)

@@ -172,7 +172,7 @@ def test_hete_three_backbones_train_together(tmp_path):
     _, rows, _ = run_experiment(load_config(None, overrides))
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[-1]["bytes_up"] == 3 * (32 * 10 + 10) * 4
-    # chance is 0.1; seeds 0-4 reach 0.31 to 0.38
+    # chance is 0.1; seeds 0-4 reach 0.29 to 0.33
     assert rows[-1]["acc_mean"] > 0.25 and rows[-1]["loss"] < rows[0]["loss"], rows
     from raysim.data import build_federated_data
 

@@ -34,7 +34,7 @@ def test_teacher_features_are_cached_under_raysim_cache(tmp_path, monkeypatch, c
     first, accuracy = offline_teacher_features(cfg, data, calibration)
     err = capsys.readouterr().err
     assert "offline teacher" in err and f"{accuracy:.4f}" in err  # trained; the accuracy it printed is returned
-    assert accuracy > 0.6  # on the samples outside its split; chance is 0.1, seeds 0-4 give 0.72 to 0.85
+    assert accuracy > 0.6  # on the samples outside its split; chance is 0.1, seeds 0-4 give 0.75 to 0.85
     files = list((tmp_path / "rc" / "fapd-teacher").glob("*.pt"))
     # nothing under the default cache (XDG's raysim/; matplotlib may keep its font list beside it)
     assert len(files) == 1 and not (tmp_path / "xdg" / "raysim").exists()

@@ -197,5 +197,5 @@ def test_digits_end_to_end_partialavg_niid1(tmp_path):
     run_dir, rows, stopped = run_experiment(cfg)
     assert not stopped and [r["round"] for r in rows] == [1, 2, 3, 4]
     assert all(np.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
-    assert rows[-1]["acc_mean"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.32 to 0.42
+    assert rows[-1]["acc_mean"] > 0.25  # chance is 0.1; seeds 0-4 reach 0.32 to 0.43
     assert (run_dir / "metrics.jsonl").is_file()

@@ -270,14 +270,14 @@ class _OpensAFile:
 def test_bad_files_are_one_line_errors(shared_run, tmp_path, capsys):
     run_dir = tmp_path / "ok"
     shutil.copytree(shared_run()[0], run_dir)  # a copy of the session's tiny run: this test damages it
-    # a run directory made by another config
-    assert cli_main(["run", "--resume", str(run_dir), "train.lr=0.5"]) == 2
+    # a run directory made by another config (rounds=3: a run with rounds left, so --resume has work to do)
+    assert cli_main(["run", "--resume", str(run_dir), "train.lr=0.5", "rounds=3"]) == 2
     assert "another config" in capsys.readouterr().err
     # a truncated checkpoint
     server = run_dir / "checkpoint" / "server.pt"
     whole = server.read_bytes()
     server.write_bytes(whole[:100])
-    assert cli_main(["run", "--resume", str(run_dir)]) == 2
+    assert cli_main(["run", "--resume", str(run_dir), "rounds=3"]) == 2
     err = capsys.readouterr().err
     assert "damaged" in err and err.strip().count("\n") == 0
     # an unwritable log.dir (its parent is a file)
