@@ -36,6 +36,22 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture
+def cli_env():
+    """The environment for a ``raysim`` subprocess: unbuffered, the test plugins importable, no RAY_ADDRESS, and a
+    Ray temp directory of its own, so that a run that starts Ray starts its own instead of joining a cluster that
+    `ray start` recorded on this machine (the tests always start their own). Removed afterwards."""
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay short
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONUNBUFFERED="1", RAY_TMPDIR=temp,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TEST_PLUGINS), os.environ.get("PYTHONPATH")])))
+    yield env
+    shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def unideal_run(tmp_path_factory) -> Path:
     """One tiny UNIDEAL run for the tests that only read what a run leaves behind (TensorBoard layout, p,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TEST_PLUGINS, TINY, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, TINY, read_rows, strip_timing, tiny_overrides
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.dirlock import DirLock
@@ -23,11 +23,9 @@ from raysim.errors import UserError
 from raysim.tune import load_sweep, spec_to_yaml
 
 
-def _launch(args: list[str]) -> subprocess.Popen:
-    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included); the test
-    plugins (tests/plugins) importable."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(TEST_PLUGINS), os.environ.get("PYTHONPATH")])))
+def _launch(args: list[str], env: dict) -> subprocess.Popen:
+    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included); ``env``:
+    the ``cli_env`` fixture."""
     return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
 
@@ -82,7 +80,7 @@ def _finished_runs(parent: Path, rounds: int) -> dict[Path, str]:
 
 
 @pytest.mark.parametrize("moment", ["before any report", "after a trial ended"])
-def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys, moment):
+def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, cli_env, tmp_path, capsys, moment):
     quiet = ["--quiet"] if moment == "after a trial ended" else []
     # killed before any report, a one-trial sweep starts its trial anew (each trial more is three more processes)
     sweep, out = _sweep_file(tmp_path, space={"train.lr": {"grid": [0.3]}}), tmp_path / "sw"
@@ -95,7 +93,7 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys,
         sweep = _sweep_file(tmp_path, space={"algorithm.hold_until": {"grid": [str(tmp_path / "open"), str(gate)]}})
         held = ["plugins=[held]", "algorithm.name=held_fedavg", "algorithm.hold_round=2", "train.lr=0.3"]
     trials = 2 if quiet else 1
-    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet])
+    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet], cli_env)
     _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
     gate.touch()
     ended = _finished_runs(out / "trials", 3)  # with the gate, exactly the open trial had ended
@@ -125,12 +123,12 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, tmp_path, capsys,
 
 
 @pytest.mark.slow
-def test_seed_set_killed_midway_resumes(shared_run, tmp_path, capsys):
+def test_seed_set_killed_midway_resumes(shared_run, cli_env, tmp_path, capsys):
     """A seed set run in this process (engine.backend=inline), killed after its first seed ended."""
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
     proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
-                    "engine.backend=inline", "--quiet"])
+                    "engine.backend=inline", "--quiet"], cli_env)
     _kill_group_once(proc, "1/2 seeds done")
     ended = _finished_runs(parent, 3)
     assert [d.name for d in ended] == ["seed-0"]
@@ -212,13 +210,13 @@ def test_sweep_stopped_by_ctrl_c_exits_130_with_its_trials_unfinished(ray_cluste
 
 
 @pytest.mark.slow
-def test_seed_set_stopped_by_ctrl_c_exits_130_with_its_seeds_unfinished(tmp_path):
+def test_seed_set_stopped_by_ctrl_c_exits_130_with_its_seeds_unfinished(cli_env, tmp_path):
     """Ctrl-C in round 2 of seed 0 (in-process): that round ends and is checkpointed, the set stops with exit
     130, and both seeds are `unfinished`."""
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent, gate = tmp_path / "seeds", tmp_path / "gate"
     proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
-                    "engine.backend=inline", "--quiet", *_held(gate)])
+                    "engine.backend=inline", "--quiet", *_held(gate)], cli_env)
     try:
         _wait_for_file(Path(f"{gate}.waiting"), proc)
         proc.send_signal(signal.SIGINT)
@@ -309,9 +307,9 @@ def test_dir_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(tmp_path, capsys):
+def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(cli_env, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    first = _launch(["run", *tiny_overrides(tmp_path, rounds=200)])
+    first = _launch(["run", *tiny_overrides(tmp_path, rounds=200)], cli_env)
     try:
         _wait_for(first, "1/200")
         capsys.readouterr()

@@ -164,7 +164,7 @@ def test_one_worker_in_process_and_two_on_ray_with_one_killed_agree(ray_cluster,
     from raysim.engine.runner import run_experiment
 
     def cfg(name: str, **extra):
-        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **SLOW, **extra))
+        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**SLOW, **extra}))
 
     _, one, _ = run_experiment(cfg("one"))
     gate = tmp_path / "gate"

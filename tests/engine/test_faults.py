@@ -3,7 +3,6 @@ NaN/Inf updates, damaged, foreign and malicious files."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import pytest
 import ray
 import torch
 
-from conftest import ROOT, TEST_PLUGINS, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, read_rows, strip_timing, tiny_overrides
 from helpers import KillInFlight, alive, held_jobs
 from raysim.cli import main as cli_main
 from raysim.config import load_config
@@ -141,11 +140,10 @@ def test_nonfinite_update_stops_the_cli_with_exit_3_and_the_last_good_checkpoint
 
 
 # ------------------------------------------------------------------------------------------- a killed or stopped CLI
-def _cli(args: list[str], **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(TEST_PLUGINS), os.environ.get("PYTHONPATH")])))
+def _cli(args: list[str], env: dict) -> subprocess.Popen:
+    """``raysim run ARGS`` in a subprocess (``env``: the ``cli_env`` fixture)."""
     return subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **kw)
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
 def _wait_for_round(proc: subprocess.Popen, n: int, timeout: float = 300) -> None:
@@ -190,7 +188,7 @@ ALGORITHM_EXTRAS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_EXTRAS))
-def test_sigkilled_run_resumes_to_identical_metrics(shared_run, tmp_path, algorithm):
+def test_sigkilled_run_resumes_to_identical_metrics(shared_run, cli_env, tmp_path, algorithm):
     """``raysim run`` SIGKILLed after round 2 (in-process: the process killed is the one that runs the rounds)."""
     extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
                  **ALGORITHM_EXTRAS[algorithm])
@@ -198,7 +196,7 @@ def test_sigkilled_run_resumes_to_identical_metrics(shared_run, tmp_path, algori
         extra["algorithm__teacher__cache_dir"] = str(tmp_path / "teacher-cache")
     full = shared_run(**extra)[1]  # the undisturbed run (FedAvg's is FedCDA's test's reference too)
     run_dir = tmp_path / "killed"
-    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), **extra))
+    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), **extra), cli_env)
     _wait_for_round(proc, 2)
     proc.kill()
     proc.wait(timeout=60)
@@ -208,9 +206,9 @@ def test_sigkilled_run_resumes_to_identical_metrics(shared_run, tmp_path, algori
 
 
 @pytest.mark.slow
-def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(tmp_path):
+def test_sigint_checkpoints_exits_130_and_leaves_no_ray_processes(cli_env, tmp_path):
     run_dir = tmp_path / "int"
-    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=200, engine__backend="ray"))
+    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=200, engine__backend="ray"), cli_env)
     _wait_for_round(proc, 1)
     family = _descendants(proc.pid)
     assert family, "raysim started no Ray processes?"
@@ -236,14 +234,14 @@ def _wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 300) -> 
 
 
 @pytest.mark.slow
-def test_second_sigint_aborts_at_once(tmp_path):
+def test_second_sigint_aborts_at_once(cli_env, tmp_path):
     """The first Ctrl-C asks to finish the round, but round 2 cannot finish: it waits for a gate that never opens
     (for up to 300 s; tests/plugins/held.py). Only the second Ctrl-C can end the run before that, and does: 130,
     with round 1 on disk."""
     run_dir, gate = tmp_path / "int", tmp_path / "never"
     proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), rounds=3, plugins="[held]",
                                algorithm__name="held_fedavg", algorithm__hold_round=2,
-                               algorithm__hold_until=str(gate), algorithm__hold_timeout_s=300))
+                               algorithm__hold_until=str(gate), algorithm__hold_timeout_s=300), cli_env)
     _wait_for_file(Path(f"{gate}.waiting"), proc)  # round 2 is held
     proc.send_signal(signal.SIGINT)
     _wait_for_file(Path(f"{gate}.sigints"), proc)  # the first Ctrl-C reached the run's handler: a graceful stop

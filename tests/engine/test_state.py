@@ -4,7 +4,6 @@ client state past Ray's object-store budget spills and comes back identical."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -115,7 +114,7 @@ SPILL = dict(algorithm__name="partialavg", clients__num=24, model__hidden="[1024
 
 
 @pytest.mark.slow
-def test_client_state_past_the_object_store_budget_spills_and_comes_back_identical(tmp_path):
+def test_client_state_past_the_object_store_budget_spills_and_comes_back_identical(cli_env, tmp_path):
     """A private Ray (its own process: the session's Ray has its own budget) whose object store holds 75 MiB: the
     clients' states spill to disk, and the run's metrics are those of an in-process run, which keeps every state
     in memory."""
@@ -128,9 +127,8 @@ def test_client_state_past_the_object_store_budget_spills_and_comes_back_identic
         spilled = re.search(r"Spilled (\\d+) MiB, (\\d+) objects", text)
         print(json.dumps({{"spilled_mib": int(spilled.group(1)) if spilled else 0}}))
     """)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     # Ray refuses to spill once its disk looks 95 % full (this machine's does); the test is about raysim, not space
-    env["RAY_local_fs_capacity_threshold"] = "0.999"
+    env = {**cli_env, "RAY_local_fs_capacity_threshold": "0.999"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
