@@ -119,15 +119,8 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def held_jobs(gate: Path, round: int = 2) -> dict:
-    """``tiny_overrides`` extras for a run on Ray whose client jobs of ``round`` each note (round, client, pid) and
-    wait for the file ``gate`` (tests/plugins/held.py; the algorithm is one of its ``held_*``): see KillInFlight."""
-    return dict(plugins="[held]", algorithm__hold_round=round, algorithm__hold_in="client",
-                algorithm__hold_until=str(gate), engine__backend="ray")
-
-
 def _read_jobs(gate: Path) -> list[tuple[int, int, int]]:
-    from held import read_jobs  # tests/plugins/held.py, importable once conftest has run
+    from held_jobs import read_jobs  # tests/plugins/held_jobs.py, importable once conftest has run
 
     return read_jobs(gate)
 
@@ -176,35 +169,34 @@ class KillInFlight:
 
 
 # the runs of killed_worker_matches_inline: half the clients sampled, so some clients train for the first time after
-# round 1 and others bring back state from rounds before. The driver runs in the calling process and reports each
-# round before it starts the next, so the kill after round 1 always lands before round 2: small rounds will do
+# round 1 and others bring back state from rounds before; the kill waits for a job of round 2 in flight, so small
+# rounds will do
 FAULT_RUN = dict(rounds=3, clients__num=6, clients__fraction=0.5, train__local_epochs=2, data__partition="dirichlet")
 
 
 def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
-    """The ``FAULT_RUN`` tiny experiment with ``extra`` run twice: in process (one worker, no Ray), then on Ray with
-    two workers, one SIGKILLed once round 1 is reported (before round 2 starts). Both must give the same
-    metrics: one comparison checks one vs two workers and a killed worker (client state lives outside workers,
-    server state in the driver). Returns the in-process rows. Needs the ``ray_cluster`` fixture."""
+    """The ``FAULT_RUN`` tiny experiment with ``extra`` run twice: in process (no Ray), then on Ray with two
+    workers, one SIGKILLed in the middle of a client job of round 2 (tests/plugins/held_jobs.py holds the round's
+    jobs until the worker is dead). The killed job must run again in another process, and both runs must give the
+    same metrics: one comparison checks in-process against two workers, and a killed worker (client state lives
+    outside workers, server state in the driver). Returns the in-process rows. Needs the ``ray_cluster`` fixture."""
+    from held_jobs import hold
+
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
 
+    plugins = ",".join(["held_jobs"] + [p for p in str(extra.pop("plugins", "[]")).strip("[]").split(",") if p])
+
     def cfg(name: str, **more: object):
-        overrides = {**FAULT_RUN, **extra, **more}
+        overrides = {**FAULT_RUN, **extra, "plugins": f"[{plugins}]", **more}
         return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **overrides))
 
     _, one, _ = run_experiment(cfg("one", engine__backend="inline"))
-    pids: list[int] = []
-
-    def remember(info: dict) -> None:
-        pids.extend(w["pid"] for w in info["control"].worker_info())
-
-    def kill_after_round_one(metrics: dict) -> None:
-        if metrics["round"] == 1:
-            os.kill(pids[0], signal.SIGKILL)
-
-    _, hit, _ = run_experiment(cfg("ray", engine__backend="ray", engine__num_workers=2), on_start=remember,
-                               on_round=kill_after_round_one)
-    assert hit[-1].get("workers_replaced", 0) >= 1
+    gate = tmp_path / "gate"
+    hold(tmp_path / "ray", 2, gate)
+    with KillInFlight(gate) as kill:
+        _, hit, _ = run_experiment(cfg("ray", engine__backend="ray", engine__num_workers=2))
+    kill.assert_rerun()
+    assert hit[1]["workers_replaced"] == hit[-1]["workers_replaced"] == 1 and "workers_replaced" not in hit[0]
     assert [{k: v for k, v in r.items() if k != "workers_replaced"} for r in strip_timing(hit)] == strip_timing(one)
     return one

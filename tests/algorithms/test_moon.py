@@ -151,28 +151,17 @@ def test_cli_bad_tau_exits_2_with_one_line(tmp_path):
 # ---------------------------------------------------------------------------------------------- on Ray
 # half the clients sampled, so some clients train for the first time after round 1 and others bring back a pool
 # from two rounds before
-SLOW = dict(rounds=5, clients__num=6, clients__fraction=0.5, data__partition="dirichlet", algorithm__mu=5,
-            algorithm__out_dim=32, train__local_epochs=4, model__hidden="[256,256]", plugins="[held]",
-            algorithm__name="held_moon")
+SLOW = dict(rounds=5, clients__num=6, clients__fraction=0.5, data__partition="dirichlet", algorithm__name="moon",
+            algorithm__mu=5, algorithm__out_dim=32, train__local_epochs=4, model__hidden="[256,256]")
 
 
 def test_one_worker_in_process_and_two_on_ray_with_one_killed_agree(ray_cluster, tmp_path):
     """The same metrics in this process, and on two Ray workers of which one is SIGKILLed in the middle of a job of
-    round 2 (tests/plugins/held.py holds it there): the job runs again on a fresh worker, and every client's
+    round 2 (helpers.killed_worker_matches_inline): the job runs again on a fresh worker, and every client's
     previous-model pool lives outside the dead worker."""
-    from helpers import KillInFlight, held_jobs
-    from raysim.engine.runner import run_experiment
+    from helpers import killed_worker_matches_inline
 
-    def cfg(name: str, **extra):
-        return load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**SLOW, **extra}))
-
-    _, one, _ = run_experiment(cfg("one"))
-    gate = tmp_path / "gate"
-    with KillInFlight(gate) as kill:
-        _, hit, _ = run_experiment(cfg("hit", engine__num_workers=2, **held_jobs(gate)))
-    kill.assert_rerun()
-    assert hit[-1]["workers_replaced"] == 1
-    assert [{k: v for k, v in r.items() if k != "workers_replaced"} for r in strip_timing(hit)] == strip_timing(one)
+    one = killed_worker_matches_inline(tmp_path, **SLOW)
     for r in one:
         assert {"acc_global", "acc_mean", "loss", "loss_ce", "loss_con"} <= set(r)
         assert math.isfinite(r["loss"]) and r["loss"] == pytest.approx(r["loss_ce"] + 5 * r["loss_con"], rel=1e-6)

@@ -3,6 +3,7 @@ NaN/Inf updates, damaged, foreign and malicious files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,8 @@ import ray
 import torch
 
 from conftest import ROOT, read_rows, strip_timing, tiny_overrides
-from helpers import KillInFlight, alive, held_jobs
+from held_jobs import hold
+from helpers import KillInFlight, alive, killed_worker_matches_inline
 from raysim.cli import main as cli_main
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
@@ -31,26 +33,30 @@ def _without(rows: list[dict], *keys: str) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------- killed workers (Ray)
-# Every client job of round 2 notes its (client, pid) and waits at a gate (tests/plugins/held.py), so the kill lands
-# in a job that is certainly in flight; the gate opens once the worker is dead.
-HELD = dict(plugins="[held]", algorithm__name="held_fedavg", rounds=3, clients__num=6, data__partition="dirichlet")
-
-
-def _held(gate: Path, **extra) -> dict:
-    return dict(HELD, **held_jobs(gate), **extra)
-
-
+# Every client job of round 2 notes its (client, pid) and waits at a gate (tests/plugins/held_jobs.py), so the kill
+# lands in a job that is certainly in flight; the gate opens once the worker is dead.
 def test_killed_worker_changes_no_metric(ray_cluster, tmp_path):
-    """A worker SIGKILLed in the middle of a batch of three clients (one Ray call): the batch is re-run client by
-    client, and the metrics equal those of an undisturbed run (in-process, which gives Ray's numbers)."""
-    calm = run_experiment(_cfg(tmp_path, "calm", **HELD))[1]
-    gate = tmp_path / "gate"
-    with KillInFlight(gate) as kill:
-        hit = run_experiment(_cfg(tmp_path, "hit", **_held(gate, engine__num_workers=2,
-                                                           engine__clients_per_call=3)))[1]
-    kill.assert_rerun()
-    assert hit[1]["workers_replaced"] == hit[-1]["workers_replaced"] == 1 and "workers_replaced" not in hit[0]
-    assert _without(hit, "workers_replaced") == strip_timing(calm)
+    """FedAvg, all six clients a round, three to a Ray call: the worker is SIGKILLed in the middle of a batch, the
+    batch is re-run client by client, and the metrics equal those of the run in this process."""
+    killed_worker_matches_inline(tmp_path, clients__fraction=1, engine__clients_per_call=3)
+
+
+# the cohort test below still kills "after round 1" (the job gate holds ClientJobs.train, which cohorts bypass):
+# rounds long enough (~1 s) that a kill lands inside a round
+SLOW = dict(rounds=3, clients__num=6, train__local_epochs=4, model__hidden="[256,256]", data__partition="dirichlet")
+
+
+def _kill_a_worker_after_round_one(pids: list[int]):
+    def on_round(metrics):
+        if metrics["round"] == 1:  # the driver is already inside round 2: the streaming loop runs ahead
+            os.kill(pids[0], signal.SIGKILL)
+    return on_round
+
+
+def _remember_worker_pids(pids: list[int]):
+    def on_start(info):
+        pids.extend(w["pid"] for w in info["control"].worker_info())
+    return on_start
 
 
 def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
@@ -59,7 +65,7 @@ def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
     stacked = dict(SLOW, engine__vectorize=4, clients__num=9)
     _, calm, _ = run_experiment(_cfg(tmp_path, "calm", engine__backend="inline", **stacked))
     pids: list[int] = []
-    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__num_workers=2, **stacked),
+    _, hit, _ = run_experiment(_cfg(tmp_path, "hit", engine__backend="ray", engine__num_workers=2, **stacked),
                                on_start=_remember_worker_pids(pids), on_round=_kill_a_worker_after_round_one(pids))
     assert hit[-1]["workers_replaced"] >= 1 and hit[-1]["vectorize"] == 4
     assert _without(hit, "workers_replaced") == _without(calm, "workers_replaced")
@@ -67,8 +73,10 @@ def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
 
 def test_retries_exhausted_stops_with_client_and_round(ray_cluster, tmp_path):
     gate = tmp_path / "gate"
+    hold(tmp_path / "r", 2, gate)
     with KillInFlight(gate) as kill, pytest.raises(BaseException) as info:
-        run_experiment(_cfg(tmp_path, "r", **_held(gate, engine__max_retries=0)))
+        run_experiment(_cfg(tmp_path, "r", plugins="[held_jobs]", rounds=3, engine__backend="ray",
+                            engine__max_retries=0))
     assert kill.killed is not None
     stopped = find_user_error(info.value)
     assert isinstance(stopped, RunStopped), info.value
