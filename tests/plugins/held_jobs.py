@@ -41,12 +41,10 @@ _train = core.ClientJobs.train
 
 
 def _held_train(self, job, shared, own, state):
-    try:
-        round, gate = Path(f"{self.cfg.log.dir}.hold").read_text().split(maxsplit=1)
-    except (OSError, ValueError, TypeError):
-        return _train(self, job, shared, own, state)
-    gate = gate.strip()
-    if job.round == int(round):
+    hold = Path(f"{self.cfg.log.dir}.hold")
+    spec = hold.read_text().split(maxsplit=1) if hold.is_file() else []
+    if len(spec) == 2 and job.round == int(spec[0]):
+        gate = spec[1].strip()
         with open(jobs_file(gate), "a") as fh:
             fh.write(f"{job.round} {job.client_id} {os.getpid()}\n")
         deadline = time.monotonic() + TIMEOUT_S
