@@ -257,7 +257,8 @@ def test_second_sigint_aborts_at_once(cli_env, tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "raysim: interrupted" and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (f"raysim: interrupted: a second signal; round 1 is checkpointed; resume "
+                                            f"with: raysim run --resume {run_dir}") and "Traceback" not in err, err
     assert Path(f"{gate}.sigints").read_text() == "SIGINT\nSIGINT\n"
     assert _server_checkpoint(run_dir)["round"] == 1 and [r["round"] for r in read_rows(run_dir)] == [1]
 
