@@ -3,8 +3,10 @@
 A file ``LOG_DIR.hold`` beside the run directory holds ``ROUND GATE``: every training job of round ROUND first
 appends ``round client pid`` to ``GATE.jobs``, then waits for the file GATE. A test that kills the process named
 there kills a worker in the middle of a job; a second line for the same client, from another pid, shows that the
-job ran again. Without the file nothing changes (the module patches ``ClientJobs.train`` wherever it is imported,
-as every worker imports a config's plugins), so a run with and without the hold computes the same numbers.
+job ran again. The module patches ``ClientJobs.start`` wherever it is imported (every worker imports a config's
+plugins), the start of every training job, one client at a time or in a vectorised cohort (``engine.vectorize``:
+the cohort waits at its first client's start; a client that a cohort trains alone after all notes a second line from
+the same pid). Without the file nothing changes, so a run with and without the hold computes the same numbers.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def hold(log_dir: str | Path, round: int, gate: str | Path) -> None:
     Path(f"{Path(log_dir)}.hold").write_text(f"{round} {gate}\n")
 
 
-_train = core.ClientJobs.train
+_start = core.ClientJobs.start
 
 
-def _held_train(self, job, shared, own, state):
+def _held_start(self, job, shared, own, state):
     hold = Path(f"{self.cfg.log.dir}.hold")
     spec = hold.read_text().split(maxsplit=1) if hold.is_file() else []
     if len(spec) == 2 and job.round == int(spec[0]):
@@ -53,7 +55,7 @@ def _held_train(self, job, shared, own, state):
                 raise RuntimeError(f"client {job.client_id} in round {job.round} held for {TIMEOUT_S:g} s: {gate} "
                                    f"never appeared")
             time.sleep(0.05)
-    return _train(self, job, shared, own, state)
+    return _start(self, job, shared, own, state)
 
 
-core.ClientJobs.train = _held_train
+core.ClientJobs.start = _held_start
