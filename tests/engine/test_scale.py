@@ -76,7 +76,8 @@ class _FakeWorker:
         self.train_groups = SimpleNamespace(options=self._group_options)
 
     def _group_options(self, num_returns: int):
-        def remote(groups, *states):
+        def remote(groups, *states, stacked=False):
+            assert not stacked  # engine.vectorize off: no cohort
             assert len(states) == sum(len(g) for g in groups) and num_returns == len(groups) + len(states)
             self.calls.append(("groups", [list(g) for g in groups]))
             return [f"sum{g[0]}" for g in groups] + [f"state{c}" for g in groups for c in g]
