@@ -22,7 +22,7 @@ ALGORITHM_TINY: dict[str, dict] = {
     "fapd": {"algorithm__teacher__epochs": 3, "algorithm__k0": 2, "algorithm__delta_k": 3},
     "fedbn": {"model__name": "cnn_bn", "model__width": 4},  # batch norm to keep local
     "fedcda": {"algorithm__memory_size": 2, "algorithm__warmup_rounds": 1},
-    "fedpcl": {"algorithm__pretrain__epochs": 2, "algorithm__proj_dim": 8},
+    "fedpcl": {"algorithm__pretrain__epochs": 2, "algorithm__proj_dim": 8, "data__server_holdout": 0.1},
     "fedprox": {"algorithm__mu": 0.1},
     "moon": {"algorithm__out_dim": 16},
 }

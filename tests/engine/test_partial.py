@@ -14,7 +14,7 @@ from raysim.engine.jobs import TrainResult
 from raysim.engine.partial import (UploadSum, combine, fixed_groups, flatten, group_size, sum_in_groups, sum_results,
                                    unflatten)
 from raysim.engine.runner import run_experiment
-from raysim.registry import get_algorithm, names
+from raysim.registry import builtin_names, get_algorithm
 
 
 def _upload(seed: int) -> dict:
@@ -103,7 +103,7 @@ def test_sums_taken_in_groups_equal_the_drivers_bit_for_bit():
     assert torch.allclose(mean["w"].double(), expect, rtol=0, atol=1e-6)
 
 
-WEIGHTED_SUM = [name for name in names("algorithm")
+WEIGHTED_SUM = [name for name in builtin_names("algorithm")  # built-ins only: other modules register test plugins
                 if get_algorithm(name)(load_config(None, [f"algorithm.name={name}"])).sums_uploads]
 
 
