@@ -1,6 +1,7 @@
 """raysim against Flower's simulation engine on the same FedAvg workloads, end to end.
 
     .venv/bin/python benchmarks/flower.py [--repeats 3] [--workloads mlp,cnn] [--clients 20] [--rounds 5] [--no-wait]
+        [--set KEY=VALUE ...] [--out NAME]
 
 Flower 1.42 pins ray==2.55.1 and protobuf<7, so it lives in its own virtual environment, benchmarks/.flwr-venv
 (git-ignored), which this script builds on first use (``python -m venv`` + pip; a few minutes). The Flower side runs
@@ -8,6 +9,8 @@ as a subprocess in that environment (benchmarks/_flower_app.py), the raysim side
 both times are from launch to exit, Ray's start included. Both get the same partition, initial weights, model,
 optimiser, job seeds, rounds and clients (`--clients`, default 20, all sampled every round), 2 CPUs, 1 CPU per
 client actor/worker, and evaluate the final global model once on every client's test split (raysim's ``acc_global``).
+``--set KEY=VALUE`` adds a raysim override to the raysim side only (``engine.vectorize=auto``; ``engine.num_workers=1``
+runs raysim in its own process), ``--out NAME`` keeps that run's figures apart (benchmarks/out/NAME.json).
 
 Workloads: ``mlp`` (tiny: an MLP on scikit-learn's 8x8 digits, ~70 samples per client; the engines' overhead
 dominates) and ``cnn`` (compute-bound: the small CNN on the embedded MNIST sample, ~200 images per client).
@@ -95,10 +98,10 @@ def run_flower(bundle: Path, workload: str) -> dict[str, Any]:
     return {"total_s": total, **json.loads(out.read_text())}
 
 
-def run_raysim(workload: str, rounds: int, clients: int) -> dict[str, Any]:
+def run_raysim(workload: str, rounds: int, clients: int, extra: list[str]) -> dict[str, Any]:
     run_dir = OUT / f"flower-raysim-{workload}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    timing = run_cli(overrides(workload, rounds, clients) + ["engine.num_workers=2", f"log.dir={run_dir}"])
+    timing = run_cli(overrides(workload, rounds, clients) + ["engine.num_workers=2", *extra, f"log.dir={run_dir}"])
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
     shutil.rmtree(run_dir, ignore_errors=True)
     return {"total_s": timing["total_s"], "round1_s": timing["round1_s"], "rounds_s": rows[-1]["wall_s_total"],
@@ -112,17 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="mlp,cnn")
     p.add_argument("--clients", type=int, default=CLIENTS, help="clients.num, all sampled every round")
     p.add_argument("--no-wait", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra raysim override, raysim side only (e.g. engine.vectorize=auto)")
+    p.add_argument("--out", default="flower", help="results go to benchmarks/out/OUT.json")
     args = p.parse_args(argv)
     flwr_version = ensure_flower_venv()
     info = machine_info() | {"flwr": flwr_version}
     print(f"[flower] {info}", flush=True)
-    result: dict[str, Any] = {"machine": info, "clients": args.clients, "rounds": args.rounds, "workloads": {}}
+    result: dict[str, Any] = {"machine": info, "clients": args.clients, "rounds": args.rounds, "raysim_set": args.set,
+                              "workloads": {}}
     for wl in [w for w in args.workloads.split(",") if w]:
         bundle, _ = write_bundle(wl, args.rounds, args.clients)
         runs: dict[str, list[dict]] = {"raysim": [], "flower": []}
         for rep in range(args.repeats):
             load = wait_quiet(enabled=not args.no_wait)
-            runs["raysim"].append(run_raysim(wl, args.rounds, args.clients) | {"load_before": load})
+            runs["raysim"].append(run_raysim(wl, args.rounds, args.clients, args.set) | {"load_before": load})
             runs["flower"].append(run_flower(bundle, wl) | {"load_before": loadavg()})
             r, f = runs["raysim"][-1], runs["flower"][-1]
             print(f"[flower] {wl} rep {rep}: raysim {r['total_s']:.1f}s (acc {r['acc_global']:.4f})  flower "
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                            "max_abs_diff": max(abs(a - b) for a, b in zip(acc_r, acc_f))},
             "max_round_loss_diff": loss_gap, "runs": runs}
         bundle.unlink(missing_ok=True)
-    path = save_json("flower", result)
+    path = save_json(args.out, result)
     print(f"\n[flower] results in {path}")
     for wl, e in result["workloads"].items():
         print(f"{wl}: end to end s  raysim {fmt(e['total_s']['raysim'], 1, 1)}  "

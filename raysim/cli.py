@@ -250,15 +250,16 @@ def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    config, overrides = _split_config_and_overrides(args)
+    # the first line, before anything slow (the engine's modules, the config's algorithm, which imports torch, and
+    # Ray, which takes seconds to start)
+    print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
+          f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     from raysim.config import load_config
     from raysim.engine.executor import choose_backend
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
-    config, overrides = _split_config_and_overrides(args)
-    # the first line, before anything slow (the config's algorithm imports torch, Ray takes seconds to start)
-    print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
-          f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     if args.resume:
         run_dir = Path(args.resume)
         overrides.append(f"log.dir={run_dir}")

@@ -47,6 +47,9 @@ class FedBN(Algorithm):
     """FedAvg with local batch norm: clients keep their batch-norm layers; all other layers are averaged."""
 
     shared = "all"  # every layer but batch norm (check refuses mixed architectures, as for FedAvg)
+    # engine.vectorize: FedAvg's client hooks; each client's batch norm is its own slice of the stack (equal to one
+    # client at a time within float32 rounding: the stacked batch norm sums in another order)
+    vectorizable = True
 
     @property
     def has_global_model(self) -> bool:

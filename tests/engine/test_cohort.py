@@ -232,6 +232,28 @@ def test_batch_norm_statistics_are_each_clients_own(tmp_path):
     assert not torch.equal(first, together[1][0].upload["backbone.2.running_mean"])  # each its own
 
 
+def test_fedbn_cohorts_keep_each_clients_batch_norm(tmp_path):
+    """FedBN on cnn_bn: in a cohort every client trains and keeps its own batch-norm layers, new clients (round 1)
+    and returning ones (their kept layers loaded) alike, within float32 rounding of one client at a time."""
+    # small plain steps, as in the test above: at lr 0.05 with momentum 0.9 the stacked batch norm's other summation
+    # order grows to 2e-2 within one epoch of the larger clients (both ways are float32 rounding, amplified)
+    core, jobs, shared = _setup(tmp_path, "fedbn", data__name="mnist", model__name="cnn_bn", model__width=4,
+                                train__local_epochs=1, clients__num=4, train__momentum=0.0, train__lr=0.01)
+    states: list = [None] * 4
+    for round_ in (1, 2):
+        jobs = [TrainJob(client_id=j.client_id, round=round_, payload_ref=None) for j in jobs]
+        alone = [core.train(j, shared, None, s) for j, s in zip(jobs, states)]
+        together = train_cohort(core, jobs, shared, [None] * 4, states)
+        for (r1, k1), (r2, k2) in zip(alone, together):
+            assert k1.keys() == k2.keys() and k1 and not set(k1) & set(r1.upload)  # batch norm kept, not sent
+            for mine, theirs in ((r1.upload, r2.upload), (k1, k2)):
+                for key, value in mine.items():
+                    torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=1e-5)
+        means = [keep[next(k for k in keep if k.endswith("running_mean"))] for _, keep in together]
+        assert not torch.equal(means[0], means[1])  # each client's own statistics
+        states = [keep for _, keep in alone]
+
+
 def test_one_clients_order_for_linear_layers_and_cross_entropy():
     """Under vmap, a linear layer's weight gradient and a batch-mean cross-entropy are computed in one client's
     summation order: stacked results equal per-client ones bit for bit, for batches across the kernel's cascade."""
@@ -332,7 +354,7 @@ def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- what may vectorise
 def test_declaring_vectorisable_hooks():
-    assert all(get_algorithm(a).vectorizes() for a in SUPPORTED)
+    assert all(get_algorithm(a).vectorizes() for a in [*SUPPORTED, "fedbn"])  # fedbn: within float32 rounding
     assert not Algorithm.vectorizes() and not get_algorithm("moon").vectorizes()
 
     class ServerSide(FedAvg):  # FedAvg's client hooks, its own aggregation: still vectorisable
