@@ -207,3 +207,18 @@ def run_cli(args: list[str], env: Optional[dict] = None, marker: Optional[str] =
 
 _ROUND_LINE = re.compile(r"^round\s+\d+/\d+")  # raysim.runlog.format_round's line, one per round
 _ROUND_ONE = re.compile(r"^round\s+1/\d+")
+
+
+def ensure_venv(venv: Path, packages: list[str], probe_code: str, tag: str) -> str:
+    """Build a peer's own virtual environment once (its pins clash with raysim's); return what ``probe_code`` prints
+    there (the peer's version)."""
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", probe_code]
+    if python.exists():
+        done = subprocess.run(probe, capture_output=True, text=True)
+        if done.returncode == 0:
+            return done.stdout.strip()
+    print(f"[{tag}] building {venv} (first use; pip install {' '.join(packages)})", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
+    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()

@@ -31,7 +31,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import OUT, ROOT, fmt, loadavg, machine_info, run_cli, save_json, summary, wait_quiet  # noqa: E402
+from _common import (OUT, ROOT, ensure_venv, fmt, loadavg, machine_info, run_cli, save_json, summary,  # noqa: E402
+                     wait_quiet)
 from overhead import CLIENTS, overrides  # noqa: E402 - the same workloads as the overhead benchmark
 
 FLWR_VENV = HERE / ".flwr-venv"
@@ -42,15 +43,7 @@ FLWR_PACKAGES = ["torch==2.14.1", "flwr[simulation]==1.42", "numpy", "scikit-lea
 
 def ensure_flower_venv() -> str:
     """Build benchmarks/.flwr-venv once; return Flower's version."""
-    probe = [str(FLWR_PY), "-c", "import flwr, torch, omegaconf; print(flwr.__version__)"]
-    if FLWR_PY.exists():
-        done = subprocess.run(probe, capture_output=True, text=True)
-        if done.returncode == 0:
-            return done.stdout.strip()
-    print(f"[flower] building {FLWR_VENV} (first use; pip install {' '.join(FLWR_PACKAGES)})", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(FLWR_VENV)], check=True)
-    subprocess.run([str(FLWR_PY), "-m", "pip", "install", "-q", *FLWR_PACKAGES], check=True)
-    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    return ensure_venv(FLWR_VENV, FLWR_PACKAGES, "import flwr, torch, omegaconf; print(flwr.__version__)", "flower")
 
 
 def write_bundle(workload: str, rounds: int, clients: int) -> tuple[Path, Any]:

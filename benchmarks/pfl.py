@@ -44,11 +44,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import OUT, ROOT, fmt, loadavg, machine_info, run_cli, save_json, summary, wait_quiet  # noqa: E402
+from _common import (OUT, ROOT, ensure_venv, fmt, loadavg, machine_info, run_cli, save_json, summary,  # noqa: E402
+                     wait_quiet)
 from _pfl.workloads import CNN_FEATURES, MLP_HIDDEN, NUM_CLASSES, WORKLOADS, batch_starts  # noqa: E402
 
 PFL_VENV = HERE / ".pfl-venv"
-PFL_PY = PFL_VENV / "bin" / "python"
 PFL_PACKAGES = ["torch==2.14.1", "pfl[pytorch]==0.6.0", "numpy"]
 PEERS = HERE / "_pfl"
 ENGINES = ("plain", "inline", "ray1", "ray2", "pfl1", "pfl2")
@@ -60,15 +60,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 def ensure_pfl_venv() -> str:
     """Build benchmarks/.pfl-venv once; return pfl's version."""
-    probe = [str(PFL_PY), "-c", "import importlib.metadata as m, pfl, torch; print(m.version('pfl'))"]
-    if PFL_PY.exists():
-        done = subprocess.run(probe, capture_output=True, text=True)
-        if done.returncode == 0:
-            return done.stdout.strip()
-    print(f"[pfl] building {PFL_VENV} (first use; pip install {' '.join(PFL_PACKAGES)})", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(PFL_VENV)], check=True)
-    subprocess.run([str(PFL_PY), "-m", "pip", "install", "-q", *PFL_PACKAGES], check=True)
-    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    return ensure_venv(PFL_VENV, PFL_PACKAGES, "import importlib.metadata as m, pfl, torch; print(m.version('pfl'))",
+                       "pfl")
 
 
 # ---------------------------------------------------------------------------------------------------- settings
