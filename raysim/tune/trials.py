@@ -6,6 +6,7 @@ import contextlib
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -44,6 +45,19 @@ ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line caus
 LOST_ATTEMPT_WAIT_S = 60.0  # how long a restarted trial waits for its lost attempt to let go of its run directory
 
 
+def quiet_exit_on_sigterm() -> None:
+    """When Tune ends a trial's actor, Ray's SIGTERM handler raises ``SystemExit``; if that lands inside a weakref
+    callback, Python prints it as "Exception ignored in ... Traceback", which Ray forwards to the user's terminal. An
+    exit is not an error: this process drops such reports and leaves every other one to Python's default hook."""
+    default = sys.unraisablehook
+
+    def hook(report: Any) -> None:
+        if not isinstance(report.exc_value, SystemExit):
+            default(report)
+
+    sys.unraisablehook = hook
+
+
 def run_trial(values: dict, setup: TrialSetup) -> None:
     """The Tune trainable: one raysim run whose workers use the trial's placement group, reporting every round.
 
@@ -56,6 +70,7 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
 
     from raysim.engine.placement import this_node, trial_host
 
+    quiet_exit_on_sigterm()
     trial_id, group = tune.get_context().get_trial_id(), ray.util.get_current_placement_group()
     if not setup.launch_node or this_node() == setup.launch_node:
         run_trial_on_launch_node(values, setup, trial_id, group, report=tune.report, on_start=lambda info: None,

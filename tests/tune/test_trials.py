@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ray.exceptions import ActorDiedError, NodeDiedError, RayTaskError, WorkerCrashedError
 
 from raysim.errors import RunStopped, UserError
@@ -27,3 +29,21 @@ def test_lost_with_a_process_tells_ray_losses_from_a_trials_own_failures():
         raise RunStopped("worker died 4 times (engine.max_retries=3)") from ActorDiedError()
     except RunStopped as exc:
         assert not lost_with_a_process(exc)  # the run gave up on its own terms: not restarted
+
+
+def test_a_trial_process_drops_sigterm_exits_reported_as_unraisable(monkeypatch):
+    """Tune ending a trial's actor: Ray's SIGTERM handler raises SystemExit, and inside a weakref callback Python
+    reports it through sys.unraisablehook ("Exception ignored in ... Traceback", forwarded to the user's terminal).
+    The trial's hook drops exits and passes every other report to the previous hook."""
+    from types import SimpleNamespace
+
+    from raysim.tune.trials import quiet_exit_on_sigterm
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    quiet_exit_on_sigterm()
+    exit_report = SimpleNamespace(exc_value=SystemExit(1), exc_type=SystemExit)
+    error_report = SimpleNamespace(exc_value=ValueError("real"), exc_type=ValueError)
+    sys.unraisablehook(exit_report)
+    sys.unraisablehook(error_report)
+    assert seen == [error_report]
