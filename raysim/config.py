@@ -202,7 +202,7 @@ class ModelConfig:
             require(all(p is None or (isinstance(p, str) and p) for p in paths), "model.weights",
                      "must be a file path or a list with one path (or null) per client")
             paths = [None if p is None else str(Path(p).expanduser().resolve()) for p in paths]
-            for p in paths:  # absolute now: the driver actor may run in another working directory
+            for p in paths:  # absolute now: a Tune trial's run may start in another working directory
                 require(p is None or Path(p).is_file(), "model.weights",
                          f"file not found: {p} (expected a torchvision-format state dict of the backbone, "
                          f"saved with torch.save(backbone.state_dict(), PATH))")
@@ -248,7 +248,7 @@ class EngineConfig:
     gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
     # null: like ray.init() (RAY_ADDRESS, else a live `ray start` cluster, else its own Ray); local; auto; host:port
     address: Optional[str] = None
-    driver_cpus: float = 0.0  # CPUs reserved for the driver actor (it mostly waits on workers)
+    driver_cpus: float = 0.0  # CPUs reserved for the driver's process (it mostly waits on workers)
     jobs_per_worker: int = 2  # jobs in flight per worker, so a worker never idles between jobs
     # clients trained per Ray call: auto (as many as make a call ~20 ms of measured work, 1 for long updates) or N;
     # sum groups (partial_sums) go whole, as many as fit in N clients

@@ -86,7 +86,7 @@ def warn_stderr(message: str) -> None:
 
 
 class RunLog:
-    """Owned by the driver actor; resumes cleanly by truncating what came after the checkpoint."""
+    """Owned by the driver; resumes cleanly by truncating what came after the checkpoint."""
 
     def __init__(self, run_dir: Path, *, tensorboard: bool, per_client_max: int, resume_round: int = 0):
         self.run_dir = run_dir

@@ -62,7 +62,7 @@ class TeacherConfig:
         key = "algorithm.teacher."
         for name in ("features", "class_embeddings", "cache_dir"):
             value = getattr(self, name)
-            if value is not None:  # absolute now: the driver actor may run in another working directory
+            if value is not None:  # absolute now: a Tune trial's run may start in another working directory
                 setattr(self, name, os.path.abspath(os.path.expanduser(str(value))))
         if self.calibration_fraction is not None:
             require(0.0 <= self.calibration_fraction < 1.0, key + "calibration_fraction",

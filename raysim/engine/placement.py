@@ -11,17 +11,17 @@ Nodes of a cluster need not share a filesystem, so run directories, ``metrics.js
 checkpoints and the sweep table stay where ``raysim run`` / ``raysim tune`` was started, and everything else reaches
 that node through Ray:
 
-- ``raysim run``: the command's process prepares the run directory and pins the driver actor (which writes metrics,
-  TensorBoard events and checkpoints) to its own node; workers run anywhere and return results as Ray objects.
+- ``raysim run``: the command's process prepares the run directory and runs the driver itself (it writes metrics,
+  TensorBoard events and checkpoints); workers run anywhere and return results as Ray objects.
 - a Tune trial: Tune places the trial's actor in the trial's placement group, on any node. That actor only relays:
   it starts a :class:`TrialHost` on the launch node (``launch_node``, recorded by the sweep) and reports the rounds
   the host streams back. The host runs the trial's whole raysim run there (run directory, resume from its
   checkpoint, driver); the workers take the placement group's bundles on whatever nodes hold them. So a trial that
   Tune restarts on another node finds its checkpoint where it left it.
 
-The host and the driver are created by the trial (Ray ends an actor when its owner dies), so a trial that ends, or
-is lost with its node, leaves nothing running; the placement group's first bundle holds the driver's CPUs
-(``engine.driver_cpus``) for the trial, so the pinned driver itself asks for none.
+The host is created by the trial (Ray ends an actor when its owner dies) and runs the driver in its own process, so
+a trial that ends, or is lost with its node, leaves nothing running; the placement group's first bundle holds the
+driver's CPUs (``engine.driver_cpus``) for the trial, so the host itself asks for none.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Host side of a run: prepare the run directory, then run the driver in this process (``engine.backend=inline``)
-or start or join Ray, create the driver actor and its workers, and stream its rounds (``ray``).
+or start or join Ray and its workers and run the driver here too (``ray``).
 
 Used by ``raysim run``, ``raysim.run`` and each Ray Tune trial; the round loop itself lives in the driver.
 """
