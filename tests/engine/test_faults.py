@@ -15,7 +15,7 @@ import ray
 import torch
 
 from conftest import ROOT, read_rows, strip_timing, tiny_overrides
-from held_jobs import hold
+from held_jobs import hold, read_jobs
 from helpers import KillInFlight, alive, killed_worker_matches_inline
 from raysim.cli import main as cli_main
 from raysim.config import load_config
@@ -170,18 +170,25 @@ ALGORITHM_EXTRAS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHM_EXTRAS))
 def test_sigkilled_run_resumes_to_identical_metrics(shared_run, cli_env, tmp_path, algorithm):
-    """``raysim run`` SIGKILLed after round 2 (in-process: the process killed is the one that runs the rounds)."""
+    """``raysim run`` SIGKILLed in round 3, its jobs held at a gate (in-process: the process killed is the one that
+    runs the rounds), then resumed."""
     extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
                  **ALGORITHM_EXTRAS[algorithm])
     if algorithm == "fapd":
         extra["algorithm__teacher__cache_dir"] = str(tmp_path / "teacher-cache")
     full = shared_run(**extra)[1]  # the undisturbed run (FedAvg's is FedCDA's test's reference too)
-    run_dir = tmp_path / "killed"
-    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), **extra), cli_env)
+    run_dir, gate = tmp_path / "killed", tmp_path / "gate"
+    hold(run_dir, 3, gate)  # round 3's jobs wait, so the kill lands mid-run however fast the rounds are
+    proc = _cli(tiny_overrides(tmp_path, log__dir=str(run_dir), plugins="[held_jobs]", **extra), cli_env)
     _wait_for_round(proc, 2)
+    deadline = time.monotonic() + 120
+    while not any(r == 3 for r, _, _ in read_jobs(gate)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(r == 3 for r, _, _ in read_jobs(gate)), "round 3 never reached the gate"
     proc.kill()
     proc.wait(timeout=60)
-    assert 2 <= len(read_rows(run_dir)) < 4  # killed mid-run
+    assert len(read_rows(run_dir)) == 2  # killed in round 3
+    Path(f"{run_dir}.hold").unlink()  # the resumed run is not held
     assert cli_main(["run", "--resume", str(run_dir), "--quiet"]) == 0
     assert strip_timing(read_rows(run_dir)) == strip_timing(full)
 
