@@ -103,18 +103,20 @@ class ServerContext:
 
 def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:
     """Weighted mean of (nested dicts of) tensors, Σ_i u_i·(w_i / Σ w), accumulated in float64 in the given
-    (client-id) order so results never depend on timing; each upload as one flat buffer (one vectorised operation
-    per upload, not one per tensor), cast back to each tensor's dtype (integers rounded)."""
-    from raysim.engine.partial import flatten, unflatten
+    (client-id) order so results never depend on timing: one flat float64 buffer, each upload added into it tensor
+    by tensor (no float64 copy of each upload), cast back to each tensor's dtype (integers rounded)."""
+    from raysim.engine.partial import flat_views, flatten, layout_and_leaves, unflatten
 
     total = float(sum(weights))
     layout, acc = flatten(uploads[0])
     acc.mul_(weights[0] / total)  # = 0 + w·u, as the accumulation from zero gave
+    views = flat_views(layout, acc)
     for upload, w in zip(uploads[1:], weights[1:]):
-        other, flat = flatten(upload)
+        other, leaves = layout_and_leaves(upload)
         if other != layout:
             raise ValueError("weighted_average: uploads differ in keys, shapes or dtypes")
-        acc.add_(flat, alpha=w / total)
+        for view, leaf in zip(views, leaves):
+            view.add_(leaf.detach().reshape(-1), alpha=w / total)  # float64 arithmetic, as on a float64 copy
     return unflatten(layout, acc)
 
 

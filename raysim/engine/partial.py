@@ -52,6 +52,17 @@ def layout_of(tree: dict) -> Layout:
     return tuple((path, tuple(t.shape), t.dtype) for path, t in _leaves(tree))
 
 
+def layout_and_leaves(tree: dict) -> tuple[Layout, list[torch.Tensor]]:
+    """(layout, the tensors in layout order) of a nested dict of tensors."""
+    leaves = list(_leaves(tree))
+    return tuple((path, tuple(t.shape), t.dtype) for path, t in leaves), [t for _, t in leaves]
+
+
+def flat_views(layout: Layout, flat: torch.Tensor) -> list[torch.Tensor]:
+    """The 1-d views of ``flat`` that hold each tensor of ``layout`` (writing to one writes into ``flat``)."""
+    return list(torch.split(flat, [math.prod(shape) for _, shape, _ in layout])) if layout else []
+
+
 def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
     """(layout, one float64 buffer of every tensor's values in order) of a nested dict of tensors."""
     leaves = list(_leaves(tree))
@@ -98,10 +109,13 @@ class UploadSum:
             self.layout, flat = flatten(self.single)
             self.total, self.single = flat * self.weight, None
 
-    def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
+    def _check(self, layout: Layout, who: str) -> None:
         if layout != self.layout:
             raise ValueError(f"{who}: its upload's keys, shapes or dtypes differ from those of clients {self.clients}; "
                              f"a summed upload (Algorithm.weighted_sum) has the same layout for every client")
+
+    def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
+        self._check(layout, who)
         if self.total is None:
             self.total = scaled
         else:
@@ -113,8 +127,14 @@ class UploadSum:
             self.layout, self.single = layout_of(upload), upload  # the layout checks the upload now
         else:
             self._buffer()
-            layout, flat = flatten(upload)
-            self._accumulate(layout, flat * float(weight), f"client {client_id}")
+            layout, leaves = layout_and_leaves(upload)
+            self._check(layout, f"client {client_id}")
+            assert self.total is not None and self.layout is not None
+            # tensor by tensor into the buffer: u·w in float64, then added (the two roundings of a flat copy's
+            # ``flat * w`` and ``add_``, not add_'s fused alpha), with no float64 copy of the whole upload
+            for view, leaf in zip(flat_views(self.layout, self.total), leaves):
+                scaled = leaf.detach().reshape(-1).to(torch.float64, copy=True)
+                view.add_(scaled.mul_(float(weight)))
         self.clients.append(int(client_id))
         self.weight += float(weight)
 
