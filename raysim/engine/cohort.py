@@ -228,6 +228,14 @@ def _tiny_product(rows: int, features: int, outputs: int) -> bool:
     return rows <= 1 or rows * features * outputs < 400
 
 
+def _save_layer_inputs(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    """``setup_context`` of the stacked layers (linear and convolution): their backward needs the input, the weight
+    and whether a bias came."""
+    x, weight, bias = inputs[:3]
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
 class _StackedLinear(torch.autograd.Function):
     """A linear layer of K stacked clients (x [K, N, in], weight [K, out, in], bias [K, out] or None) computed as
     each client's alone: the forward as ``baddbmm``, and the weight's gradient as gᵀx, the orientation of torch's
@@ -242,11 +250,7 @@ class _StackedLinear(torch.autograd.Function):
             return torch.bmm(x, weight.transpose(1, 2))
         return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        x, weight, bias = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+    setup_context = staticmethod(_save_layer_inputs)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
@@ -277,11 +281,7 @@ class _SerialLinear(torch.autograd.Function):
     def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return F.linear(x, weight, bias)
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        x, weight, bias = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
+    setup_context = staticmethod(_save_layer_inputs)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # outside vmap: one linear layer, as torch computes it
@@ -328,10 +328,8 @@ class _StackedConv2d(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        x, weight, bias, stride, padding, dilation, groups = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        ctx.conv = (stride, padding, dilation, groups)
+        _save_layer_inputs(ctx, inputs, output)
+        ctx.conv = tuple(inputs[3:])  # stride, padding, dilation, groups
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:

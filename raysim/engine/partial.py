@@ -47,15 +47,16 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, 
                         f"found {type(tree).__name__}")
 
 
-def layout_of(tree: dict) -> Layout:
-    """The layout of a nested dict of tensors: each tensor's key path, shape and dtype, in order."""
-    return tuple((path, tuple(t.shape), t.dtype) for path, t in _leaves(tree))
-
-
 def layout_and_leaves(tree: dict) -> tuple[Layout, list[torch.Tensor]]:
-    """(layout, the tensors in layout order) of a nested dict of tensors."""
+    """(layout, the tensors in layout order) of a nested dict of tensors; the layout is each tensor's key path,
+    shape and dtype, in order."""
     leaves = list(_leaves(tree))
     return tuple((path, tuple(t.shape), t.dtype) for path, t in leaves), [t for _, t in leaves]
+
+
+def layout_of(tree: dict) -> Layout:
+    """The layout of a nested dict of tensors (see :func:`layout_and_leaves`)."""
+    return layout_and_leaves(tree)[0]
 
 
 def flat_views(layout: Layout, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -65,18 +66,16 @@ def flat_views(layout: Layout, flat: torch.Tensor) -> list[torch.Tensor]:
 
 def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
     """(layout, one float64 buffer of every tensor's values in order) of a nested dict of tensors."""
-    leaves = list(_leaves(tree))
-    layout: Layout = tuple((path, tuple(t.shape), t.dtype) for path, t in leaves)
+    layout, leaves = layout_and_leaves(tree)
     if not leaves:
         return layout, torch.zeros(0, dtype=torch.float64)
-    return layout, torch.cat([t.detach().reshape(-1).to(torch.float64) for _, t in leaves])
+    return layout, torch.cat([t.detach().reshape(-1).to(torch.float64) for t in leaves])
 
 
 def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
     """The nested dict ``flatten`` took apart, each tensor cast back to its dtype (integers rounded first)."""
     out: dict = {}
-    sizes = [math.prod(shape) for _, shape, _ in layout]
-    for (path, shape, dtype), part in zip(layout, torch.split(flat, sizes) if layout else ()):
+    for (path, shape, dtype), part in zip(layout, flat_views(layout, flat)):
         value = part.view(shape)
         value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
         node = out
