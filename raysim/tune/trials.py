@@ -50,11 +50,14 @@ def quiet_exit_on_sigterm() -> None:
     callback, Python prints it as "Exception ignored in ... Traceback", which Ray forwards to the user's terminal. An
     exit is not an error: this process drops such reports and leaves every other one to Python's default hook."""
     default = sys.unraisablehook
+    if getattr(default, "drops_sigterm_exits", False):  # a process that runs several trials installs it once
+        return
 
     def hook(report: Any) -> None:
         if not isinstance(report.exc_value, SystemExit):
             default(report)
 
+    hook.drops_sigterm_exits = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
 
 

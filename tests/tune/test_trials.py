@@ -42,6 +42,9 @@ def test_a_trial_process_drops_sigterm_exits_reported_as_unraisable(monkeypatch)
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
     quiet_exit_on_sigterm()
+    installed = sys.unraisablehook
+    quiet_exit_on_sigterm()  # a second trial in the same process: the hook is not wrapped again
+    assert sys.unraisablehook is installed
     exit_report = SimpleNamespace(exc_value=SystemExit(1), exc_type=SystemExit)
     error_report = SimpleNamespace(exc_value=ValueError("real"), exc_type=ValueError)
     sys.unraisablehook(exit_report)
