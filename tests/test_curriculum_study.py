@@ -1,153 +1,137 @@
 """docs/curriculum-study.md against its committed data (docs/curriculum-study/data).
 
-Every number of the document's section "The committed data" is recomputed here from the CSV files with
+Every table of the document is recomputed from the CSV files by experiments/sweeps/curriculum-study-tables.py, with
 ``raysim report``'s own statistics (``raysim.report_stats``: mean ± std, the paired t-test, the column test with
-Holm's correction) and must equal what the document prints, to the digits it prints. The other sections hold the
-first run's numbers, whose run directories were not kept; the document says so, and a test checks that it does.
+Holm's correction), and must equal the document's cell for cell. Every difference in points and every p-value the
+text cites must be one the data gives, and the counts and settings the text names must be the data's.
 """
 
 from __future__ import annotations
 
-import csv
+import importlib.util
 import re
-from types import SimpleNamespace
-from typing import Optional
 
-import numpy as np
 import pytest
 
 from conftest import ROOT
-from raysim.report_stats import column_tests, compare, mean_std
 
 DOC_PATH = ROOT / "docs" / "curriculum-study.md"
 DATA = ROOT / "docs" / "curriculum-study" / "data"
-SECTION = "## The committed data: the UNIDEAL rerun at 52ebae7"
-EXPERIMENTS = ("niid1", "niid2")
+_spec = importlib.util.spec_from_file_location("curriculum_study_tables",
+                                               ROOT / "experiments" / "sweeps" / "curriculum-study-tables.py")
+study = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(study)  # type: ignore[union-attr]
 
 
-def read(name: str) -> list[dict]:
-    with open(DATA / name) as fh:
-        return list(csv.DictReader(fh))
-
-
-def doc() -> str:
-    return DOC_PATH.read_text().replace("−", "-")
-
-
-def committed_section(text: str) -> str:
-    i = text.index(SECTION)
-    return text[i:text.index("\n## ", i + 1)]
-
-
-def tables(text: str) -> list[list[list[str]]]:
+def doc_tables(text: str) -> list[list[list[str]]]:
     """Every Markdown table in ``text``: its data rows (header and rule left out) as stripped cells."""
     out: list[list[list[str]]] = []
-    current: Optional[list[list[str]]] = None
+    current = None
     for line in text.splitlines():
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if current is None:
                 current = []
                 out.append(current)
                 continue  # the header
             if not set(line) <= set("|- "):
-                current.append(cells)
+                current.append([c.strip() for c in line.strip().strip("|").split("|")])
         else:
             current = None
     return out
 
 
-def printed(text: str, value: float, scale: float = 1.0) -> None:
-    """``value`` × ``scale`` rounds to the number ``text`` prints, at the decimals it prints."""
-    digits = len(text.split(".")[1]) if "." in text else 0
-    assert round(value * scale, digits) == pytest.approx(float(text), abs=1e-9), (text, value * scale)
+def prose(text: str) -> str:
+    """The text without its tables, code blocks, inline code and image lines: what cites figures in sentences."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    lines = [ln for ln in text.splitlines() if not ln.startswith("|") and not ln.startswith("![")]
+    return re.sub(r"`[^`]*`", "", "\n".join(lines))
 
 
-def by_seed(rows: list[dict], experiment: str, method: str) -> dict[int, float]:
-    return {int(r["seed"]): float(r["best_acc_mean"]) for r in rows
-            if r["experiment"] == experiment and r["method"] == method and r["best_acc_mean"] != ""}
+def check_tables(text: str) -> None:
+    expected = study.tables(DATA)
+    found = doc_tables(text)
+    assert len(found) == len(expected) == 5, (len(found), len(expected))
+    for i, (got, want) in enumerate(zip(found, expected)):
+        assert len(got) == len(want), (i, len(got), len(want))
+        for row_got, row_want in zip(got, want):
+            assert row_got == row_want, (i, row_got, row_want)
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, Optional[float]]:
-    """Mean paired difference a − b and ``raysim report``'s paired p (the runs share their seeds)."""
-    assert set(a) == set(b) and len(a) >= 2
-    p, kind = compare(list(a.values()), list(b.values()), a, b)
-    assert kind == "paired"
-    return float(np.mean([a[s] - b[s] for s in a])), p
+SIGNED = re.compile(r"(?<![\w.])[+−]\d+\.\d+")  # a difference in points: +1.17, −2.6
+P_VALUE = re.compile(r"\bp(?: =)? (\d\.\d+(?:e-\d+)?)")  # p = 0.037, Holm p = 0.0013, p 4.4e-04
+POINTS = re.compile(r"(\d+\.\d+) points?\b")  # 2.6 points
+MEAN3 = re.compile(r"(?<![\d.])0\.\d{3}(?!\d)")  # a search mean by group, 0.758
+SCORE4 = re.compile(r"(?<![\d.])0\.\d{4}(?!\d)")  # a search trial's score, 0.8450
 
 
-def holm(groups: dict[str, dict[int, float]]) -> tuple[str, dict[str, Optional[float]]]:
-    """``raysim report``'s column test: (the best method, each other method's Holm-adjusted p against it)."""
-    objs = {m: SimpleNamespace(values=list(v.values()), by_seed=v, mean=float(np.mean(list(v.values()))),
-                               p_vs_best=None, test="", p_adjusted=None, beaten=False) for m, v in groups.items()}
-    best = max(objs, key=lambda m: objs[m].mean)
-    column_tests(objs[best], [o for m, o in objs.items() if m != best], alpha=0.01)
-    return best, {m: o.p_adjusted for m, o in objs.items() if m != best}
+def check_cited(text: str) -> None:
+    cited = study.cited(DATA)
+    tables = study.tables(DATA)
+    search_scores = {row[0] for table in (tables[0], tables[3]) for row in table}  # the two searches' scores
+    search_cells = {cell for table in (tables[0], tables[3]) for row in table for cell in row}  # and settings
+    body = prose(text)
+    for pattern in (SIGNED, P_VALUE, POINTS):
+        for m in pattern.finditer(body):
+            figure = m.group(1) if m.groups() else m.group(0)
+            assert figure in cited, (figure, body[m.start() - 80:m.end()])
+    for m in MEAN3.finditer(body):
+        assert m.group(0) in cited or m.group(0) in search_cells, (m.group(0), body[m.start() - 80:m.end()])
+    for m in SCORE4.finditer(body):
+        assert m.group(0) in search_scores or m.group(0) in cited, (m.group(0), body[m.start() - 80:m.end()])
 
 
-def check_section(text: str) -> None:
-    """Every number of the committed-data section against the data (raises AssertionError on a disagreement)."""
-    section = committed_section(text)
-    search_table, seed_table = tables(section)
-    # the search: one row per committed trial, sorted by score, each with the trial's settings
-    trials = sorted(read("unideal-search.csv"), key=lambda t: -float(t["best_acc_mean"]))
-    assert len(search_table) == len(trials)
-    for row, t in zip(search_table, trials):
-        printed(row[0], float(t["best_acc_mean"]))
-        assert int(row[1]) == int(t["rounds"].split("/")[0])
-        start = "1/B" if t["algorithm.schedule.start"] in ("", "None") else t["algorithm.schedule.start"]
-        span = "epochs" if t["algorithm.schedule.over"] == "local_epochs" else "rounds"
-        assert row[2:6] == [t["algorithm.kd_norm"], span, t["algorithm.schedule.shape"], start]
-        printed(row[6], float(t["algorithm.schedule.end"]))
-        printed(row[7], float(t["algorithm.alpha"]))
-        assert row[8:] == [t["algorithm.metric"], t["train.local_epochs"]]
-    stopped = sum(t["status"] == "stopped" for t in trials)
-    assert f"ASHA stopped {stopped} at round 5 or 10" in section
-    best = trials[0]
-    assert f"({float(best['best_acc_mean']):.4f}," in section and f"α = {float(best['algorithm.alpha']):.2f}" in section
-    # the five seeds: mean ± std, Δ and p against PartialKD, Holm-adjusted p of the report's column test
-    seeds = read("seeds.csv")
-    columns = {exp: {m: v for m in {r["method"] for r in seeds} if len(v := by_seed(seeds, exp, m)) >= 2}
-               for exp in EXPERIMENTS}
-    methods = [re.search(r"`([a-z0-9-]+)", row[0]).group(1) for row in seed_table]  # type: ignore[union-attr]
-    assert set(methods) == set(columns["niid1"]) | set(columns["niid2"])
-    for row, method in zip(seed_table, methods):
-        for exp, cells in zip(EXPERIMENTS, (row[1:5], row[5:9])):
-            values = columns[exp][method]
-            assert sorted(values) == [1, 2, 3, 4, 5]
-            mean, std = mean_std(list(values.values()))
-            m, s = cells[0].split("±")
-            printed(m.strip(), mean, 100)
-            printed(s.strip(), std, 100)
-            best_method, adjusted = holm(columns[exp])
-            if method == "partialkd":
-                assert cells[1:3] == ["", ""]
-            else:
-                d, p = paired(values, columns[exp]["partialkd"])
-                printed(cells[1], d, 100)
-                printed(cells[2], p)  # type: ignore[arg-type]
-            if method == best_method:
-                assert cells[3] == "—"
-            else:
-                printed(cells[3], adjusted[method])  # type: ignore[arg-type]
+def check_counts(text: str) -> None:
+    """ASHA's stopped trials and the searches' best settings, as the text names them."""
+    for name, score, settings in (("unideal-search.csv", "best_acc_mean", ("algorithm.alpha",)),
+                                  ("fapd-search.csv", "best_acc_global", ("algorithm.epsilon",))):
+        trials = study.read(name, DATA)
+        stopped = sum(t["status"] == "stopped" for t in trials)
+        assert f"ASHA stopped {stopped} " in text, (name, stopped)
+        best = max(trials, key=lambda t: float(t[score]))
+        for key in settings:
+            assert f"{float(best[key]):.{2 if key == 'algorithm.alpha' else 3}f}" in text, (name, key)
 
 
-def test_the_committed_section_matches_its_data():
-    check_section(doc())
+def check(text: str) -> None:
+    check_tables(text)
+    check_cited(text)
+    check_counts(text)
 
 
-@pytest.mark.parametrize("old,new", [("80.63 ± 4.38", "80.64 ± 4.38"), ("| 0.029 | 0.058 |", "| 0.029 | 0.029 |"),
-                                     ("| −9.81 |", "| −9.18 |"), ("| 0.8300 | 15 | batch", "| 0.8300 | 10 | batch")])
-def test_a_changed_digit_fails(old, new):
-    """The check can fail: one number changed in a copy of the document (a mean, a Holm p, a Δ, a search row)."""
+def test_the_document_matches_its_data():
+    assert sorted(p.name for p in DATA.iterdir()) == ["fapd-search.csv", "scale.csv", "seeds.csv",
+                                                      "unideal-search.csv"]
+    check(DOC_PATH.read_text())
+
+
+def test_a_changed_digit_fails():
+    """The check can fail: one figure changed in a copy of the document, in each of the five tables and in the
+    text (a difference and a p-value), is caught."""
     text = DOC_PATH.read_text()
-    assert old in text
-    with pytest.raises(AssertionError):
-        check_section(text.replace(old, new, 1).replace("−", "-"))
+    tables = study.tables(DATA)
+    edits = [(markdown_row(tables[0][0]), 0), (markdown_row(tables[1][1]), 1), (markdown_row(tables[2][0]), 1),
+             (markdown_row(tables[3][-1]), 0), (markdown_row(tables[4][2]), 1)]
+    for row, cell in edits:
+        assert row in text, row
+        cells = row.strip("| ").split(" | ")
+        cells[cell] = bump(cells[cell])
+        with pytest.raises(AssertionError):
+            check(text.replace(row, "| " + " | ".join(cells) + " |", 1))
+    for pattern in (SIGNED, P_VALUE):
+        line = next(ln for ln in prose(text).splitlines() if pattern.search(ln) and ln in text)
+        m = pattern.search(line)
+        figure = m.group(1) if m.groups() else m.group(0)  # type: ignore[union-attr]
+        changed = line[:m.end() - len(figure)] + bump(figure) + line[m.end():]  # type: ignore[union-attr]
+        with pytest.raises(AssertionError):
+            check(text.replace(line, changed, 1))
 
 
-def test_the_document_says_which_numbers_have_no_data():
-    text = doc()
-    assert "were not\nkept" in text or "were not kept" in text.replace("\n", " ")
-    assert SECTION in text
-    assert sorted(p.name for p in DATA.iterdir()) == ["seeds.csv", "unideal-search.csv"]
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def bump(figure: str) -> str:
+    """The same figure with its last digit changed (9 -> 8, else + 1)."""
+    i = max(i for i, ch in enumerate(figure) if ch.isdigit())
+    digit = int(figure[i])
+    return figure[:i] + str(8 if digit == 9 else digit + 1) + figure[i + 1:]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The curriculum study (docs/curriculum-study.md): every run behind its tables and plots, in order, then the reports.
-#   experiments/sweeps/curriculum-study.sh [OUT]        (default OUT=runs/study; about 1.5 hours on 2 CPU cores)
+#   experiments/sweeps/curriculum-study.sh [OUT]        (default OUT=runs/study; about 40 minutes on 2 CPU cores)
 # Each step skips itself when its directory already holds a finished result, so an interrupted study continues
 # where it stopped (raysim tune --resume / raysim run --resume pick up a half-done sweep or seed set).
 # The 5-seed reruns use seeds 1-5: the searches ran on seed 0, so no rerun scores the seed its settings were
@@ -13,8 +13,8 @@ SEEDS=1-5
 U=experiments/unideal/digits-niid1-cpu
 F=experiments/fapd
 NIID2=(data.partition=niid2 data.label_skew=subsample data.alpha=0.5)  # = digits-niid2-cpu/base.yaml's keys
-# the study ran before the UNIDEAL configs held out 10% of every client's data for FedPCL's stand-in (issue 26):
-# its UNIDEAL runs keep every client's data, as in the committed results (docs/curriculum-study/data)
+# the study's UNIDEAL runs keep every client's data: the shipped UNIDEAL configs hold out 10% for FedPCL's stand-in
+# backbone, which the study does not run (the committed results, docs/curriculum-study/data, were measured so)
 FULL=data.server_holdout=0.0
 
 sweep() {  # sweep FILE DIR: run it, or continue it if it was interrupted
