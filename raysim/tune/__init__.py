@@ -32,14 +32,14 @@ from raysim.tune.spec import (DISTRIBUTIONS, RUN_METRICS, SCHEDULER_KEYS, SCHEDU
                               SweepError, SweepSpec, check_spec, default_sweep_dir, flatten_space, load_sweep,
                               spec_from_yaml, spec_to_yaml)
 from raysim.tune.trials import ERROR_FILE, TrialSetup, one_line_cause, run_trial
-from raysim.tune.validate import candidate_overrides, check_cluster, validate_sweep
+from raysim.tune.validate import candidate_configs, candidate_overrides, check_cluster, validate_sweep
 
 __all__ = [
     "DISTRIBUTIONS", "ERROR_FILE", "RUN_METRICS", "SCHEDULERS", "SCHEDULER_KEYS", "SEARCHERS", "SWEEP_KEYS",
     "SeedNaming", "SweepError", "SweepResult", "SweepSpec", "TrialNaming", "TrialSetup", "_Progress",
-    "_progress_callback", "_scheduler", "_searcher", "_tune_state_restorable", "candidate_overrides",
-    "check_cluster", "check_spec", "collect_trials", "default_sweep_dir", "finish_sweep", "flatten_space",
-    "load_sweep", "markdown_table", "naming", "one_line_cause", "parse_seeds", "run_seeds", "run_sweep",
-    "run_trial", "seeds_spec", "spec_from_yaml", "spec_to_yaml", "trial_bundles", "trial_error", "trial_run_dir",
-    "validate_sweep", "write_atomically", "write_best_config",
+    "_progress_callback", "_scheduler", "_searcher", "_tune_state_restorable", "candidate_configs",
+    "candidate_overrides", "check_cluster", "check_spec", "collect_trials", "default_sweep_dir", "finish_sweep",
+    "flatten_space", "load_sweep", "markdown_table", "naming", "one_line_cause", "parse_seeds", "run_seeds",
+    "run_sweep", "run_trial", "seeds_spec", "spec_from_yaml", "spec_to_yaml", "trial_bundles", "trial_error",
+    "trial_run_dir", "validate_sweep", "write_atomically", "write_best_config",
 ]

@@ -20,7 +20,7 @@ from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, f
     trial_run_dir, write_atomically
 from raysim.tune.spec import SweepError, SweepSpec, default_sweep_dir, spec_to_yaml
 from raysim.tune.trials import ERROR_FILE, TrialSetup, _param_space, _trial_resources, run_trial
-from raysim.tune.validate import check_cluster, validate_sweep
+from raysim.tune.validate import candidate_configs, check_cluster, validate_sweep
 
 
 LOST_TRIAL_RESTARTS = 5  # Tune restarts a trial lost with its node or process at most this many times
@@ -57,7 +57,8 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     from raysim.engine.executor import choose_backend
     from raysim.tracking import check_tracking
 
-    first = validate_sweep(spec)
+    candidates = candidate_configs(spec)  # loaded once: validated here, their resources checked once Ray is up
+    first = validate_sweep(spec, candidates)
     check_tracking(first)  # a tracking extra that is not installed: one line, before anything is written
     # a seed set whose runs would be in-process (engine.backend inline, or auto resolving to it) runs them in turn
     # in this process; a sweep always runs on Ray Tune, its trials each on Ray
@@ -99,7 +100,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
                 raise
             return finish_sweep(spec, sweep_dir)
         try:
-            return _run_sweep_locked(spec, first, sweep_dir, resume, quiet, out, callbacks)
+            return _run_sweep_locked(spec, candidates, sweep_dir, resume, quiet, out, callbacks)
         except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
             if created and not (sweep_dir / "tune").exists():
                 shutil.rmtree(sweep_dir, ignore_errors=True)
@@ -152,8 +153,8 @@ def _tune_state_restorable(tune_dir: Path) -> bool:
     return False
 
 
-def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path, resume: bool, quiet: bool,
-                      out: Callable[[str], None], user_callbacks: Sequence[Any] = ()) -> "SweepResult":
+def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep_dir: Path, resume: bool,
+                      quiet: bool, out: Callable[[str], None], user_callbacks: Sequence[Any] = ()) -> "SweepResult":
     import ray
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -161,6 +162,7 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
     from raysim.engine.placement import this_node
     from raysim.engine.resources import ray_session
 
+    first = candidates[0]
     tune_dir = sweep_dir / "tune"
     spec = dataclasses.replace(spec, dir=str(sweep_dir))
 
@@ -173,7 +175,7 @@ def _run_sweep_locked(spec: SweepSpec, first: ExperimentConfig, sweep_dir: Path,
     progress = _Progress(spec, total, first.rounds, quiet, done=done,
                          run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
     with ray_session(first.engine, first.plugins):
-        check_cluster(spec)
+        check_cluster(spec, candidates)
         setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
                            cwd=os.getcwd(), naming=spec.naming, launch_node=this_node())
         trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.errors import UserError
@@ -28,21 +28,29 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"  # JSON is YAML: strings stay strings, lists stay lists
 
 
-def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
-    """Load every candidate config (bad keys and values fail here, naming the key), check the metric exists.
+def candidate_configs(spec: SweepSpec) -> list[ExperimentConfig]:
+    """Every candidate combination's config (bad keys and values fail here, naming the key and the combination).
+
+    Candidates are combinations to check, not runs: they are loaded without their config warnings, which would
+    describe trials that may never be drawn (each trial that runs prints its own)."""
+    configs = []
+    for trial in candidate_overrides(spec):
+        try:
+            configs.append(load_config(spec.base, spec.fixed + trial, warn=False))
+        except UserError as exc:
+            raise type(exc)(f"{exc} (with {' '.join(trial) or 'the base config'})") from None
+    return configs
+
+
+def validate_sweep(spec: SweepSpec, configs: Optional[list[ExperimentConfig]] = None) -> ExperimentConfig:
+    """Load every candidate config (``configs``, when already loaded by :func:`candidate_configs`), check the metric
+    exists and the scheduler's grace period fits the rounds.
 
     Returns the first candidate's config; resources are checked by :func:`check_cluster` once Ray is up.
     """
     from raysim.registry import get_algorithm
 
-    configs = []
-    for trial in candidate_overrides(spec):
-        try:
-            # candidates are combinations to check, not runs: their warnings would describe trials that may never
-            # be drawn (each trial that runs prints its own)
-            configs.append(load_config(spec.base, spec.fixed + trial, warn=False))
-        except UserError as exc:
-            raise type(exc)(f"{exc} (with {' '.join(trial) or 'the base config'})") from None
+    configs = configs or candidate_configs(spec)
     if spec.metric == "acc_global":
         for cfg in configs:
             if not get_algorithm(cfg.algorithm.name)(cfg).has_global_model:
@@ -56,9 +64,9 @@ def validate_sweep(spec: SweepSpec) -> ExperimentConfig:
     return configs[0]
 
 
-def check_cluster(spec: SweepSpec) -> None:
+def check_cluster(spec: SweepSpec, configs: Optional[list[ExperimentConfig]] = None) -> None:
     """Refuse, before Tune starts, any trial that could never be placed (Tune would wait for it for ever)."""
     from raysim.engine.resources import check_resources
 
-    for trial in candidate_overrides(spec):
-        check_resources(load_config(spec.base, spec.fixed + trial).engine)
+    for cfg in configs or candidate_configs(spec):
+        check_resources(cfg.engine)
