@@ -26,8 +26,8 @@ demo: $(STAMP)
 	$(VENV)/bin/raysim run experiments/default.yaml
 
 # pytest-xdist runs the files on TEST_WORKERS processes (each with its own local Ray): the fault, sweep and
-# cluster tests wait on processes and signals about half the time, so 2 use this 2-core machine's cores fully
-# (measured: 366 s against 636 s in one process). TEST_WORKERS=0 runs everything in this process.
+# cluster tests wait on processes and signals about half the time, so 2 keep this 2-core machine's cores busy
+# (measured from a fresh clone: tests 533 s against 636 s in one process). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
