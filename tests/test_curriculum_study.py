@@ -109,14 +109,15 @@ def test_a_changed_digit_fails():
     text (a difference and a p-value), is caught."""
     text = DOC_PATH.read_text()
     tables = study.tables(DATA)
-    edits = [(markdown_row(tables[0][0]), 0), (markdown_row(tables[1][1]), 1), (markdown_row(tables[2][0]), 1),
-             (markdown_row(tables[3][-1]), 0), (markdown_row(tables[4][2]), 1)]
+    edits = [(study.markdown([tables[0][0]]), 0), (study.markdown([tables[1][1]]), 1),
+             (study.markdown([tables[2][0]]), 1), (study.markdown([tables[3][-1]]), 0),
+             (study.markdown([tables[4][2]]), 1)]
     for row, cell in edits:
         assert row in text, row
         cells = row.strip("| ").split(" | ")
         cells[cell] = bump(cells[cell])
         with pytest.raises(AssertionError):
-            check(text.replace(row, "| " + " | ".join(cells) + " |", 1))
+            check(text.replace(row, study.markdown([cells]), 1))
     for pattern in (SIGNED, P_VALUE):
         line = next(ln for ln in prose(text).splitlines() if pattern.search(ln) and ln in text)
         m = pattern.search(line)
@@ -124,10 +125,6 @@ def test_a_changed_digit_fails():
         changed = line[:m.end() - len(figure)] + bump(figure) + line[m.end():]  # type: ignore[union-attr]
         with pytest.raises(AssertionError):
             check(text.replace(line, changed, 1))
-
-
-def markdown_row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def bump(figure: str) -> str:

@@ -39,6 +39,10 @@ F_METHODS = {
     "fapd-best-big-teacher": "FAPD, the search's best, larger teacher (`fapd-best-big-teacher`)",
 }
 Table = list[list[str]]
+SEARCH_GROUPS = (  # (search file, its score, the settings the text averages the score by)
+    ("unideal-search.csv", "best_acc_mean", ("algorithm.schedule.shape", "algorithm.kd_norm", "train.local_epochs")),
+    ("fapd-search.csv", "best_acc_global", ("algorithm.k0", "algorithm.kd_tau")),
+)
 
 
 # ------------------------------------------------------------------------------------------------ reading, format
@@ -247,9 +251,7 @@ def cited(data: Path = DATA) -> dict[str, str]:
             out.setdefault(p_text(v), f"Holm p of fapd {m}")
         for m, values in column.items():
             out.setdefault(f"{100 * float(np.mean(list(values.values()))):.2f}", f"fapd {m} mean")
-    for name, score, keys in (("unideal-search.csv", "best_acc_mean", ("algorithm.schedule.shape",
-                                                                        "algorithm.kd_norm", "train.local_epochs")),
-                              ("fapd-search.csv", "best_acc_global", ("algorithm.k0", "algorithm.kd_tau"))):
+    for name, score, keys in SEARCH_GROUPS:
         rows = read(name, data)
         for key in keys:
             for group, (mean, n) in group_means(rows, score, key).items():
@@ -277,9 +279,7 @@ def main() -> None:
         best, adjusted = holm_column(fapd_columns(data))
         print(f"fapd: best {best}; " + ", ".join(f"{m} {p_text(v)}" for m, v in adjusted.items()))
     print("\n## search means by group")
-    for name, score, keys in (("unideal-search.csv", "best_acc_mean", ("algorithm.schedule.shape",
-                                                                        "algorithm.kd_norm", "train.local_epochs")),
-                              ("fapd-search.csv", "best_acc_global", ("algorithm.k0", "algorithm.kd_tau"))):
+    for name, score, keys in SEARCH_GROUPS:
         rows = read(name, data)
         for key in keys:
             means = group_means(rows, score, key)
