@@ -50,7 +50,7 @@ def model() -> torch.nn.Module:
 def local_train(cid: int, rnd: int, state: dict) -> tuple[dict, int, float]:
     """raysim's FedAvg client job (worker.train), step for step."""
     from raysim.engine.core import job_seed
-    from raysim.engine.epochs import batch_bounds
+    from raysim.algorithms.training import batch_bounds
 
     b = bundle()
     seed = job_seed(b["seed"], cid, rnd)

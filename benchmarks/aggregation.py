@@ -10,7 +10,8 @@ Ray's object store), then averaged.
 - ``flat``: the same formula on one flat buffer per upload (``raysim.algorithms.base.weighted_average`` now, for
   algorithms that need every upload).
 - ``partial``: what the driver does when a weighted-sum algorithm's uploads are summed where the clients trained
-  (``raysim.engine.partial``): ``engine.sum_group=auto`` groups (at most 32), one float64 sum each to deserialise
+  (``raysim.algorithms.aggregation``): ``engine.sum_group=auto`` groups (at most 32), one float64 sum each to
+  deserialise
   and add. The workers' share (flattening and adding their clients' uploads) is reported beside it: it runs in
   parallel on the workers, while the clients of the next group train.
 
@@ -83,7 +84,8 @@ def measure(model: str, clients: int, repeats: int) -> dict[str, Any]:
 
     from raysim.algorithms.base import weighted_average
     from raysim.engine.jobs import TrainResult
-    from raysim.engine.partial import combine, fixed_groups, group_size, sum_results
+    from raysim.algorithms.aggregation import combine, fixed_groups, sum_results
+    from raysim.engine.plan import group_size
     from raysim.engine.worker import enable_fast_tensor_serialization
 
     torch.set_num_threads(1)  # the driver works on one thread

@@ -60,8 +60,9 @@ def reference(cfg: Any) -> dict[str, Any]:
     from raysim.data import build_federated_data
     from raysim.engine.driver import sample_clients
     from raysim.engine.core import job_seed
-    from raysim.engine.epochs import batch_bounds
-    from raysim.engine.partial import group_size, sum_in_groups
+    from raysim.algorithms.training import batch_bounds
+    from raysim.algorithms.aggregation import sum_in_groups
+    from raysim.engine.plan import group_size
     from raysim.models import build_model
 
     torch.set_num_threads(1)  # one raysim worker's share (engine.cpus_per_worker=1)
@@ -99,7 +100,7 @@ def reference(cfg: Any) -> dict[str, Any]:
             uploads.append({k: v.detach().clone() for k, v in model.state_dict().items()})
             weights.append(n)
             losses.append(float(loss_sum) / (n * tcfg.local_epochs))
-        # FedAvg's mean as raysim takes it (the same groups, the same order: raysim.engine.partial)
+        # FedAvg's mean as raysim takes it (the same groups, the same order: raysim.algorithms.aggregation)
         updates = [ClientUpdate(c, u, w) for c, u, w in zip(sampled, uploads, weights)]
         global_state = sum_in_groups(updates, sampled, group_size(cfg.engine.sum_group, len(sampled))).mean()
         loss = sum(l * w for l, w in zip(losses, weights)) / float(sum(weights))

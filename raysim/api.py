@@ -70,7 +70,7 @@ def _ensure_ray(cfg: ExperimentConfig) -> None:
     ``plugins`` travel with the session; a later run's new plugins must be importable on the workers (installed,
     on PYTHONPATH, or shipped by your own ``ray.init(runtime_env={"py_modules": [...]})``). A run on the in-process
     executor (``engine.backend`` inline, or auto resolving to it) starts no Ray."""
-    from raysim.engine.executor import choose_backend
+    from raysim.engine.backend import choose_backend
 
     if choose_backend(cfg.engine) == "inline":
         return

@@ -8,7 +8,7 @@ import gc
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError, find_user_error
@@ -256,7 +256,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
           f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     from raysim.config import load_config
-    from raysim.engine.executor import choose_backend
+    from raysim.engine.backend import choose_backend, cluster_in_sight
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
@@ -290,8 +290,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             live.start(info["control"])
         _RUN_DIR[:] = [run_dir]
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
-        where = ("in this process" if choose_backend(cfg.engine) == "inline"
-                 else f"{cfg.engine.num_workers} worker{'s' if cfg.engine.num_workers > 1 else ''} on Ray")
+        where = _where(cfg)
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
               f"{where}; {what}", flush=True)
 
@@ -307,6 +306,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
 
+    if choose_backend(cfg.engine) == "ray" and not cluster_in_sight(cfg.engine):
+        print(f"raysim: starting a local Ray for {_where(cfg)}: its start costs about 5 s before round 1 here "
+              f"(engine.num_workers=1 runs in this process, with the same numbers)", file=sys.stderr, flush=True)
     status = "FAILED"
     try:
         run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
@@ -322,6 +324,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"raysim: {how}{_resume_hint(None, say_round=True)}", file=sys.stderr)
         return interrupts.exit_status()
     return 0
+
+
+def _where(cfg: Any) -> str:
+    """Where a run's clients train, and why when the config left ``engine.num_workers`` to raysim."""
+    from raysim.engine.backend import choose_backend
+
+    n = cfg.engine.num_workers
+    where = "in this process" if choose_backend(cfg.engine) == "inline" else f"{n} worker{'s' if n > 1 else ''} on Ray"
+    reason = getattr(cfg.engine, "workers_chosen", None)
+    return f"{where} (engine.num_workers unset: {reason})" if reason else where
 
 
 def _is_seeds(args: argparse.Namespace) -> bool:

@@ -30,7 +30,7 @@ def export_features(run_dir: Path) -> dict[str, Any]:
     from raysim.config import load_config
     from raysim.data import build_federated_data
     from raysim.engine.core import ClientJobs
-    from raysim.engine.epochs import torch_threads
+    from raysim.algorithms.training import torch_threads
     from raysim.engine.state import checkpoint_dir, client_file, has_checkpoint, read_checkpoint, safe_load, server_file
     from raysim.registry import get_algorithm, import_plugins
 

@@ -141,6 +141,24 @@ def test_the_engine_imports_nothing_above_it():
     assert not bad, "the engine imports a layer above it:\n" + "\n".join(bad)
 
 
+# the algorithms and what they build on: they see the engine only through the algorithms' public surface
+# (raysim.algorithms.base, aggregation, training, central), never an engine module
+BELOW_ENGINE = ("raysim.algorithms", "raysim.curriculum", "raysim.models", "raysim.data")
+
+
+def _in_engine(module: str) -> bool:
+    return module == "raysim.engine" or module.startswith("raysim.engine.")
+
+
+def test_the_algorithms_import_no_engine_internals():
+    graph = import_graph()
+    bad = []
+    for module in sorted(m for m in graph if any(m == b or m.startswith(b + ".") for b in BELOW_ENGINE)):
+        parent = reachable(graph, module, stop=_in_engine)
+        bad += [chain(parent, m) for m in sorted(parent) if _in_engine(m)]
+    assert not bad, "an algorithm reaches the engine's internals:\n" + "\n".join(bad)
+
+
 def test_the_checker_sees_circles_and_layers(tmp_path):
     """A circle through a function-level import and a relative import, and an engine module reaching Tune."""
     pkg = tmp_path / "raysim"

@@ -15,8 +15,8 @@ Driver side:
   server_payload     what every sampled client downloads (put into the object store once a round)
   client_payload     opt-in: what one client downloads on top (FedPAC's own head), counted per client
   server_aggregate   the new server state from the round's ``ClientUpdate``s, in client-id order
-  server_aggregate_mean  with a weighted-sum aggregation (``weighted_sum``, the default): the new server state
-                     from the round's mean upload, summed where the clients trained (FedAvg: the model)
+  server_aggregate_mean  with a summed aggregation (``aggregation`` samples, the default, or uniform): the new
+                     server state from the round's mean upload, summed where the clients trained (FedAvg: the model)
   server_train       opt-in: server-side training (FedGen's generator), run as a job on a worker, so it has
                      reserved CPU/GPU, is retried if the worker dies, and is seeded from (seed, round)
   on_round_end       server-side curriculum and extra metrics
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import WEIGHTINGS, client_weight, weighted_average
 from raysim.config import AlgorithmConfig, ExperimentConfig
 from raysim.data.base import FederatedData
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
@@ -101,29 +102,37 @@ class ServerContext:
     history: dict = field(default_factory=dict)
 
 
-def weighted_average(uploads: list[TensorDict], weights: list[float]) -> TensorDict:
-    """Weighted mean of (nested dicts of) tensors, Σ_i u_i·(w_i / Σ w), accumulated in float64 in the given
-    (client-id) order so results never depend on timing: one flat float64 buffer, each upload added into it tensor
-    by tensor (no float64 copy of each upload), cast back to each tensor's dtype (integers rounded)."""
-    from raysim.engine.partial import flat_views, flatten, layout_and_leaves, unflatten
-
-    total = float(sum(weights))
-    layout, acc = flatten(uploads[0])
-    acc.mul_(weights[0] / total)  # = 0 + w·u, as the accumulation from zero gave
-    views = flat_views(layout, acc)
-    for upload, w in zip(uploads[1:], weights[1:]):
-        other, leaves = layout_and_leaves(upload)
-        if other != layout:
-            raise ValueError("weighted_average: uploads differ in keys, shapes or dtypes")
-        for view, leaf in zip(views, leaves):
-            view.add_(leaf.detach().reshape(-1), alpha=w / total)  # float64 arithmetic, as on a float64 copy
-    return unflatten(layout, acc)
+def average_updates(updates: list[ClientUpdate], select: Callable[[dict], TensorDict] = lambda upload: upload,
+                    weighting: str = "samples") -> TensorDict:
+    """``weighted_average`` of one part of every update (``select`` picks it), weighted by training samples (or
+    uniformly: ``weighting="uniform"``)."""
+    return weighted_average([select(u.upload) for u in updates],
+                            [client_weight(u.num_samples, weighting) for u in updates])
 
 
-def average_updates(updates: list[ClientUpdate],
-                    select: Callable[[dict], TensorDict] = lambda upload: upload) -> TensorDict:
-    """``weighted_average`` of one part of every update (``select`` picks it), weighted by training samples."""
-    return weighted_average([select(u.upload) for u in updates], [u.num_samples for u in updates])
+class SummedUpload(dict):
+    """``ClientUpdate.upload`` of a client whose upload was summed where it trained (``Algorithm.aggregation``
+    ``samples`` or ``uniform``): reading it is an error that says what to declare, never a silent empty dict."""
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise RuntimeError("ClientUpdate.upload: this round's uploads were summed where the clients trained "
+                           "(Algorithm.aggregation is 'samples' or 'uniform'): server_aggregate gets their mean from "
+                           "updates.mean(); declare aggregation = 'uploads' to receive every upload")
+
+    __getitem__ = get = keys = items = values = __iter__ = __len__ = __contains__ = _refuse  # type: ignore
+
+
+class RoundUpdates(list):
+    """The round's finite ``ClientUpdate``s in client-id order, as ``server_aggregate`` receives them, with the
+    round's mean upload (``mean()``): summed where the clients trained, or over the uploads here, by the one sum
+    (``raysim.algorithms.aggregation``) and the algorithm's weighting."""
+
+    def __init__(self, updates: Iterable[ClientUpdate], mean: Callable[[], TensorDict]):
+        super().__init__(updates)
+        self._mean = mean
+
+    def mean(self) -> TensorDict:
+        return self._mean()
 
 
 _LIVE: "weakref.WeakKeyDictionary[nn.Module, TensorDict]" = weakref.WeakKeyDictionary()
@@ -220,10 +229,11 @@ class Algorithm:
     eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
     clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
     server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
-    # The aggregation is a weighted sum: the round's uploads matter only through Σ n_i·upload_i / Σ n_i (n_i: the
-    # client's training samples), which ``server_aggregate_mean`` receives. True for the default (FedAvg) aggregation;
-    # it takes effect only while ``server_aggregate`` is the default one (see ``sums_uploads``).
-    weighted_sum: ClassVar[bool] = True
+    # How the round's uploads are aggregated, declared (the engine infers nothing from which hooks are overridden):
+    # "samples" (FedAvg): the uploads matter only through Σ n_i·upload_i / Σ n_i (n_i: the client's training
+    # samples), summed where the clients trained (engine.partial_sums); "uniform": the same with every client
+    # weighing 1; "uploads": server_aggregate needs every upload (FedCDA, FedPAC, FedGen, ...)
+    aggregation: ClassVar[str] = "samples"
     # engine.vectorize: the client hooks can train many clients as one batched computation (docs/hooks.md); a
     # subclass that overrides one of VECTOR_HOOKS must declare it again (``vectorizes``)
     vectorizable: ClassVar[bool] = False
@@ -312,28 +322,39 @@ class Algorithm:
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         """The new server state from this round's finite updates (sorted by client id); FedAvg by default: the
-        weighted mean of the uploads by training samples, handed to ``server_aggregate_mean``.
+        round's mean upload (``aggregation``'s weights), handed to ``server_aggregate_mean``.
 
-        An algorithm that keeps this default (``sums_uploads``) never has it called by the engine: the uploads are
-        summed where the clients trained (``engine.partial_sums``) and ``server_aggregate_mean`` gets their mean."""
-        if updates and updates[0].upload:
-            server_state = self.server_aggregate_mean(average_updates(updates), server_state, round)
+        With a summed aggregation (``samples``, ``uniform``) the uploads were summed where the clients trained:
+        ``updates`` is a :class:`RoundUpdates` whose ``mean()`` is their mean, and each ``upload`` a
+        :class:`SummedUpload`. An override that only observes (logs, counts) and calls this keeps the sums."""
+        if not updates:
+            return server_state
+        if isinstance(updates, RoundUpdates):
+            mean = updates.mean()
+        else:  # called directly with a list (a unit test, a subclass's own use)
+            mean = average_updates(updates, weighting=self.weighting) if updates[0].upload else {}
+        if mean:  # nothing uploaded (shared = "none"): nothing to aggregate
+            server_state = self.server_aggregate_mean(mean, server_state, round)
         return server_state
 
     def server_aggregate_mean(self, mean: dict, server_state: dict, round: int) -> dict:
-        """With a weighted-sum aggregation: the new server state from the round's mean upload, Σ n_i·upload_i /
-        Σ n_i over the finite updates (the upload's nested dict, each tensor in its own dtype). FedAvg: the model."""
+        """With a summed aggregation: the new server state from the round's mean upload, Σ w_i·upload_i / Σ w_i
+        over the finite updates (the upload's nested dict, each tensor in its own dtype). FedAvg: the model."""
         server_state["model"] = mean
         return server_state
 
     @property
+    def weighting(self) -> str:
+        """The weights of the round's mean: ``samples`` or ``uniform`` (``samples`` for ``aggregation="uploads"``,
+        where an algorithm that averages does it in its own ``server_aggregate``)."""
+        return self.aggregation if self.aggregation in WEIGHTINGS else "samples"
+
+    @property
     def sums_uploads(self) -> bool:
-        """Whether the engine may sum this algorithm's uploads where the clients trained: it declares a weighted-sum
-        aggregation (``weighted_sum``), keeps the default ``server_aggregate``, keeps no per-client history
-        (``server_history``) and trains nothing on the server from the updates (``server_train``). Otherwise every
-        upload reaches ``server_aggregate`` on its own, as FedCDA, FedPAC and FedGen need."""
-        return (type(self).weighted_sum and type(self).server_aggregate is Algorithm.server_aggregate
-                and self.server_history < 1 and not self.trains_on_server)
+        """Whether the engine sums this algorithm's uploads where the clients trained: its declared ``aggregation``
+        is ``samples`` or ``uniform``, and it declares nothing that needs each upload on the server: no per-client
+        history (``server_history``), no server-side training from the updates (``server_train``)."""
+        return self.aggregation in WEIGHTINGS and self.server_history < 1 and not self.trains_on_server
 
     def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
         """Opt-in server-side training after ``server_aggregate``; returns the new server state.

@@ -44,10 +44,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
+from raysim.algorithms.training import fit_classifier
 from raysim.config import AlgorithmConfig, is_finite, is_whole, require
 from raysim.registry import register_algorithm
 
@@ -67,24 +67,15 @@ class FedBABUConfig(AlgorithmConfig):
 
 def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, momentum: float,
               batch_size: int) -> None:
-    """Train every parameter of ``model`` on (x, y) for ``epochs`` epochs of plain CE with SGD, in place; batches
-    are shuffled with torch's default generator (the caller seeds it). Gradients are enabled here, so this runs
-    inside the worker's no-grad evaluation."""
-    from raysim.engine.epochs import epoch_batches
-
+    """Train every parameter of ``model`` on (x, y) for ``epochs`` epochs of plain CE with SGD, in place, through
+    the engine's one local loop (``raysim.algorithms.training``); batches are shuffled with torch's default
+    generator (the caller seeds it). Gradients are enabled here, so this runs inside the worker's no-grad
+    evaluation."""
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-    n = len(y)
-    model.train()
     with torch.enable_grad():
         for p in params:
             p.requires_grad_(True)
-        for _ in range(epochs):
-            for bi in epoch_batches(n, batch_size, None, x.device):
-                loss = F.cross_entropy(model(x[bi]), y[bi])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+        fit_classifier(model, x, y, epochs=epochs, lr=lr, batch_size=batch_size, generator=None, momentum=momentum)
     for p in params:
         p.grad = None
 

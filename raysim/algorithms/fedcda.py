@@ -157,6 +157,7 @@ class FedCDA(Algorithm):
     """The global model is the uniform mean of every client's selected recent local model (low loss, low divergence)."""
 
     Config = FedCDAConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "all"
 
     def __init__(self, cfg: ExperimentConfig):

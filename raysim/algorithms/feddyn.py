@@ -121,6 +121,7 @@ class FedDyn(Algorithm):
     """Dynamic regulariser CE + α⟨λ_k, θ⟩ + (α/2)‖θ − θ^{t-1}‖² on clients; the server adds their drift."""
 
     Config = FedDynConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "all"
     vectorizable = True  # engine.vectorize: α_k and λ_k come from ctx.state (see the module's docstring)
 

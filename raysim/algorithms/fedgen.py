@@ -220,6 +220,7 @@ class FedGen(Algorithm):
     """Model averaged; a server-trained feature generator regularises clients with generated samples."""
 
     Config = FedGenConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "all"  # FedGen-P: "head"
 
     # ------------------------------------------------------------------ driver

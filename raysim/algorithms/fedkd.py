@@ -186,6 +186,7 @@ class FedKD(Algorithm):
     """Private mentor and shared mentee distil from each other; the mentee travels as SVD factors."""
 
     Config = FedKDConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "all"  # the mentee: one architecture and input shape everywhere (check); is_shared picks its keys
 
     @property

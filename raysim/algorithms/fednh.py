@@ -157,6 +157,7 @@ class FedNH(Algorithm):
     """Fixed-norm class prototypes as the classifier, smoothed on the server from uploaded class means."""
 
     Config = FedNHConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "all"  # body, s and W travel down; body and s come back averaged, W is the server's
 
     @property

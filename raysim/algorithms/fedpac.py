@@ -167,6 +167,7 @@ class FedPAC(Algorithm):
     """Extractor averaged and aligned to class centroids; each head a QP-weighted mix of the clients' heads."""
 
     Config = FedPACConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "backbone"
 
     # ------------------------------------------------------------------ driver side

@@ -78,14 +78,14 @@ from raysim.algorithms.base import Algorithm, eval_features, ClientContext, Clie
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, require
 from raysim.data.base import FederatedData, is_indexed
-from raysim.engine.central import cached, derived_seed, recipe_key, require_finite, train_classifier
+from raysim.algorithms.central import cached, derived_seed, recipe_key, require_finite, train_classifier
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 BACKBONES_KEY = "fedpcl.backbones"  # data.meta: group name -> stand-in backbone state dict
 GROUP_KEY = "fedpcl.client_group"  # data.meta: client id -> group name (None: model.weights, or none needed)
 # 2: a trailing one-sample batch is trained (merged, as the workers do); v1 skipped it. 3: keyed by
-# raysim.engine.central.recipe_key (dtypes and shapes hashed too), without the device
+# raysim.algorithms.central.recipe_key (dtypes and shapes hashed too), without the device
 CACHE_VERSION = 3
 _CHUNK = 1024
 
@@ -204,6 +204,7 @@ class FedPCL(Algorithm):
     """Frozen backbone and a trained projection; only prototypes travel (prototype-contrastive loss)."""
 
     Config = FedPCLConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "none"  # no weights travel: prototypes and counts do
 
     # ------------------------------------------------------------------ model
@@ -370,7 +371,7 @@ def _cache_root(cfg: ExperimentConfig) -> Path:
 def stand_in_backbone(cfg: ExperimentConfig, data: FederatedData, members: list[int],
                       pretrain: dict[int, np.ndarray]) -> dict[str, torch.Tensor]:
     """Pre-train one backbone centrally on its clients' held-out samples; returns its state dict (cached)."""
-    from raysim.engine.epochs import torch_threads
+    from raysim.algorithms.training import torch_threads
     from raysim.registry import get_model
 
     p = cfg.algorithm.pretrain

@@ -127,6 +127,7 @@ class FedProto(Algorithm):
     """Only class prototypes travel; local training is pulled towards the global prototypes."""
 
     Config = FedProtoConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     shared = "none"  # no weights travel: prototypes and counts do
 
     # ------------------------------------------------------------------ driver side

@@ -63,7 +63,7 @@ from raysim.algorithms.base import (ClientContext, ClientUpdate, TensorDict, ave
                                     weighted_average)
 from raysim.algorithms.fedopt import FedOpt, FedOptConfig, Moments, momentum_step
 from raysim.config import ExperimentConfig, require
-from raysim.engine.epochs import batch_bounds
+from raysim.algorithms.training import batch_bounds
 from raysim.registry import register_algorithm
 
 CONTROLS = (1, 2)
@@ -120,6 +120,7 @@ class SCAFFOLD(FedOpt):
     """Control variates (server c, client c_i) correct each local gradient by c − c_i; option II update."""
 
     Config = SCAFFOLDConfig
+    aggregation = "uploads"  # server_aggregate reads each upload
     vectorizable = True  # engine.vectorize: its own client_setup and client_loss, declared here (not FedOpt's)
 
     @classmethod

@@ -1,10 +1,10 @@
 """FAPD's offline teacher: trained centrally on the server's calibration split, its features of every sample cached.
 
 Stands in for a pretrained teacher (``algorithm.teacher.features``) when there is none. Small and deterministic
-from the seed (one model, a few epochs, on the driver), trained by the central trainer (:mod:`raysim.engine.central`,
-the workers' batch policy); the features are cached on disk under a hash of the data, the split and the recipe,
-beside the data cache (``algorithm.teacher.cache_dir``, else ``data.cache_dir``, ``$RAYSIM_CACHE``,
-``~/.cache/raysim``), so sweeps and resumed runs reuse them.
+from the seed (one model, a few epochs, on the driver), trained by the central trainer
+(:mod:`raysim.algorithms.central`, the workers' batch policy); the features are cached on disk under a hash of the
+data, the split and the recipe, beside the data cache (``algorithm.teacher.cache_dir``, else ``data.cache_dir``,
+``$RAYSIM_CACHE``, ``~/.cache/raysim``), so sweeps and resumed runs reuse them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import torch
 
 from raysim.config import ExperimentConfig, ModelConfig
 from raysim.data.base import ClientSplit, FederatedData
-from raysim.engine.central import cached, derived_seed, recipe_key, require_finite, train_classifier
+from raysim.algorithms.central import cached, derived_seed, recipe_key, require_finite, train_classifier
 
 # 2: the teacher trains on a trailing one-sample batch (merged into the one before, as the workers do); v1 skipped it.
-# 3: one cache entry (a .pt of features and accuracy) keyed by raysim.engine.central.recipe_key, without the device
+# 3: one cache entry (a .pt of features and accuracy) keyed by raysim.algorithms.central.recipe_key, without the device
 CACHE_VERSION = 3
 
 
@@ -82,7 +82,7 @@ def offline_teacher_features(cfg: ExperimentConfig, data: FederatedData,
                              calibration: np.ndarray) -> tuple[np.ndarray, float]:
     """Train a teacher centrally on the calibration split; return its features of every domain sample and its
     accuracy on the samples outside the split (both cached)."""
-    from raysim.engine.epochs import torch_threads
+    from raysim.algorithms.training import torch_threads
     from raysim.registry import get_model
 
     t = _teacher(cfg)

@@ -15,20 +15,19 @@ server state) is a detached CPU copy, so no job can change what another job, the
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
+from raysim.algorithms.aggregation import sum_results
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
-from raysim.engine.epochs import epoch_batches
-from raysim.engine.jobs import ClientAccuracy, EvalJob, TrainJob, TrainResult
-from raysim.engine.partial import UploadSum, sum_results
+from raysim.algorithms.training import Trainee, epoch_batches, make_optimizer, run_phases
+from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
 from raysim.models import build_model, model_key
+from raysim.trees import all_finite, copy_tree, detached_cpu, nbytes, to_device
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -45,82 +44,6 @@ def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
     return int(np.random.SeedSequence([seed, client_id, round, *stream]).generate_state(1)[0])
 
 
-def nbytes(tree: Any) -> int:
-    """Bytes of every tensor in a nested dict/list: what crosses the network for that object."""
-    if isinstance(tree, torch.Tensor):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, dict):
-        return sum(nbytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(nbytes(v) for v in tree)
-    return 0
-
-
-def _float_tensors(tree: Any) -> Iterator[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        if tree.is_floating_point():
-            yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _float_tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _float_tensors(v)
-
-
-def all_finite(tree: Any) -> bool:
-    """True when no floating tensor in the tree holds NaN/Inf; one host sync for the whole tree, not one per tensor."""
-    flags = [t.isfinite().all() for t in _float_tensors(tree)]
-    if not flags:
-        return True
-    if len({f.device for f in flags}) == 1:
-        return bool(torch.stack(flags).all())
-    return all(bool(f) for f in flags)
-
-
-def copy_tree(tree: Any) -> Any:
-    """Fresh tensors (and containers) with the same values: what a job may change without anyone else seeing it."""
-    if isinstance(tree, torch.Tensor):
-        return tree.clone()
-    if isinstance(tree, dict):
-        return {k: copy_tree(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [copy_tree(v) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(copy_tree(v) for v in tree)
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):  # ClientUpdate, TrainResult
-        return dataclasses.replace(tree, **{f.name: copy_tree(getattr(tree, f.name))
-                                            for f in dataclasses.fields(tree) if f.init})
-    return tree
-
-
-def to_device(tree: Any, device: torch.device) -> Any:
-    """The tree with its tensors on ``device`` (unchanged on the CPU: no copy)."""
-    if device.type == "cpu" or tree is None:
-        return tree
-    if isinstance(tree, torch.Tensor):
-        return tree.to(device, non_blocking=True)
-    if isinstance(tree, dict):
-        return {k: to_device(v, device) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(to_device(v, device) for v in tree)
-    return tree
-
-
-def detached_cpu(tree: Any, copy: bool = False) -> Any:
-    """The tree with every tensor detached and on the CPU (``copy``: a private copy even where it already was)."""
-    if isinstance(tree, torch.Tensor):
-        out = tree.detach()
-        if out.device.type != "cpu":
-            return out.cpu()
-        return out.clone() if copy else out
-    if isinstance(tree, dict):
-        return {k: detached_cpu(v, copy) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(detached_cpu(v, copy) for v in tree)
-    return tree
-
-
 def seed_torch(seed: int, device: torch.device) -> None:
     """Seed torch's global RNG for one job. ``torch.manual_seed`` also queues a seed for every accelerator,
     capturing a Python stack trace each time CUDA is not initialised (~1 ms a job); a CPU job, which uses no
@@ -129,15 +52,6 @@ def seed_torch(seed: int, device: torch.device) -> None:
         torch.default_generator.manual_seed(seed)
     else:
         torch.manual_seed(seed)
-
-
-def make_optimizer(cfg: ExperimentConfig, params: list, lr: Optional[float] = None) -> torch.optim.Optimizer:
-    """``train.optimizer`` over ``params`` at ``lr`` (``train.lr`` when None)."""
-    t = cfg.train
-    lr = t.lr if lr is None else lr
-    if t.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=t.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
 
 
 def make_context(cfg: ExperimentConfig, data: FederatedData, client_id: int, round: int, *,
@@ -163,20 +77,6 @@ def _augment(cfg: ExperimentConfig, data: FederatedData, client_id: int) -> Any:
     return BatchAugment(domain.mean, domain.std)
 
 
-@dataclasses.dataclass
-class StartedJob:
-    """A training job set up and ready for its first step (:meth:`ClientJobs.start`)."""
-
-    job: TrainJob
-    model: nn.Module  # the process's model object for this architecture, holding this client's start
-    ctx: ClientContext
-    phases: list[tuple]  # local_phases: (parameters, epochs[, learning rate])
-    gen: torch.Generator  # the client's shuffling, seeded from (seed, client, round)
-    augment: Any  # data.augment's batch augmentation (None: off)
-    aug_gen: Optional[torch.Generator]
-    clock: float  # time.perf_counter() when the job started
-
-
 class ClientJobs:
     """Runs one process's client jobs: model objects are built once per architecture and reset from their initial
     weights (a job costs a copy of the weights, not a model construction); the round's shared payload is moved to
@@ -194,7 +94,7 @@ class ClientJobs:
         self._shared_source: Any = None  # the shared payload last given, and its copy on the device
         self._shared: dict = {}
         self._memo: dict = {}  # ClientContext.memo: values derived from the data alone, built once per process
-        self.busy: Optional[int] = None  # the client of a group being trained (train_group)
+        self.busy: Optional[int] = None  # the client of a call being trained (run_call), for error messages
 
     # ------------------------------------------------------------------ building blocks
     def model(self, client_id: int) -> nn.Module:
@@ -273,53 +173,40 @@ class ClientJobs:
               state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
         """Local training of one client for one round; returns (its result with the upload, its new state)."""
         started = self.start(job, shared, own, state)
-        alg, model, ctx, gen = self.algorithm, started.model, started.ctx, started.gen
-        augment, aug_gen = started.augment, started.aug_gen
-        x, y, idx = ctx.train_data
-        n, bs = len(y), self.cfg.train.batch_size
-        model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        part_sums: dict[str, torch.Tensor] = {}
-        seen = 0
-        finite = True
-        all_params = list(model.parameters())
-        for params, epochs, *lr in started.phases:  # (parameters, epochs[, learning rate: train.lr when absent])
-            active = {id(p) for p in params}
-            for p in all_params:
-                p.requires_grad_(id(p) in active)
-            opt = make_optimizer(self.cfg, params, lr[0] if lr else None)
-            for _ in range(epochs):
-                for bi in epoch_batches(n, bs, gen, self.device):
-                    ctx.sample_idx = idx[bi]
-                    xb = x[bi] if augment is None else augment(x[bi], aug_gen)
-                    loss, parts = alg.client_loss(model, xb, y[bi], ctx)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if alg.clip_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(params, alg.clip_grad_norm)
-                    opt.step()
-                    loss_sum += loss.detach().double() * len(bi)
-                    for k, v in parts.items():
-                        part_sums[k] = part_sums.get(k, 0.0) + v.detach().double() * len(bi)
-                    seen += len(bi)
-                ctx.epoch += 1
-                if not bool(torch.isfinite(loss_sum)):
-                    finite = False
-                    break
-            if not finite:
-                break
-        return self.finish(started, loss_sum, part_sums, seen, finite)
+        trainee = _OneClient(self, started)
+        started.model.train()
+        run_phases(started.phases, trainee)
+        return self.finish(started, trainee.loss_sum, trainee.part_sums, trainee.seen, trainee.finite)
 
-    def train_group(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
-                    states: list[Optional[dict]]) -> tuple[UploadSum, list[tuple[TrainResult, Optional[dict]]]]:
-        """A fixed group of clients (``engine.sum_group``), trained one after another, their finite uploads
-        summed here in id order (``raysim.engine.partial.sum_results``); returns (the group's sum, [(result without
-        its upload, new state)] in job order)."""
-        done = []
-        for job, own, state in zip(jobs, owns, states):
-            self.busy = job.client_id  # for an error's message: which client of the group failed
-            done.append(self.train(job, shared, own, state))
-        return sum_results([result for result, _ in done]), done
+    def run_call(self, call: TrainCall, shared: dict, owns: list[Optional[dict]],
+                 states: list[Optional[dict]]) -> tuple[CallResult, list[Optional[dict]]]:
+        """One training call (``raysim.engine.plan``): its clients one after another or, ``stacked``, as one
+        vectorised cohort; then each of its sum groups' finite uploads summed here, in id order. Returns (the
+        call's result, each client's new state), in call order."""
+        if call.stacked:
+            from raysim.engine.cohort import train_cohort
+
+            self.busy = call.jobs[0].client_id  # for an error's message: the cohort's first client
+            done = train_cohort(self, call.jobs, shared, owns, states)
+        else:
+            done = []
+            for job, own, state in zip(call.jobs, owns, states):
+                self.busy = job.client_id  # for an error's message: which client of the call failed
+                done.append(self.train(job, shared, own, state))
+        results = [result for result, _ in done]
+        sums, at = [], 0
+        for size in call.groups:
+            sums.append(sum_results(results[at:at + size], call.weighting))
+            at += size
+        return CallResult(results=results, sums=sums), [keep for _, keep in done]
+
+    def probe_cohort_size(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+                          states: list[Optional[dict]]) -> tuple[int, dict]:
+        """``engine.vectorize=auto``: the cohort size a probe on these clients chooses (nothing it trains is kept),
+        and what it measured (``raysim.engine.vectorize_probe``)."""
+        from raysim.engine.vectorize_probe import choose_cohort_size
+
+        return choose_cohort_size(self, jobs, shared, owns, states)
 
     def eval_model(self, client_id: int, round: int, shared: dict, own: Optional[dict],
                    state: Optional[dict]) -> tuple[nn.Module, ClientContext]:
@@ -364,7 +251,50 @@ class ClientJobs:
         return detached_cpu(self.algorithm.server_train(state, updates, ctx))
 
 
-def threads_for(cpus: float) -> int:
-    """torch threads for a job that holds ``cpus`` CPUs (``engine.cpus_per_worker``)."""
-    return max(1, int(math.floor(cpus)))
+class _OneClient(Trainee):
+    """One client's local epochs (:func:`raysim.algorithms.training.run_phases`): its own mini-batches, the
+    algorithm's ``client_loss``, clipping where the algorithm asks for it; loss and parts summed in float64 over
+    the samples seen, and the training stopped after an epoch whose loss is no longer finite."""
 
+    def __init__(self, core: ClientJobs, started: StartedJob):
+        self.cfg, self.alg, self.device = core.cfg, core.algorithm, core.device
+        self.started, self.ctx = started, started.ctx
+        self.x, self.y, self.idx = started.ctx.train_data
+        self.all_params = list(started.model.parameters())
+        self.params: list = []
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=core.device)
+        self.part_sums: dict[str, torch.Tensor] = {}
+        self.seen = 0
+        self.finite = True
+
+    def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
+        active = {id(p) for p in params}
+        for p in self.all_params:
+            p.requires_grad_(id(p) in active)
+        self.params = params
+        return make_optimizer(self.cfg, params, lr)
+
+    def steps(self) -> Any:
+        return epoch_batches(len(self.y), self.cfg.train.batch_size, self.started.gen, self.device)
+
+    def loss(self, bi: torch.Tensor) -> torch.Tensor:
+        s, ctx = self.started, self.ctx
+        ctx.sample_idx = self.idx[bi]
+        xb = self.x[bi] if s.augment is None else s.augment(self.x[bi], s.aug_gen)
+        loss, parts = self.alg.client_loss(s.model, xb, self.y[bi], ctx)
+        self.loss_sum += loss.detach().double() * len(bi)
+        for k, v in parts.items():
+            self.part_sums[k] = self.part_sums.get(k, 0.0) + v.detach().double() * len(bi)
+        self.seen += len(bi)
+        return loss
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+        if self.alg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.alg.clip_grad_norm)
+        optimizer.step()
+
+    def end_epoch(self) -> bool:
+        self.ctx.epoch += 1
+        if not bool(torch.isfinite(self.loss_sum)):
+            self.finite = False
+        return self.finite

@@ -20,20 +20,22 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import numpy as np
 import torch
 
-from raysim.algorithms.base import ClientUpdate
+from raysim.algorithms.aggregation import UploadSum, combine, sum_in_groups
+from raysim.algorithms.base import ClientUpdate, RoundUpdates, SummedUpload
+from raysim.algorithms.central import reserved_jobs
 from raysim.data import build_federated_data
-from raysim.engine.central import reserved_jobs
-from raysim.engine.cohort import cohorts_of_groups, run_cohort_size
-from raysim.engine.core import detached_cpu, nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
-from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
-from raysim.engine.partial import UploadSum, combine, fixed_groups, group_size, sum_in_groups
+from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, ProbeCall, ServerCall, ServerTrainJob,
+                                TrainJob, TrainResult)
+from raysim.engine.plan import clients_per_call, group_size, plan_round
+from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, has_checkpoint,
                                  read_checkpoint)
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
+from raysim.trees import detached_cpu, nbytes
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -72,9 +74,9 @@ def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
     return sorted(int(c) for c in rng.choice(num, size=size, replace=False))
 
 
-def _update(result: TrainResult) -> ClientUpdate:
-    return ClientUpdate(client_id=result.client_id, upload=result.upload, num_samples=result.num_samples,
-                        loss=result.loss)
+def _update(result: TrainResult, summed: bool) -> ClientUpdate:
+    return ClientUpdate(client_id=result.client_id, upload=SummedUpload() if summed else result.upload,
+                        num_samples=result.num_samples, loss=result.loss)
 
 
 class Driver:
@@ -95,14 +97,14 @@ class Driver:
 
     def _setup(self, cfg: ExperimentConfig, run_dir: str, resume: bool, workers: Optional[list[Any]]) -> None:
         """Everything before round 1. The driver uses no GPU: central training in ``prepare_data`` (FAPD's teacher,
-        FedPCL's stand-ins) runs as a job on the executor, on a worker's reserved share (raysim.engine.central)."""
+        FedPCL's stand-ins) runs as a job on the executor, on a worker's reserved share (raysim.algorithms.central)."""
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
         self.executor.start(workers)  # under Ray: the runner's workers (created when None), data to come
-        with reserved_jobs(self.executor.central):
+        with reserved_jobs(lambda train: self.executor.run([CentralCall(train)])[0]):
             self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
         self.executor.attach(self.data)
@@ -112,6 +114,7 @@ class Driver:
         self.history = ClientHistoryStore(self.algorithm.server_history, self.executor)
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
+        self._client_s: Optional[float] = None  # running mean of one client update's time (calls' sizes)
         self._checkpointed = 0  # the round of the checkpoint on disk
         initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0,
                               self.algorithm)
@@ -225,7 +228,7 @@ class Driver:
         sampled = sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction)
         bytes_down, results, sums = self._train_clients(sampled, rnd)
         finished, kept, skipped = self._collect(results, rnd)
-        updates = [_update(r) for r in finished]
+        updates = [_update(r, sums is not None) for r in finished]
         self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
         self._keep_history(updates, rnd)
         self._aggregate(updates, rnd, sampled, sums)
@@ -258,22 +261,29 @@ class Driver:
 
     def _train_clients(self, sampled: list[int],
                        rnd: int) -> tuple[int, dict[int, Any], Optional[list[UploadSum]]]:
-        """Run the sampled clients' training jobs; returns (bytes_down, {client: (TrainResult, state handle)}, and
-        the groups' upload sums where the uploads were summed where they trained, else None)."""
+        """Run the sampled clients' training calls, as the round's plan cuts them (``raysim.engine.plan``); returns
+        (bytes_down, {client: (TrainResult, state handle)}, and the groups' upload sums in group order where the
+        uploads were summed where they trained, else None)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
-        jobs = {c: TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c))
-                for c in sampled}
-        states = {c: self.states.get(c) for c in sampled}
+        jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c)) for c in sampled]
+        states = [self.states.get(c) for c in sampled]
         if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
-            self.cohort_size, _ = self.executor.choose_cohort_size(list(jobs.values()), list(states.values()))
-        size = self._sum_group(sampled)
-        if not size or not self.cfg.engine.partial_sums:
-            return bytes_down, self.executor.train(list(jobs.values()), list(states.values()), self.cohort_size), None
-        groups = fixed_groups(sampled, size)
-        done, sums = self.executor.train_groups([[jobs[c] for c in g] for g in groups],
-                                                [[states[c] for c in g] for g in groups],
-                                                cohorts_of_groups([len(g) for g in groups], self.cohort_size))
-        return bytes_down, done, sums
+            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+        summed = self.cfg.engine.partial_sums and self._sum_group(sampled) > 0
+        per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(sampled),
+                                    self.executor.slots)
+        calls = plan_round(jobs, states, sum_group=self._sum_group(sampled) if summed else 0,
+                           cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
+        done: dict[int, Any] = {}
+        sums: list[UploadSum] = []
+        for result, state_refs in self.executor.run(calls):
+            assert isinstance(result, CallResult)
+            done.update((r.client_id, (r, ref)) for r, ref in zip(result.results, state_refs))
+            sums.extend(result.sums)
+            if result.seconds > 0:
+                self._client_s = result.seconds if self._client_s is None else \
+                    0.7 * self._client_s + 0.3 * result.seconds
+        return bytes_down, done, (sums if summed else None)
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -304,24 +314,26 @@ class Driver:
 
     def _aggregate(self, updates: list[ClientUpdate], rnd: int, sampled: list[int],
                    sums: Optional[list[UploadSum]]) -> None:
-        """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker. A
-        weighted-sum aggregation gets the mean of the groups' sums (added in group order), whether the workers took
-        them or the driver does here from per-client uploads, in the same groups (``raysim.engine.partial``)."""
+        """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker. With a
+        summed aggregation, ``server_aggregate`` gets the round's mean from the one sum: the groups' sums added in
+        group order, whether the workers took them or the driver does here from per-client uploads, in the same
+        groups (``raysim.algorithms.aggregation``)."""
         if not updates:
             return
-        if self.algorithm.sums_uploads:
-            total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, self._sum_group(sampled))
-            if total.layout:  # nothing uploaded (shared = "none"): nothing to aggregate
-                self.server_state = self.algorithm.server_aggregate_mean(total.mean(), self.server_state, rnd)
-            self.server_state = detached_cpu(self.server_state)  # what payloads and checkpoints are made of
-            return
-        self.server_state = detached_cpu(self.algorithm.server_aggregate(updates, self.server_state, rnd))
+        size, weighting = group_size(self.cfg.engine.sum_group, len(sampled)), self.algorithm.weighting
+
+        def mean() -> dict:
+            total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, size, weighting)
+            return total.mean()
+
+        round_updates = RoundUpdates(updates, mean)
+        self.server_state = detached_cpu(self.algorithm.server_aggregate(round_updates, self.server_state, rnd))
         if self.algorithm.trains_on_server:
             put = self.executor.put
-            work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(updates),
+            work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(list(updates)),
                                   history_refs={u.client_id: self.history.refs(u.client_id) for u in updates
                                                 if self.history.refs(u.client_id)})
-            self.server_state = self.executor.server_train(work)
+            self.server_state = self.executor.run([ServerCall(work)])[0]
 
     def _round_metrics(self, rnd: int, sampled: list[int], results: list[TrainResult], skipped: list[int],
                        bytes_down: int) -> dict[str, Any]:
@@ -390,8 +402,8 @@ class Driver:
         chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]
         jobs = [EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
                         own_payload_refs=[own.get(c) for c in chunk] if own else None) for chunk in chunks]
-        done = self.executor.evaluate(jobs, [[self.states.get(c) for c in chunk] for chunk in chunks])
-        rows = [row for i in sorted(done) for row in done[i]]
+        done = self.executor.run([EvalCall(job, [self.states.get(c) for c in job.client_ids]) for job in jobs])
+        rows = [row for chunk_rows in done for row in chunk_rows]
         counts = {r.client_id: (r.correct, r.total) for r in rows}
         total = sum(r.total for r in rows)
         pooled = sum(r.correct for r in rows) / total if total else None
@@ -402,7 +414,7 @@ class Driver:
         round (the global model): one evaluation job for the pseudo-client ``data.server_client_id``."""
         work = EvalJob(client_ids=[self.data.server_client_id], round=rnd,
                        payload_ref=self.executor.put(self.algorithm.eval_payload(self.server_state)))
-        row = self.executor.evaluate([work], [[None]])[0][0]
+        row = self.executor.run([EvalCall(work, [None])])[0][0]
         return row.correct / row.total if row.total else None
 
     def checkpoint(self) -> None:

@@ -2,12 +2,25 @@
 
 A job names its client and round and carries object-store references; the bulky parts (the payload, a client's
 state) travel as references, so a record stays a few hundred bytes however big the model is.
+
+A **call** is one unit of work an executor runs in some process (Flower's one verb, ``process_message``): the
+round's plan (``raysim.engine.plan``) makes training calls, the driver makes evaluation, server-side and central
+calls. Each call says which handles it takes as arguments (``args``: resolved by Ray before the call starts, or
+handed over as private copies in process), how many objects it returns (``returns``: the first is its result, the
+others, a training call's kept states, stay in the object store) and how it runs on a process's
+:class:`~raysim.engine.core.ClientJobs` (``run``). The executors know nothing else about what a call does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from raysim.algorithms.base import Algorithm, ClientContext
 
 
 @dataclass
@@ -16,8 +29,8 @@ class TrainJob:
 
     client_id: int
     round: int
-    payload_ref: Any  # ray.ObjectRef of the round's shared payload (a worker fetches it once per round)
-    own_payload_ref: Optional[Any] = None  # ray.ObjectRef of this client's own payload (``client_payload``)
+    payload_ref: Any  # handle of the round's shared payload (a worker fetches it once per round)
+    own_payload_ref: Optional[Any] = None  # handle of this client's own payload (``client_payload``)
 
 
 @dataclass
@@ -37,17 +50,17 @@ class TrainResult:
 
 
 @dataclass
-class GroupResult:
-    """A group's clients trained in one call with their uploads summed there (``engine.partial_sums``): the
-    group's ``raysim.engine.partial.UploadSum`` and each client's result, without its upload; the clients' new
-    states come back beside it as separate objects."""
+class CallResult:
+    """What a training call returns first: each client's result in call order (without its upload where it was
+    summed) and each of its sum groups' ``raysim.algorithms.aggregation.UploadSum`` in group order (none when the
+    uploads travel per client); the clients' new states come back beside it as separate objects."""
 
-    upload_sum: Any
     results: list[TrainResult]
+    sums: list[Any] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
-        """Mean training time of one of the group's clients (what the pool's call batching measures)."""
+        """Mean training time of one of the call's clients (what the plan's call sizing measures)."""
         return sum(r.seconds for r in self.results) / max(len(self.results), 1)
 
 
@@ -73,6 +86,224 @@ class ServerTrainJob:
     """The algorithm's server-side training (``Algorithm.server_train``) for one round, run on a worker."""
 
     round: int
-    state_ref: Any  # ray.ObjectRef of the server state after aggregation
-    updates_ref: Any  # ray.ObjectRef of the round's list[ClientUpdate]
-    history_refs: dict = field(default_factory=dict)  # client id -> refs of its kept objects (``server_keep``)
+    state_ref: Any  # handle of the server state after aggregation
+    updates_ref: Any  # handle of the round's list[ClientUpdate]
+    history_refs: dict = field(default_factory=dict)  # client id -> handles of its kept objects (``server_keep``)
+
+
+@dataclass
+class StartedJob:
+    """A training job set up and ready for its first step (``ClientJobs.start``): the one record that never leaves
+    its process, shared by the one-client loop and the cohort trainer."""
+
+    job: TrainJob
+    model: nn.Module  # the process's model object for this architecture, holding this client's start
+    ctx: ClientContext
+    phases: list[tuple]  # local_phases: (parameters, epochs[, learning rate])
+    gen: torch.Generator  # the client's shuffling, seeded from (seed, client, round)
+    augment: Any  # data.augment's batch augmentation (None: off)
+    aug_gen: Optional[torch.Generator]
+    clock: float  # time.perf_counter() when the job started
+
+
+# ---------------------------------------------------------------------------------------------------- calls
+class JobCore(Protocol):
+    """The client-job core as calls and the cohort trainer see it (``raysim.engine.core.ClientJobs``)."""
+
+    cfg: Any
+    data: Any
+    device: torch.device
+    algorithm: Algorithm
+    busy: Optional[int]  # the client of a call being trained, for error messages
+
+    def start(self, job: TrainJob, shared: dict, own: Optional[dict], state: Optional[dict]) -> StartedJob: ...
+
+    def finish(self, started: StartedJob, loss_sum: Any, part_sums: dict, seen: int, finite: bool,
+               seconds: Optional[float] = None) -> tuple[TrainResult, Optional[dict]]: ...
+
+    def train(self, job: TrainJob, shared: dict, own: Optional[dict],
+              state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]: ...
+
+    def run_call(self, call: TrainCall, shared: dict, owns: list, states: list) -> tuple[CallResult, list]: ...
+
+    def evaluate(self, job: EvalJob, shared: dict, owns: list, states: list) -> list[ClientAccuracy]: ...
+
+    def server_train(self, round: int, server_state: dict, updates: list, history: dict) -> dict: ...
+
+    def probe_cohort_size(self, jobs: list[TrainJob], shared: dict, owns: list,
+                          states: list) -> tuple[int, dict]: ...
+
+
+class Host(Protocol):
+    """The process a call runs in, as the call sees it: the client-job core (None before the data has arrived),
+    the device, and how handles that a call carries inside its records become values."""
+
+    jobs: Optional[JobCore]
+    device: torch.device
+
+    def fetch(self, handles: list) -> list:
+        """The values of ``handles`` (None stays None)."""
+
+    def shared(self, handle: Any) -> Any:
+        """The round's shared payload behind ``handle``, fetched once per process and payload."""
+
+
+class Call:
+    """One unit of work for an executor (see the module docstring)."""
+
+    kind: str = "train"  # what the progress line calls it: train | evaluate | server | central
+    round: int = 0
+    clients: list[int]  # for error messages (which clients to name when the call fails or its worker dies)
+
+    def args(self) -> list:
+        """Handles to hand over as the call's arguments (resolved before it runs)."""
+        return []
+
+    @property
+    def returns(self) -> int:
+        return 1
+
+    def describe(self, host: Host) -> str:
+        """What an out-of-memory or failure message says was running."""
+        raise NotImplementedError
+
+    def run(self, host: Host, values: list) -> list:
+        """Run on ``host`` with ``args``' values; returns ``returns`` objects."""
+        raise NotImplementedError
+
+
+@dataclass
+class TrainCall(Call):
+    """Train some of a round's clients, one at a time or (``stacked``) as one vectorised cohort, and reduce their
+    uploads: each group of ``groups`` (sizes, in order, covering the clients) summed by ``weighting`` where they
+    trained, or (no groups) every upload returned with its client's result."""
+
+    jobs: list[TrainJob]
+    states: list[Any]  # handles of the clients' kept states (None: none yet)
+    stacked: bool = False
+    groups: tuple[int, ...] = ()
+    weighting: str = "samples"
+    kind = "train"
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.jobs[0].round
+
+    @property
+    def clients(self) -> list[int]:  # type: ignore[override]
+        return [j.client_id for j in self.jobs]
+
+    def args(self) -> list:
+        return list(self.states)
+
+    @property
+    def returns(self) -> int:
+        return 1 + len(self.jobs)
+
+    def describe(self, host: Host) -> str:
+        busy = host.jobs.busy if host.jobs is not None and host.jobs.busy is not None else self.jobs[0].client_id
+        cohort = f" (a cohort of {len(self.jobs)})" if self.stacked and len(self.jobs) > 1 else ""
+        return f"client {busy}'s training in round {self.round}{cohort}"
+
+    def run(self, host: Host, values: list) -> list:
+        assert host.jobs is not None
+        owns = host.fetch([j.own_payload_ref for j in self.jobs])
+        result, kept = host.jobs.run_call(self, host.shared(self.jobs[0].payload_ref), owns, values)
+        return [result, *kept]
+
+
+@dataclass
+class EvalCall(Call):
+    """Test accuracy of the model each client of ``job`` would use after the round's aggregation."""
+
+    job: EvalJob
+    states: list[Any]
+    kind = "evaluate"
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.job.round
+
+    @property
+    def clients(self) -> list[int]:  # type: ignore[override]
+        return self.job.client_ids
+
+    def args(self) -> list:
+        return list(self.states)
+
+    def describe(self, host: Host) -> str:
+        return f"the evaluation of clients {self.job.client_ids} after round {self.job.round}"
+
+    def run(self, host: Host, values: list) -> list:
+        assert host.jobs is not None
+        owns = host.fetch(self.job.own_payload_refs or [None] * len(self.job.client_ids))
+        return [host.jobs.evaluate(self.job, host.shared(self.job.payload_ref), owns, values)]
+
+
+@dataclass
+class ServerCall(Call):
+    """The algorithm's server-side training for one round, on a worker's reserved CPU/GPU share."""
+
+    job: ServerTrainJob
+    kind = "server"
+    clients: list[int] = field(default_factory=list)
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.job.round
+
+    def args(self) -> list:
+        return [self.job.state_ref, self.job.updates_ref]
+
+    def describe(self, host: Host) -> str:
+        return f"the server-side training of round {self.job.round}"
+
+    def run(self, host: Host, values: list) -> list:
+        assert host.jobs is not None
+        state, updates = values
+        history = {cid: host.fetch(list(refs)) for cid, refs in self.job.history_refs.items()}
+        return [host.jobs.server_train(self.job.round, state, updates, history)]
+
+
+@dataclass
+class CentralCall(Call):
+    """Central training (FAPD's offline teacher, FedPCL's stand-in backbones) on a worker's reserved share:
+    ``train(device)``, its result on the CPU (``raysim.algorithms.central``)."""
+
+    train: Callable[[Any], Any]
+    kind = "central"
+    clients: list[int] = field(default_factory=list)
+
+    def describe(self, host: Host) -> str:
+        return "central training"
+
+    def run(self, host: Host, values: list) -> list:
+        from raysim.algorithms.central import run_here
+
+        return [run_here(self.train, host.device)]
+
+
+@dataclass
+class ProbeCall(Call):
+    """``engine.vectorize=auto``: the cohort size a probe on the round's first clients chooses (nothing it trains
+    is kept), and what it measured."""
+
+    jobs: list[TrainJob]
+    states: list[Any]
+    kind = "train"
+    clients: list[int] = field(default_factory=list)
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.jobs[0].round
+
+    def args(self) -> list:
+        return list(self.states)
+
+    def describe(self, host: Host) -> str:
+        return f"the engine.vectorize=auto probe in round {self.round}"
+
+    def run(self, host: Host, values: list) -> list:
+        assert host.jobs is not None
+        owns = host.fetch([j.own_payload_ref for j in self.jobs])
+        return [host.jobs.probe_cohort_size(self.jobs, host.shared(self.jobs[0].payload_ref), owns, values)]

@@ -1,35 +1,29 @@
-"""WorkerPool: N ClientWorker actors that run any number of virtual-client jobs, surviving worker deaths.
+"""WorkerPool: N ClientWorker actors that run any number of calls, surviving worker deaths.
 
-Ray's ActorPool neither replaces dead actors nor re-runs their jobs, so this small pool does: each worker keeps
-``jobs_per_worker`` jobs in flight; when one dies its unfinished jobs go back to the queue and a fresh actor takes its
-place. Jobs are pure functions of (config, client state, payload, seed), so a re-run gives the same result.
+Ray's ActorPool neither replaces dead actors nor re-runs their work, so this small pool does: each worker keeps
+``jobs_per_worker`` calls in flight; when one dies its unfinished calls go back to the queue and a fresh actor takes
+its place. A call (``raysim.engine.jobs``) is a pure function of (config, client states, payload, seed), so a re-run
+gives the same result. The pool knows nothing of what a call does: it hands it to the worker's one verb
+(``ClientWorker.run``) with its arguments and as many returns as the call declares.
 
-State stays where a node loss cannot take it. A job's return values live in the object store of the node that made
+State stays where a node loss cannot take it. A call's return values live in the object store of the node that made
 them (those under Ray's inline limit, 100 KB, come back inside the driver's own process). A client's new state is
 kept across rounds, read by evaluation and by the next round, so the pool fetches a large state made on another node
 and puts it again from the driver, whose node holds it from then on: a lost worker node takes none with it (the
 launch node, where the driver runs, is the run itself). Everything else the driver keeps across rounds (payloads,
 ``server_history`` objects) it puts itself. A result lost before the driver fetched it (its node died) is a lost
-worker: its jobs run again.
-
-Many clients per call: a client update shorter than a Ray round trip is dominated by the hand-offs around it, so
-training jobs are sent several to a call (``ClientWorker.train_many``) when ``engine.clients_per_call`` says so, or,
-with ``auto``, as many as make a call about ``TARGET_CALL_S`` of the measured per-client time. Each client still
-gets its own result and state object, and a batch whose worker dies is re-queued client by client. Sum groups
-(``engine.sum_group``: clients whose uploads are summed where they train) are batched whole, several to a
-``ClientWorker.train_groups`` call, by the same measure.
+worker: its calls run again.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
 
+from raysim.engine.jobs import Call
 from raysim.engine.placement import in_bundle, this_node, worker_bundle
 from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
@@ -40,34 +34,7 @@ if TYPE_CHECKING:
 _WORKER_DIED = (RayActorError, WorkerCrashedError, ObjectLostError)  # a result lost with its node counts too
 
 
-Submitted = Union[ray.ObjectRef, list]  # one ref, or the refs of a ``num_returns > 1`` method
-
-
-@dataclass
-class Job:
-    """One unit of work: ``submit(actor)`` starts it on a worker and returns its object ref(s).
-
-    Like ``ActorPool.submit(fn, value)``, the work is a callable, so the pool needs no knowledge of what the
-    workers can do. A job must be a pure function of its inputs: after a worker dies it is submitted again.
-    """
-
-    key: int  # results are returned keyed by this (client id, chunk index, ...)
-    submit: Callable[[Any], Submitted]
-    clients: list[int]  # for error messages
-    round: int
-    kind: str = "train"  # what the progress line calls this work: train | evaluate | server
-    tries: int = field(default=0)
-    # (TrainJob, state ref) of a training job that may share one ``train_many`` call with others; None: never
-    batch: Optional[tuple[Any, Any]] = None
-    # ([TrainJob], [state ref]) of a sum group (``engine.sum_group``) that may share one ``train_groups`` call with
-    # the groups after it; its refs are (GroupResult, its clients' states)
-    sum_group: Optional[tuple[list, list]] = None
-    # engine.vectorize: the jobs of one cohort go to one ``train_cohort`` call, whatever clients_per_call says
-    cohort: Optional[int] = None
-
-
-TARGET_CALL_S = 0.02  # auto batching: a call carries about this much measured client time
-MAX_CLIENTS_PER_CALL = 64
+Submitted = Union[ray.ObjectRef, list]  # one ref, or the refs of a call with several returns
 
 
 def kill_quietly(actors: list[Any]) -> None:
@@ -95,11 +62,11 @@ def spawn_workers(cfg: ExperimentConfig, placement_group: Optional[Any] = None) 
 
 
 class WorkerPool:
-    """The run's ClientWorker actors, running any number of jobs with ``jobs_per_worker`` in flight on each.
+    """The run's ClientWorker actors, running any number of calls with ``jobs_per_worker`` in flight on each.
 
     Like Ray's ``ActorPool``, but a worker that dies is replaced by a fresh actor in its bundle and its unfinished
-    jobs go back to the queue (up to ``engine.max_retries`` times each); every worker has the federated data attached
-    before it takes a job. Results come back keyed by ``Job.key``, whatever order they finish in.
+    calls go back to the queue (up to ``engine.max_retries`` times each); every worker has the federated data
+    attached before it takes a call. Results come back in the calls' order, whatever order they finish in.
     """
 
     def __init__(self, cfg: ExperimentConfig, data_ref: Optional[ray.ObjectRef], placement_group: Optional[Any] = None,
@@ -117,7 +84,6 @@ class WorkerPool:
         self.workers: list[Any] = [self._attach(i, a) for i, a in enumerate(actors)]
         self.replacements = 0
         self._closed = False
-        self._client_s: Optional[float] = None  # running mean of one client update's time, as workers measure it
 
     def attach(self, data_ref: ray.ObjectRef) -> None:
         """Send the run's data to every worker (after the central jobs that prepared it); a worker takes no client
@@ -161,45 +127,12 @@ class WorkerPool:
         self.workers[index] = self._attach(index, spawn_worker(self.cfg, index, self._pg))
         self.replacements += 1
 
-    def clients_per_call(self, queued: int) -> int:
-        """How many batchable jobs the next call takes: ``engine.clients_per_call``, or with ``auto`` enough to make
-        a call ~TARGET_CALL_S of measured work, never more than an even share of the queue over the workers' slots
-        (so no worker idles while another holds a long batch), and 1 until a job time has been measured."""
-        setting = self.cfg.engine.clients_per_call
-        if setting != "auto":
-            return max(1, int(setting))
-        if self._client_s is None:
-            return 1
-        wanted = math.ceil(TARGET_CALL_S / max(self._client_s, 1e-4))
-        share = math.ceil(queued / (len(self.workers) * self.cfg.engine.jobs_per_worker))
-        return max(1, min(wanted, share, MAX_CLIENTS_PER_CALL))
-
-    def _submit(self, queue: deque, worker: Any) -> tuple[list[Job], list[Submitted]]:
-        """Start the next job, or the next run of batchable jobs in one call; returns (jobs, each job's refs)."""
-        group = [queue.popleft()]
-        if group[0].cohort is not None:  # engine.vectorize: a cohort's jobs (clients or sum groups), whole, in one call
-            while queue and queue[0].cohort == group[0].cohort:
-                group.append(queue.popleft())
-            if group[0].sum_group is not None:
-                return group, self._submit_groups(group, worker, stacked=True)
-        elif group[0].batch is not None:
-            k = self.clients_per_call(len(queue) + 1)
-            while len(group) < k and queue and queue[0].batch is not None and queue[0].cohort is None:
-                group.append(queue.popleft())
-        elif group[0].sum_group is not None:  # whole groups, as many as make about k clients
-            k, clients = self.clients_per_call(len(queue) + 1), len(group[0].sum_group[0])
-            while queue and queue[0].sum_group is not None and queue[0].cohort is None \
-                    and clients + len(queue[0].sum_group[0]) <= k:
-                clients += len(queue[0].sum_group[0])
-                group.append(queue.popleft())
-            if len(group) > 1:
-                return group, self._submit_groups(group, worker)
-        if len(group) == 1:
-            return group, [group[0].submit(worker)]
-        method = worker.train_cohort if group[0].cohort is not None else worker.train_many
-        refs = method.options(num_returns=2 * len(group)).remote(
-            [j.batch[0] for j in group], *[j.batch[1] for j in group])
-        return group, [refs[2 * i:2 * i + 2] for i in range(len(group))]
+    @staticmethod
+    def _submit(call: Call, worker: Any) -> Submitted:
+        """Start ``call`` on ``worker``: its arguments as top-level arguments (Ray resolves them), its returns as
+        separate objects."""
+        method = worker.run.options(num_returns=call.returns) if call.returns > 1 else worker.run
+        return method.remote(call, *call.args())
 
     @staticmethod
     def _started(probe: ray.ObjectRef) -> Optional[str]:
@@ -210,76 +143,54 @@ class WorkerPool:
         except _WORKER_DIED:
             return None
 
-    @staticmethod
-    def _submit_groups(jobs: list[Job], worker: Any, stacked: bool = False) -> list[Submitted]:
-        """Several sum groups in one ``train_groups`` call (``stacked``: one cohort's, trained as one batched
-        computation); each job's refs are [its GroupResult, its states]."""
-        works = [j.sum_group[0] for j in jobs]
-        refs = worker.train_groups.options(num_returns=len(jobs) + sum(len(w) for w in works)).remote(
-            works, *[s for j in jobs for s in j.sum_group[1]], stacked=stacked)
-        outs, at = [], len(jobs)
-        for i, w in enumerate(works):
-            outs.append([refs[i], *refs[at:at + len(w)]])
-            at += len(w)
-        return outs
-
-    def _measured(self, value: Any) -> None:
-        seconds = getattr(value, "seconds", None)  # a TrainResult's, or a GroupResult's mean per client
-        if isinstance(seconds, (int, float)) and seconds > 0:
-            self._client_s = seconds if self._client_s is None else 0.7 * self._client_s + 0.3 * seconds
-
-    def run(self, jobs: list[Job]) -> dict[int, Any]:
-        """Run every job once (re-running those whose worker died) and return {job.key: result}; for a job that
-        returns several objects the result is (first value, [the other refs]), so a client's state stays in the
+    def run(self, calls: list[Call]) -> list[Any]:
+        """Run every call once (re-running those whose worker died) and return their results in order; for a call
+        with several returns the result is (first value, [the other refs]), so a client's state stays in the
         object store."""
-        queue: deque[Job] = deque(jobs)
-        inflight: dict[ray.ObjectRef, tuple[list[Job], int, list[Submitted]]] = {}
+        queue: deque[int] = deque(range(len(calls)))
+        tries = [0] * len(calls)
+        inflight: dict[ray.ObjectRef, tuple[int, int, Submitted]] = {}  # wait ref -> (call, worker, its refs)
         load = [0] * len(self.workers)
         results: dict[int, Any] = {}
-        self.progress = (0, len(jobs), jobs[0].kind if jobs else "")  # (done, total, kind), read by Driver.progress
+        kind = calls[0].kind if calls else ""
+        self.progress = (0, len(calls), kind)  # (done, total, kind), read by Driver.progress
         per_worker = self.cfg.engine.jobs_per_worker
         while queue or inflight:
             for w in range(len(self.workers)):
                 while queue and load[w] < per_worker and self._starting[w] is None:
-                    group, outs = self._submit(queue, self.workers[w])
-                    wait_ref = outs[-1][0] if isinstance(outs[-1], list) else outs[-1]
-                    inflight[wait_ref] = (group, w, outs)
+                    index = queue.popleft()
+                    out = self._submit(calls[index], self.workers[w])
+                    inflight[out[-1] if isinstance(out, list) else out] = (index, w, out)
                     load[w] += 1
             starting = [r for r in self._starting if r is not None]
             ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
             ref = ready[0]
-            if ref not in inflight:  # a worker came up (or died starting: its first job is then re-queued)
-                index = self._starting.index(ref)
-                self._starting[index] = None
-                self._nodes[index] = self._started(ref)
+            if ref not in inflight:  # a worker came up (or died starting: its first call is then re-queued)
+                at = self._starting.index(ref)
+                self._starting[at] = None
+                self._nodes[at] = self._started(ref)
                 continue
-            group, w, outs = inflight.pop(ref)
+            index, w, out = inflight.pop(ref)
             load[w] -= 1
             try:
-                values = self._fetch(w, outs)
+                value = self._fetch(w, [out])[0]
             except _WORKER_DIED as exc:
                 if self._closed:
                     raise RunStopped("the worker pool was shut down during a round") from None
-                lost = group + [j for r, (js, jw, _) in list(inflight.items()) if jw == w for j in js]
+                lost = [index] + [i for i, jw, _ in inflight.values() if jw == w]
                 for r in [r for r, (_, jw, _) in inflight.items() if jw == w]:
                     inflight.pop(r)
                 load[w] = 0
                 self._replace(w)
-                for j in lost:
-                    j.tries += 1
-                    if j.tries > self.cfg.engine.max_retries:
-                        who = f"client {j.clients[0]}" if len(j.clients) == 1 else f"clients {j.clients}"
-                        what = "an object it needed was lost" if isinstance(exc, ObjectLostError) else "worker died"
-                        raise RunStopped(f"{who} in round {j.round}: {what} {j.tries} times "
-                                         f"(engine.max_retries={self.cfg.engine.max_retries}); last cause: "
-                                         f"{_first_line(exc)}") from None
-                    queue.appendleft(j)
+                for i in lost:
+                    tries[i] += 1
+                    if tries[i] > self.cfg.engine.max_retries:
+                        raise RunStopped(_gave_up(calls[i], tries[i], self.cfg.engine.max_retries, exc)) from None
+                    queue.appendleft(i)
                 continue
-            for job, out, value in zip(group, outs, values):
-                results[job.key] = (value, out[1:]) if isinstance(out, list) else value
-                self._measured(value)
-            self.progress = (len(results), len(jobs), group[0].kind)
-        return results
+            results[index] = (value, out[1:]) if isinstance(out, list) else value
+            self.progress = (len(results), len(calls), kind)
+        return [results[i] for i in range(len(calls))]
 
     def shutdown(self) -> None:
         self._closed = True
@@ -294,6 +205,22 @@ def _elsewhere(location: Optional[dict], here: str) -> bool:
         return True  # unknown: copy, to be safe
     nodes = location.get("node_ids") or []
     return bool(location.get("did_spill")) or (bool(nodes) and here not in nodes)
+
+
+def _gave_up(call: Call, tries: int, limit: int, exc: BaseException) -> str:
+    """Why the run stops after ``call``'s worker died ``tries`` times (more than ``engine.max_retries``)."""
+    clients = call.clients
+    who = (f"client {clients[0]}" if len(clients) == 1 else f"clients {clients}" if clients
+           else call.describe(_Nowhere()))
+    what = "an object it needed was lost" if isinstance(exc, ObjectLostError) else "worker died"
+    return (f"{who} in round {call.round}: {what} {tries} times (engine.max_retries={limit}); last cause: "
+            f"{_first_line(exc)}")
+
+
+class _Nowhere:
+    """The host a call's description is read from when no process runs it."""
+
+    jobs = None
 
 
 def _first_line(exc: BaseException) -> str:

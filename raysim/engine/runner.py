@@ -18,7 +18,7 @@ import yaml
 
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
-from raysim.engine.executor import choose_backend
+from raysim.engine.backend import choose_backend
 from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file
 from raysim.errors import RunStopped, UserError, find_user_error
 import raysim.interrupts as interrupts

@@ -1,26 +1,24 @@
 """ClientWorker: a Ray actor around the client-job core (``raysim.engine.core.ClientJobs``).
 
-A worker holds no client's state between jobs: each job brings the client's state (an object-store reference) and
-the round's payload, and returns the upload and the new state. The actor only resolves references, fetches the
-round's shared payload once, and hands values to the core, which does the work exactly as the in-process executor
-does.
+A worker holds no client's state between calls: each call (``raysim.engine.jobs``) brings its clients' states
+(object-store references that Ray resolves) and the round's payload, and returns its result and the new states. The
+actor has one verb, :meth:`ClientWorker.run`, as Flower's backend has ``process_message``: it fetches the round's
+shared payload once and hands the call to the core, which does the work exactly as the in-process executor does.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import ray
 import torch
 
-from raysim.engine.central import run_here
-from raysim.engine.cohort import choose_cohort_size, train_cohort, train_groups_stacked
+from raysim.algorithms.training import threads_for
 from raysim.engine.core import ClientJobs
 from raysim.engine.device import configure, cuda_unusable, job_guard, memory_info, node_name, refuse_gpu_share
-from raysim.engine.jobs import ClientAccuracy, EvalJob, GroupResult, ServerTrainJob, TrainJob, TrainResult
+from raysim.engine.jobs import Call
 from raysim.errors import NotOnCPU, UserError
 from raysim.registry import import_plugins
 
@@ -77,8 +75,8 @@ class ClientWorker:
     def __init__(self, cfg: ExperimentConfig):
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.6 s): paid before attach()
         # reports this worker ready, so no job of round 1 waits on it
-        threads = max(1, int(math.floor(cfg.engine.cpus_per_worker)))
-        torch.set_num_threads(threads)  # a worker's share of the cores, so workers don't fight over them
+        # a worker's share of the cores, so workers don't fight over them
+        torch.set_num_threads(threads_for(cfg.engine.cpus_per_worker))
         try:
             torch.set_num_interop_threads(1)
         except RuntimeError:
@@ -123,7 +121,7 @@ class ClientWorker:
             return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
                     "node": ray.get_runtime_context().get_node_id(), **memory_info(self.device)}
 
-    def _shared(self, ref: Any) -> dict:
+    def shared(self, ref: Any) -> dict:
         """The round's shared payload, fetched and deserialised once per worker and round (the core gives every
         job its own copy)."""
         if ref != self._payload_ref:
@@ -131,95 +129,17 @@ class ClientWorker:
             self._payload_ref = ref
         return self._payload
 
-    # ------------------------------------------------------------------ jobs
-    @ray.method(num_returns=2)
-    def train(self, job: TrainJob, state: Optional[dict]) -> tuple[TrainResult, Optional[dict]]:
-        """Local training of one client for one round; returns (its result with the upload, its new state)."""
-        with self._guard(f"client {job.client_id}'s training in round {job.round}"):
-            own = ray.get(job.own_payload_ref) if job.own_payload_ref is not None else None
-            return self.jobs.train(job, self._shared(job.payload_ref), own, state)
-
-    def train_many(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
-        """Several clients in one Ray call (``engine.clients_per_call``), one after another exactly as ``train``
-        runs them; returns [result, state] per client, flat, so that each becomes its own object in the store
-        (the caller sets ``num_returns=2 * len(jobs)``). States arrive as separate arguments, so Ray resolves them."""
-        out: list = []
-        for job, state in zip(jobs, states):
-            out.extend(self.train(job, state))
-        return out
-
-    def train_group(self, jobs: list[TrainJob], *states: Optional[dict], stacked: bool = False) -> list:
-        """A fixed group of clients (``engine.sum_group``) in one call, their uploads summed here; returns
-        [GroupResult (the sum and each client's result without its upload), new state per client], flat, so that
-        each state becomes its own object in the store (the caller sets ``num_returns=1 + len(jobs)``).
-        ``stacked`` (``engine.vectorize``): the group trains as one cohort."""
-        return self.train_groups([jobs], *states, stacked=stacked)
-
-    def train_groups(self, groups: list[list[TrainJob]], *states: Optional[dict], stacked: bool = False) -> list:
-        """Several sum groups in one call (``engine.clients_per_call``: short clients; ``engine.vectorize``: one
-        cohort's groups, trained together as one batched computation with ``stacked``), each summed on its own;
-        returns [GroupResult per group, then every client's new state, in order] (the caller sets
-        ``num_returns``)."""
-        results, kept, at = [], [], 0
-        parts = []
-        for jobs in groups:
-            parts.append(list(states[at:at + len(jobs)]))
-            at += len(jobs)
-        with self._guard(lambda: f"client {self.jobs.busy}'s training in round {groups[0][0].round}"):
-            shared = self._shared(groups[0][0].payload_ref)
-            owns = [self._owns(jobs) for jobs in groups]
-            if stacked:
-                summed = train_groups_stacked(self.jobs, groups, shared, owns, parts)
-            else:
-                summed = [self.jobs.train_group(jobs, shared, own, part)
-                          for jobs, own, part in zip(groups, owns, parts)]
-        for total, done in summed:
-            results.append(GroupResult(upload_sum=total, results=[result for result, _ in done]))
-            kept.extend(keep for _, keep in done)
-        return results + kept
-
-    def train_cohort(self, jobs: list[TrainJob], *states: Optional[dict]) -> list:
-        """One cohort (``engine.vectorize``): its clients stacked and trained as one batched computation
-        (``raysim.engine.cohort``); returns [result, state] per client, flat, as ``train_many`` does."""
-        with self._guard(f"client {jobs[0].client_id}'s training in round {jobs[0].round} (a cohort of {len(jobs)})"):
-            done = train_cohort(self.jobs, jobs, self._shared(jobs[0].payload_ref), self._owns(jobs), list(states))
-        return [value for pair in done for value in pair]
-
-    def choose_cohort_size(self, jobs: list[TrainJob], *states: Optional[dict]) -> tuple[int, dict]:
-        """``engine.vectorize=auto``: the cohort size a probe on these clients chooses, and what it measured."""
-        with self._guard(f"the engine.vectorize=auto probe in round {jobs[0].round}"):
-            return choose_cohort_size(self.jobs, jobs, self._shared(jobs[0].payload_ref), self._owns(jobs),
-                                      list(states))
-
     @staticmethod
-    def _owns(jobs: list[TrainJob]) -> list[Optional[dict]]:
-        """The jobs' own payloads (``client_payload``), fetched in one call; None where a client has none."""
-        refs = [j.own_payload_ref for j in jobs]
+    def fetch(refs: list) -> list:
+        """The values of object references carried inside a call's records, fetched in one ``ray.get`` (None
+        stays None)."""
         present = [r for r in refs if r is not None]
         fetched = iter(ray.get(present)) if present else iter(())
         return [next(fetched) if r is not None else None for r in refs]
 
-    def evaluate(self, job: EvalJob, state_refs: list) -> list[ClientAccuracy]:
-        """Test accuracy of the model each client would use after this round's aggregation."""
-        with self._guard(f"the evaluation of clients {job.client_ids} after round {job.round}"):
-            present = [r for r in state_refs if r is not None]
-            fetched = iter(ray.get(present)) if present else iter(())
-            states = [next(fetched) if ref is not None else None for ref in state_refs]
-            own_refs = job.own_payload_refs or [None] * len(job.client_ids)
-            present_own = [r for r in own_refs if r is not None]
-            fetched_own = iter(ray.get(present_own)) if present_own else iter(())
-            owns = [next(fetched_own) if ref is not None else None for ref in own_refs]
-            return self.jobs.evaluate(job, self._shared(job.payload_ref), owns, states)
-
-    def server_train(self, job: ServerTrainJob) -> dict:
-        """The algorithm's server-side training for one round, on this worker's reserved CPU/GPU share."""
-        with self._guard(f"the server-side training of round {job.round}"):
-            state, updates = ray.get([job.state_ref, job.updates_ref])
-            history = {cid: ray.get(list(refs)) for cid, refs in job.history_refs.items()}
-            return self.jobs.server_train(job.round, state, updates, history)
-
-    def central(self, train: Callable[[torch.device], Any]) -> Any:
-        """Central training (FAPD's offline teacher, FedPCL's stand-in backbones) on this worker's reserved CPU/GPU
-        share: ``train(device)``, its result on the CPU (``raysim.engine.central.run_reserved``)."""
-        with self._guard("central training"):
-            return run_here(train, self.device)
+    def run(self, call: Call, *values: Any) -> Any:
+        """Run one call (its arguments resolved by Ray); returns its ``returns`` objects (the pool sets
+        ``num_returns`` to that number), one object as itself."""
+        with self._guard(lambda: call.describe(self)):
+            out = call.run(self, list(values))
+        return out if call.returns > 1 else out[0]

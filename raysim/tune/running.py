@@ -54,7 +54,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     callbacks of your own, beside raysim's (``log.mlflow`` / ``log.wandb`` add Tune's MLflow and W&B loggers). The
     first Ctrl-C or SIGTERM stops the trials (each keeps its checkpoint) and returns the table with them
     unfinished."""
-    from raysim.engine.executor import choose_backend
+    from raysim.engine.backend import choose_backend
     from raysim.tracking import check_tracking
 
     candidates = candidate_configs(spec)  # loaded once: validated here, their resources checked once Ray is up

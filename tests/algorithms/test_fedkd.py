@@ -15,7 +15,7 @@ from raysim.algorithms.base import ClientContext, ClientUpdate
 from raysim.algorithms.fedkd import (apply_update, compress, energy_rank, energy_threshold, mutual_distillation_loss,
                                      reconstruct, stage_pairs)
 from raysim.config import ConfigError, load_config
-from raysim.engine.core import nbytes
+from raysim.trees import nbytes
 from raysim.models import build_model
 from raysim.registry import get_algorithm
 

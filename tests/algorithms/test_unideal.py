@@ -10,7 +10,7 @@ from conftest import ROOT, context, read_rows, strip_timing, tiny_overrides
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
 from raysim.engine.jobs import TrainJob
-from raysim.engine.core import nbytes
+from raysim.trees import nbytes
 from raysim.engine.core import ClientJobs
 from raysim.errors import UserError
 from raysim.models import build_model

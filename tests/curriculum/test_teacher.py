@@ -12,7 +12,7 @@ from raysim.algorithms.fapd import carve_calibration
 from raysim.config import load_config
 from raysim.curriculum.teacher import cache_root, offline_teacher_features, teacher_model_config
 from raysim.data import build_federated_data
-from raysim.engine.epochs import fit_classifier
+from raysim.algorithms.training import fit_classifier
 
 
 def test_cache_root_follows_the_data_cache(tmp_path, monkeypatch):
@@ -81,7 +81,7 @@ def test_central_training_merges_a_trailing_single_sample_like_the_workers():
 def test_the_device_is_not_part_of_the_cache_identity(tmp_path, monkeypatch, capsys):
     """Features trained on the CPU are the teacher's on a GPU worker too: the same entry is read, nothing retrained
     (a miss would hand the training to the run's reserved job, here one that says it would train on CUDA)."""
-    from raysim.engine.central import reserved_jobs
+    from raysim.algorithms.central import reserved_jobs
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "rc"))
     cfg = load_config(None, ["algorithm.name=fapd", "data.name=sklearn_digits", "clients.num=4",

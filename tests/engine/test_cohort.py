@@ -20,8 +20,9 @@ from raysim.algorithms.fedavg import FedAvg
 from raysim.checks import config_warnings
 from raysim.config import load_config
 from raysim.data import build_federated_data
-from raysim.engine import cohort
-from raysim.engine.cohort import _OneClientOrder, _SerialLinear, plan_cohorts, train_cohort
+from raysim.engine import vectorize_probe
+from raysim.engine.cohort import train_cohort
+from raysim.engine.exact_kernels import OneClientOrder, _SerialLinear
 from raysim.engine.core import ClientJobs
 from raysim.engine.jobs import TrainJob
 from raysim.engine.runner import run_experiment
@@ -264,7 +265,7 @@ def test_one_clients_order_for_linear_layers_and_cross_entropy():
         y = torch.randint(0, 10, (5, batch))
         w = torch.randn(5, 10, 16, requires_grad=True)
         b = torch.randn(5, 10, requires_grad=True)
-        with _OneClientOrder():
+        with OneClientOrder():
             stacked = vmap(lambda w_, b_, x_, y_: F.cross_entropy(
                 functional_call(layer, {"weight": w_, "bias": b_}, (x_,)), y_))(w, b, x, y)
         gw, gb = torch.autograd.grad(stacked.sum(), (w, b))
@@ -281,12 +282,6 @@ def test_serial_linear_gradients_are_right():
     b = torch.randn(6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: _SerialLinear.apply(*a), (x, w, b))
     assert torch.autograd.gradcheck(lambda x_, w_: _SerialLinear.apply(x_, w_, None), (x[0], w))
-
-
-def test_cohorts_are_fixed_groups_in_order():
-    assert [list(c) for c in plan_cohorts(7, 3)] == [[0, 1, 2], [3, 4, 5], [6]]
-    assert [list(c) for c in plan_cohorts(3, 1)] == [[0], [1], [2]]
-    assert plan_cohorts(0, 4) == []
 
 
 # ---------------------------------------------------------------------------------------------- whole runs
@@ -311,8 +306,9 @@ def test_cohorts_with_every_upload_at_the_driver(tmp_path, algorithm):
 
 
 def test_cohorts_on_ray_workers_give_the_in_process_numbers(ray_cluster, tmp_path):
-    """Two Ray workers, cohorts of 3 of each client's own upload (train_cohort calls), and cohorts of whole sum
-    groups (train_groups calls): the metrics of one in-process run with cohorts, and of one client at a time."""
+    """Two Ray workers, cohorts of 3 of each client's own upload (stacked calls of single clients), and
+    cohorts of whole sum groups (stacked calls of groups): the metrics of one in-process run with cohorts, and of
+    one client at a time."""
     for partial in ("false", "true"):
         inline = _rows(tmp_path / partial, "fedprox", "3", engine__partial_sums=partial)
         on_ray = _rows(tmp_path / partial, "fedprox", "3", engine__partial_sums=partial, engine__backend="ray",
@@ -329,7 +325,7 @@ def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
         probes.append(1)
         return 3, {}  # whatever the timing: a cohort size the rest of the run must keep
 
-    monkeypatch.setattr("raysim.engine.executor.choose_cohort_size", counted)
+    monkeypatch.setattr("raysim.engine.vectorize_probe.choose_cohort_size", counted)
     cfg = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=3)
     _, rows, _ = run_experiment(cfg)
     assert len(probes) == 1 and [r["vectorize"] for r in rows] == [3, 3, 3]
@@ -342,14 +338,14 @@ def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
 
 def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
     core, jobs, shared = _setup(tmp_path, "fedavg")
-    size, measured = cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
+    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
     assert size in (1, 8) and measured["k"] == 8 and measured["serial_s"] > 0 and measured["cohort_s"] > 0
     assert measured["bytes_per_client"] > sum(t.numel() * 4 for t in core.model(0).state_dict().values())
-    monkeypatch.setattr(cohort, "AUTO_SLOW_JOB_S", 0.0)  # every client now counts as slow: no cohort probe
-    size, measured = cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
+    monkeypatch.setattr(vectorize_probe, "AUTO_SLOW_JOB_S", 0.0)  # every client now counts as slow: no cohort probe
+    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
     assert size == 1 and "cohort_s" not in measured
-    monkeypatch.setattr(cohort, "AUTO_MEMORY_BYTES", 1)  # nothing fits the budget
-    assert cohort.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
+    monkeypatch.setattr(vectorize_probe, "AUTO_MEMORY_BYTES", 1)  # nothing fits the budget
+    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
 
 
 # ---------------------------------------------------------------------------------------------- what may vectorise

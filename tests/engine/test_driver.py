@@ -1,21 +1,16 @@
-"""The engine: the Ray pool and determinism over worker counts and batching (on the shared 2-CPU Ray); resume,
-resources, algorithms end to end and TensorBoard (in-process)."""
+"""The engine: determinism over worker counts and batching (on the shared 2-CPU Ray); resume, resources,
+algorithms end to end and TensorBoard (in-process)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from conftest import read_rows, strip_timing, tiny_overrides
 from raysim.cli import main as cli_main
 from raysim.config import load_config
-from raysim.data import build_federated_data
-from raysim.engine.jobs import TrainJob
-from raysim.engine.pool import Job, WorkerPool
 from raysim.engine.resources import check_resources
 from raysim.engine.runner import run_experiment
 from raysim.errors import UserError
@@ -25,38 +20,6 @@ def _run(tmp_path: Path, name: str = "run", **extra):
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **extra))
     run_dir, rows, _ = run_experiment(cfg)
     return run_dir, rows
-
-
-def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
-    """53 virtual clients (prime), jobs submitted in shuffled order, 4 to a Ray call: each client gets its own
-    result and state object."""
-    cfg = load_config(None, ["clients.num=53", "data.partition=dirichlet", "data.min_samples=12",
-                             "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3",
-                             "engine.clients_per_call=4"])
-    data = build_federated_data(cfg)
-    pool = WorkerPool(cfg, ray.put(data))
-    try:
-        assert len({info["pid"] for info in pool.info()}) == 2
-        clients = list(range(53))
-        random.Random(0).shuffle(clients)
-        payload = ray.put({})
-
-        def job(c: int) -> Job:
-            work = TrainJob(client_id=c, round=1, payload_ref=payload)
-            return Job(key=c, submit=lambda w: w.train.remote(work, None), clients=[c], round=1,
-                       batch=(work, None))
-
-        jobs = [job(c) for c in clients]
-        done = pool.run(jobs)
-    finally:
-        pool.shutdown()
-    assert sorted(done) == list(range(53))
-    for cid, (result, state_refs) in done.items():
-        assert result.client_id == cid
-        assert result.num_samples == data.num_train(cid)
-        assert len(state_refs) == 1 and state_refs[0] is not None
-    states = ray.get([done[c][1][0] for c in (0, 1)])
-    assert not torch.equal(states[0]["head.weight"], states[1]["head.weight"])
 
 
 DETERMINISM = dict(rounds=3, clients__num=8, clients__fraction=0.75, data__partition="dirichlet")

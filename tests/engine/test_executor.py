@@ -13,7 +13,7 @@ import pytest
 
 from conftest import EXAMPLE_PLUGINS, ROOT, read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.config import load_config
-from raysim.engine.executor import choose_backend
+from raysim.engine.backend import choose_backend
 from raysim.engine.runner import run_experiment
 from raysim.registry import builtin_names
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT, read_rows, strip_timing, tiny_overrides
-from raysim.engine.core import copy_tree
+from raysim.trees import copy_tree
 from raysim.engine.state import FORMAT_VERSION, ClientStateStore, read_checkpoint
 from raysim.errors import UserError
 

@@ -2,8 +2,9 @@
 
 import torch
 
-from raysim.engine.core import all_finite, job_seed, nbytes
-from raysim.engine.epochs import batch_bounds
+from raysim.engine.core import job_seed
+from raysim.trees import all_finite, nbytes
+from raysim.algorithms.training import batch_bounds
 
 
 def test_batch_bounds_cover_every_sample_and_never_leave_a_single_one():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim.algorithms.fapd import FAPD, FAPDConfig
-from raysim.engine.central import run_reserved
+from raysim.algorithms.central import run_reserved
 from raysim.registry import register_algorithm
 
 

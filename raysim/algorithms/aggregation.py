@@ -1,8 +1,9 @@
-"""Partial aggregation: the weighted sum of client uploads, taken where the clients trained.
+"""The one sum: Σ weight·upload over a round's clients, taken where they trained, the same way on every executor.
 
-An algorithm whose aggregation is a weighted sum (``Algorithm.sums_uploads``: FedAvg and every algorithm that keeps
-the default ``server_aggregate``) needs a round's uploads only through Σ_i n_i·u_i and Σ_i n_i (n_i: the client's
-training samples). So instead of every upload travelling to the driver:
+An algorithm declares how its uploads are aggregated (``Algorithm.aggregation``): ``samples`` (FedAvg: weighted
+by each client's training samples), ``uniform`` (every client weighs 1) or ``uploads`` (the aggregation needs every
+upload: FedCDA, FedPAC, FedGen, ...). For the first two the round's uploads matter only through Σ_i w_i·u_i and
+Σ_i w_i, so instead of every upload travelling to the driver:
 
 - the round's sampled clients, in id order, are cut into fixed groups (:func:`fixed_groups`: a function of the
   client list and ``engine.sum_group`` alone, never of the workers or of timing);
@@ -11,14 +12,15 @@ training samples). So instead of every upload travelling to the driver:
 - the driver adds the groups' sums in group order and divides once (:func:`combine`, :meth:`UploadSum.mean`).
 
 When uploads do reach the driver one by one (``engine.partial_sums=false``), :func:`sum_in_groups` forms the same
-groups and takes the same steps, so the numbers depend neither on where the sums were taken nor on the number of
-workers.
+groups and takes the same steps, and an algorithm's own weighted means (:func:`weighted_average`, SCAFFOLD's
+control variates, FedDyn's mean) go through the same :class:`UploadSum`: there is one summation in raysim, so the
+numbers depend neither on where the sums were taken nor on the number of workers.
 
 The arithmetic, on one flat float64 buffer per upload (exact for float32 values and for integers below 2**53):
 a client adds ``flat * weight`` to its group's buffer (two correctly rounded operations, never a fused
 multiply-add, so every IEEE machine gives the same bits), groups are added in order with one vectorised operation
 each, and the mean is ``total / Σ weights``, cast back to each tensor's dtype (integers rounded). Against the
-per-client formula ``Σ_i u_i · (n_i / Σ n)`` it differs only by float64 round-off, far below float32 resolution.
+per-client formula ``Σ_i u_i · (w_i / Σ w)`` it differs only by float64 round-off, far below float32 resolution.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
-
-AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
 
 # one entry per tensor of an upload, in order: (its key path in the nested dict, shape, dtype)
 Layout = tuple[tuple[tuple[str, ...], tuple[int, ...], torch.dtype], ...]
@@ -43,7 +43,7 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, 
             yield from _leaves(value, path + (key,))
     else:
         where = ".".join(map(str, path)) or "the upload"
-        raise TypeError(f"{where}: an upload that is summed (Algorithm.weighted_sum) is a nested dict of tensors, "
+        raise TypeError(f"{where}: an upload that is summed (Algorithm.aggregation) is a nested dict of tensors, "
                         f"found {type(tree).__name__}")
 
 
@@ -111,7 +111,7 @@ class UploadSum:
     def _check(self, layout: Layout, who: str) -> None:
         if layout != self.layout:
             raise ValueError(f"{who}: its upload's keys, shapes or dtypes differ from those of clients {self.clients}; "
-                             f"a summed upload (Algorithm.weighted_sum) has the same layout for every client")
+                             f"a summed upload (Algorithm.aggregation) has the same layout for every client")
 
     def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
         self._check(layout, who)
@@ -161,26 +161,27 @@ class UploadSum:
         return unflatten(self.layout, self.total / self.weight)
 
 
-def group_size(setting: str, num_clients: int) -> int:
-    """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round."""
-    if setting == "auto":
-        return max(1, math.ceil(num_clients / AUTO_GROUPS))
-    return max(1, int(setting))
-
-
 def fixed_groups(clients: Sequence[int], size: int) -> list[list[int]]:
     """The round's clients in id order, cut into consecutive groups of ``size`` (the last may be shorter)."""
     ordered = sorted(int(c) for c in clients)
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
 
-def sum_results(results: Iterable[Any]) -> UploadSum:
-    """One group's sum: the finite results' uploads weighted by their training samples, in the order given (id
-    order); every result's upload is dropped (``{}``), so only the sum travels on."""
+WEIGHTINGS = ("samples", "uniform")  # the summed aggregations; "uploads": every upload reaches the server
+
+
+def client_weight(num_samples: int, weighting: str) -> float:
+    """A client's weight in the round's sum: its training samples (``samples``) or 1 (``uniform``)."""
+    return float(num_samples) if weighting == "samples" else 1.0
+
+
+def sum_results(results: Iterable[Any], weighting: str = "samples") -> UploadSum:
+    """One group's sum: the finite results' uploads weighted by ``weighting``, in the order given (id order); every
+    result's upload is dropped (``{}``), so only the sum travels on."""
     total = UploadSum()
     for r in results:
         if r.finite:
-            total.add(r.client_id, r.upload, r.num_samples)
+            total.add(r.client_id, r.upload, client_weight(r.num_samples, weighting))
         r.upload = {}
     return total
 
@@ -193,12 +194,23 @@ def combine(sums: Iterable[UploadSum]) -> UploadSum:
     return out
 
 
-def sum_in_groups(updates: Iterable[Any], clients: Sequence[int], size: int) -> UploadSum:
+def sum_in_groups(updates: Iterable[Any], clients: Sequence[int], size: int, weighting: str = "samples") -> UploadSum:
     """The same sum from per-client updates (``client_id``, ``upload``, ``num_samples``) on the driver: grouped as
     :func:`fixed_groups` groups ``clients``, summed in id order within a group and in group order across groups,
     exactly as the workers and :func:`combine` would."""
     index = {c: i // size for i, c in enumerate(sorted(int(c) for c in clients))}
     groups: dict[int, UploadSum] = {}
     for u in sorted(updates, key=lambda u: u.client_id):
-        groups.setdefault(index[u.client_id], UploadSum()).add(u.client_id, u.upload, u.num_samples)
+        groups.setdefault(index[u.client_id], UploadSum()).add(u.client_id, u.upload,
+                                                               client_weight(u.num_samples, weighting))
     return combine(groups[g] for g in sorted(groups))
+
+
+def weighted_average(uploads: list[dict], weights: list[float]) -> dict:
+    """Σ_i w_i·u_i / Σ_i w_i of (nested dicts of) tensors, summed in the order given (client-id order) by the one
+    :class:`UploadSum`, so an algorithm's own means take the engine's arithmetic: each tensor cast back to its
+    dtype (integers rounded)."""
+    total = UploadSum()
+    for i, (upload, weight) in enumerate(zip(uploads, weights)):
+        total.add(i, upload, weight)
+    return total.mean()

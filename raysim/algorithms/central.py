@@ -1,7 +1,8 @@
-"""Central training, cached on disk: one trainer for FAPD's offline teacher and FedPCL's stand-in backbones.
+"""Central training, cached on disk: one trainer for FAPD's offline teacher and FedPCL's stand-in backbones (part of
+the algorithms' public surface, which the engine sets up: :func:`reserved_jobs`).
 
 Both train a classifier (a backbone and a linear head) on samples no client holds, with the workers' batch policy
-(:func:`raysim.engine.epochs.fit_classifier`), and keep what they derive from it (the teacher's features, the
+(:func:`raysim.algorithms.training.fit_classifier`), and keep what they derive from it (the teacher's features, the
 stand-in's weights) in a cache beside the data cache, so sweeps and resumed runs train once. What is shared lives
 here, once, without Ray:
 
@@ -105,11 +106,11 @@ def train_classifier(build_backbone: Callable[[], nn.Module], x: torch.Tensor, y
                      device: Union[torch.device, str]) -> nn.Module:
     """A ``ClassifierModel`` (backbone + linear head) trained on (x, y) on ``device``: the backbone and the head are
     built right after ``torch.manual_seed(seed)`` and the batches drawn from a generator seeded with ``seed``, so
-    the result depends only on the inputs (CE, SGD with momentum 0.9, :func:`~raysim.engine.epochs.fit_classifier`).
-    Runs on the caller's torch threads (wrap it in :func:`~raysim.engine.epochs.torch_threads`)."""
-    from raysim.engine.epochs import fit_classifier
+    the result depends only on the inputs (CE, SGD with momentum 0.9,
+    :func:`~raysim.algorithms.training.fit_classifier`).
+    Runs on the caller's torch threads (wrap it in :func:`~raysim.algorithms.training.torch_threads`)."""
+    from raysim.algorithms.training import fit_classifier
     from raysim.models import ClassifierModel
-
     from raysim.models.pooling import deterministic_pooling
 
     torch.manual_seed(seed)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from raysim.engine import central
-from raysim.engine.central import cached, read_entry, recipe_key, require_finite, train_classifier, write_entry
+from raysim.algorithms import central
+from raysim.algorithms.central import cached, read_entry, recipe_key, require_finite, train_classifier, write_entry
 from raysim.errors import UserError
 
 

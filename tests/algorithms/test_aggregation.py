@@ -1,6 +1,7 @@
-"""Partial aggregation (raysim.engine.partial): sums taken where clients trained give the numbers of sums taken on
-the driver, whatever the workers; by-hand arithmetic; every weighted-sum algorithm end to end (inline, numbers) and
-the worker path on Ray (2 workers against 1 in-process)."""
+"""The one sum (raysim.algorithms.aggregation): sums taken where clients trained give the numbers of sums taken on
+the driver, whatever the workers; by-hand arithmetic, samples and uniform weights; an algorithm's own means take
+the same arithmetic; the declared aggregation, and a server_aggregate that only observes keeps the sums; every
+summed algorithm end to end (inline, numbers) and the worker path on Ray (2 workers against 1 in-process)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import pytest
 import torch
 
 from conftest import read_rows, strip_timing, tiny_overrides
-from raysim.algorithms.base import ClientUpdate
+from raysim.algorithms.aggregation import (UploadSum, combine, fixed_groups, flatten, sum_in_groups, sum_results,
+                                          unflatten, weighted_average)
+from raysim.algorithms.base import Algorithm, ClientUpdate, RoundUpdates, SummedUpload
 from raysim.config import load_config
 from raysim.engine.jobs import TrainResult
-from raysim.engine.partial import (UploadSum, combine, fixed_groups, flatten, group_size, sum_in_groups, sum_results,
-                                   unflatten)
+from raysim.engine.plan import group_size
 from raysim.engine.runner import run_experiment
 from raysim.registry import builtin_names, get_algorithm
 
@@ -107,11 +109,58 @@ WEIGHTED_SUM = [name for name in builtin_names("algorithm")  # built-ins only: o
                 if get_algorithm(name)(load_config(None, [f"algorithm.name={name}"])).sums_uploads]
 
 
-def test_the_weighted_sum_algorithms_are_those_with_the_default_aggregation():
+def test_the_summed_algorithms_are_those_that_declare_it():
     assert {"fedavg", "fedprox", "local", "partialavg", "unideal", "fapd", "moon", "fedrod", "fedavgm", "fedadam",
             "fedbn", "ditto"} <= set(WEIGHTED_SUM)
     assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd", "scaffold",
                 "feddyn"} & set(WEIGHTED_SUM)
+    for name in builtin_names("algorithm"):  # declared, never inferred from which hooks a class overrides
+        cls = get_algorithm(name)
+        assert cls.aggregation in ("samples", "uniform", "uploads"), name
+        overrides = cls.server_aggregate is not Algorithm.server_aggregate
+        assert not overrides or cls.aggregation == "uploads", f"{name} reads uploads but declares {cls.aggregation}"
+
+
+def test_uniform_weights_by_hand_three_clients_of_unequal_size():
+    """Clients of 1, 2 and 7 samples: by samples the mean is (1·0 + 2·3 + 7·6) / 10 = 4.8; uniformly (0 + 3 + 6) / 3
+    = 3, on the workers' path and on the driver's alike."""
+    uploads = {c: {"w": torch.tensor([float(v)])} for c, v in ((1, 0), (2, 3), (3, 6))}
+    sizes = {1: 1, 2: 2, 3: 7}
+    for weighting, expect in (("samples", 4.8), ("uniform", 3.0)):
+        results = [TrainResult(client_id=c, round=1, upload=dict(uploads[c]), num_samples=sizes[c], finite=True,
+                               loss=0.0) for c in (1, 2, 3)]
+        on_workers = combine([sum_results(results[:2], weighting), sum_results(results[2:], weighting)]).mean()
+        on_driver = sum_in_groups([ClientUpdate(c, uploads[c], sizes[c]) for c in (1, 2, 3)], [1, 2, 3], 2,
+                                  weighting).mean()
+        assert float(on_workers["w"]) == float(on_driver["w"]) == pytest.approx(expect, abs=1e-6)
+
+
+def test_an_algorithms_own_average_is_the_one_sum():
+    """weighted_average (SCAFFOLD's, FedDyn's, FedNH's means) is an UploadSum in the order given: the same bits."""
+    ups = [_upload(s) for s in range(5)]
+    weights = [3.0, 1.0, 4.0, 1.0, 5.0]
+    total = UploadSum()
+    for i, (u, w) in enumerate(zip(ups, weights)):
+        total.add(i, u, w)
+    mean, expect = weighted_average(ups, weights), total.mean()
+    assert torch.equal(mean["w"], expect["w"]) and torch.equal(mean["bn"]["mean"], expect["bn"]["mean"])
+    assert torch.equal(mean["bn"]["count"], expect["bn"]["count"])
+
+
+def test_a_summed_upload_cannot_be_read_and_an_observer_keeps_the_sums(tmp_path):
+    with pytest.raises(RuntimeError, match="summed where the clients trained.*aggregation = 'uploads'"):
+        SummedUpload()["model"]
+    mean = {"w": torch.ones(2)}
+    updates = RoundUpdates([ClientUpdate(0, SummedUpload(), 5)], lambda: mean)
+    cfg = load_config(None, [])
+    assert Algorithm(cfg).server_aggregate(updates, {"model": {}}, 1)["model"] is mean
+
+    class Observer(get_algorithm("fedavg")):  # logs the round's clients, then FedAvg's aggregation
+        def server_aggregate(self, updates, server_state, round):
+            print("clients", [u.client_id for u in updates])
+            return super().server_aggregate(updates, server_state, round)
+
+    assert Observer(cfg).sums_uploads  # overriding to observe turns nothing off
 
 
 def _algorithm_extra(name: str, tmp_path) -> dict:

@@ -1,0 +1,145 @@
+"""Local training, once: the batch policy, the optimiser and the one loop every trainer in raysim runs.
+
+Part of the algorithms' public surface (with ``raysim.algorithms.base``, ``aggregation`` and ``central``): the
+engine trains clients with it, and an algorithm that trains something of its own (FedBABU's fine-tuning, FAPD's
+offline teacher, FedPCL's stand-in backbones, SCAFFOLD's step count) uses the same pieces, so they share one batch
+policy and one loop.
+
+- :func:`batch_bounds`, :func:`epoch_batches`: one permutation per epoch, cut into batches; a trailing one-sample
+  batch joins the one before (BatchNorm cannot train on one sample).
+- :func:`make_optimizer`: ``train.optimizer`` at ``train.lr`` (or a phase's own rate).
+- :func:`run_phases`: phases of epochs of steps. What a step is belongs to its :class:`Trainee`: one client's
+  mini-batch (``raysim.engine.core``), a cohort's stacked step (``raysim.engine.cohort``), or plain cross-entropy
+  on a model (:class:`PlainTrainee`: the fine-tuning and the central classifiers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from raysim.config import ExperimentConfig
+
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """Batch [start, end) pairs; a trailing one-sample batch joins the one before (BatchNorm can't train on one)."""
+    bounds = [(b, min(b + batch_size, n)) for b in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
+def epoch_batches(n: int, batch_size: int, generator: Optional[torch.Generator],
+                  device: torch.device | str) -> Iterator[torch.Tensor]:
+    """One epoch's mini-batches of sample positions: a permutation drawn from ``generator`` (None: torch's global
+    generator), on ``device``, cut by :func:`batch_bounds`."""
+    order = torch.randperm(n, generator=generator).to(device)
+    for b, e in batch_bounds(n, batch_size):
+        yield order[b:e]
+
+
+def make_optimizer(cfg: ExperimentConfig, params: list, lr: Optional[float] = None) -> torch.optim.Optimizer:
+    """``train.optimizer`` over ``params`` at ``lr`` (``train.lr`` when None)."""
+    t = cfg.train
+    lr = t.lr if lr is None else lr
+    if t.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=t.weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def threads_for(cpus: float) -> int:
+    """torch threads for a job that holds ``cpus`` CPUs (``engine.cpus_per_worker``)."""
+    return max(1, int(math.floor(cpus)))
+
+
+@contextlib.contextmanager
+def torch_threads(cpus: float) -> Iterator[None]:
+    """Run torch on as many threads as a worker gets (``engine.cpus_per_worker``), then restore the count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_for(cpus))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Trainee:
+    """What :func:`run_phases` trains: it says what a phase optimises, what an epoch's steps are, each step's loss,
+    how the optimiser's step is taken, and whether training goes on after an epoch."""
+
+    def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def steps(self) -> Iterable[Any]:
+        """This epoch's steps (drawn when the epoch starts)."""
+        raise NotImplementedError
+
+    def loss(self, step: Any) -> Optional[torch.Tensor]:
+        """The loss to differentiate at ``step`` (None: nothing trains at this step)."""
+        raise NotImplementedError
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+        """After the backward pass: the optimiser's step (clipping first, where the trainee clips)."""
+        optimizer.step()
+
+    def end_epoch(self) -> bool:
+        """Bookkeeping after an epoch; False ends the training (a loss that is no longer finite)."""
+        return True
+
+
+def run_phases(phases: Iterable[tuple], trainee: Trainee) -> None:
+    """The local-training loop: for each phase (parameters, epochs[, learning rate]) a fresh optimiser, then its
+    epochs, each a sequence of steps of zeroed gradients, a loss, its backward pass and an optimiser step."""
+    for params, epochs, *lr in phases:
+        optimizer = trainee.begin_phase(params, lr[0] if lr else None)
+        for _ in range(epochs):
+            for step in trainee.steps():
+                loss = trainee.loss(step)
+                optimizer.zero_grad(set_to_none=True)
+                if loss is None:
+                    continue
+                loss.backward()
+                trainee.apply(optimizer, step)
+            if not trainee.end_epoch():
+                return
+
+
+class PlainTrainee(Trainee):
+    """Cross-entropy on (x, y) in mini-batches by :func:`epoch_batches`, SGD at ``lr`` with ``momentum``: central
+    training and fine-tuning."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, momentum: float,
+                 generator: Optional[torch.Generator],
+                 loss: Optional[Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = None):
+        self.model, self.x, self.y = model, x, y
+        self.batch_size, self.momentum, self.generator, self._loss = batch_size, momentum, generator, loss
+
+    def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
+        assert lr is not None, "a plain trainee's phase names its learning rate"
+        return torch.optim.SGD(params, lr=lr, momentum=self.momentum)
+
+    def steps(self) -> Iterable[torch.Tensor]:
+        return epoch_batches(len(self.y), self.batch_size, self.generator, self.x.device)
+
+    def loss(self, step: torch.Tensor) -> torch.Tensor:
+        if self._loss is not None:
+            return self._loss(self.model, self.x[step], self.y[step])
+        return F.cross_entropy(self.model(self.x[step]), self.y[step])
+
+
+def fit_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, batch_size: int,
+                   generator: Optional[torch.Generator], momentum: float = 0.9) -> None:
+    """Every parameter of ``model`` trained on (x, y) with cross-entropy and SGD, in place, in the workers' batches
+    (the offline teacher, FedPCL's stand-in backbones, FedBABU's fine-tuning; ``generator`` None: torch's global
+    generator, which the caller seeds)."""
+    params = list(model.parameters())
+    model.train()
+    with torch.enable_grad():
+        run_phases([(params, epochs, lr)],
+                   PlainTrainee(model, x, y, batch_size=batch_size, momentum=momentum, generator=generator))

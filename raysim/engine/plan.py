@@ -1,0 +1,81 @@
+"""One plan: a round's training as calls, by a pure function of the round's clients and the engine's settings.
+
+The plan fixes everything that can change a number, from the config alone: the sum groups (``engine.sum_group``,
+:func:`raysim.algorithms.aggregation.fixed_groups`) and the cohorts (``engine.vectorize``), both in client-id
+order, never from the workers or from timing. What it takes from measurement (how many short clients share a call,
+``engine.clients_per_call=auto``) only changes how the same work is cut into calls, never the work:
+
+- the units are the sum groups (or, when the uploads travel per client, the clients one by one);
+- with cohorts, consecutive whole units fill a call of at most the cohort size, trained as one stacked computation
+  (:func:`raysim.engine.cohort.train_cohort`); each of its groups is still summed on its own;
+- without, consecutive whole units fill a call of about :func:`clients_per_call` clients, trained one at a time.
+
+The executors only dispatch the calls; which worker takes which call changes no number (each call's sums are
+whole groups, and the driver adds the groups in group order).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from raysim.algorithms.aggregation import fixed_groups
+from raysim.engine.jobs import TrainCall, TrainJob
+
+AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
+TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much measured client time
+MAX_CLIENTS_PER_CALL = 64
+
+
+def group_size(setting: str, num_clients: int) -> int:
+    """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round."""
+    if setting == "auto":
+        return max(1, math.ceil(num_clients / AUTO_GROUPS))
+    return max(1, int(setting))
+
+
+def clients_per_call(setting: str, client_s: Optional[float], clients: int, slots: int) -> int:
+    """How many clients one call takes: ``engine.clients_per_call``, or with ``auto`` enough to make a call
+    ~TARGET_CALL_S of measured work (``client_s``: the mean time of one client's update, None before any was
+    measured: 1), never more than an even share of the round over the workers' ``slots`` (so no worker idles
+    while another holds a long call)."""
+    if setting != "auto":
+        return max(1, int(setting))
+    if client_s is None:
+        return 1
+    wanted = math.ceil(TARGET_CALL_S / max(client_s, 1e-4))
+    share = math.ceil(clients / max(slots, 1))
+    return max(1, min(wanted, share, MAX_CLIENTS_PER_CALL))
+
+
+def _pack(units: list[list[int]], limit: int) -> list[list[list[int]]]:
+    """Consecutive whole units, as many as fit ``limit`` clients (at least one a call)."""
+    calls: list[list[list[int]]] = []
+    size = 0
+    for unit in units:
+        if calls and size + len(unit) <= limit:
+            calls[-1].append(unit)
+            size += len(unit)
+        else:
+            calls.append([unit])
+            size = len(unit)
+    return calls
+
+
+def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: int, cohort: int, per_call: int,
+               weighting: str = "samples") -> list[TrainCall]:
+    """The round's training calls, for ``jobs`` in client-id order with their state handles: ``sum_group`` > 0 sums
+    uploads in fixed groups of that many clients (0: every upload travels); ``cohort`` > 1 stacks up to that many
+    clients a call (whole groups); otherwise calls of about ``per_call`` clients (whole groups)."""
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
+    position = {jobs[i].client_id: i for i in order}
+    clients = [jobs[i].client_id for i in order]
+    units = fixed_groups(clients, sum_group) if sum_group > 0 else [[c] for c in clients]
+    stacked = cohort > 1
+    calls = []
+    for packed in _pack(units, cohort if stacked else per_call):
+        members = [position[c] for unit in packed for c in unit]
+        calls.append(TrainCall(jobs=[jobs[i] for i in members], states=[states[i] for i in members],
+                               stacked=stacked, groups=tuple(len(u) for u in packed) if sum_group > 0 else (),
+                               weighting=weighting))
+    return calls

@@ -1,0 +1,149 @@
+"""``engine.vectorize``: what may train in a cohort, the cohort size a run starts with, and ``auto``'s probe.
+
+``auto`` measures one client at a time against a stacked cohort once, at the first round, within a memory budget,
+and keeps cohorts only where they are faster (:func:`choose_cohort_size`); the choice is checkpointed and stands
+for the whole run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+from torch import nn
+
+from raysim.engine.cohort import model_refusal, train_cohort
+from raysim.engine.jobs import JobCore, StartedJob, TrainJob
+
+if TYPE_CHECKING:
+    from raysim.algorithms.base import Algorithm
+    from raysim.config import ExperimentConfig
+
+AUTO_MAX_K = 128  # engine.vectorize=auto: cohorts of at most this many clients (a round's split evenly),
+AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per CPU worker; on a GPU, half of
+# the worker's share of the device's memory: AUTO_GPU_MEMORY_SHARE x total x engine.gpus_per_worker),
+AUTO_GPU_MEMORY_SHARE = 0.5
+AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
+AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
+AUTO_SERIAL_JOBS = 8  # clients the probe times one at a time
+
+
+def vectorize_setting(cfg: ExperimentConfig) -> int | str:
+    """``engine.vectorize`` as ``"off"``, ``"auto"`` or a cohort size N >= 2 (N = 1 is off)."""
+    value = str(cfg.engine.vectorize)
+    if value in ("off", "auto"):
+        return value
+    return int(value) if int(value) >= 2 else "off"
+
+
+def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module) -> Optional[int]:
+    """The cohort size a run starts with: 1 (one client at a time), N, or None (``auto``: a probe at the first
+    round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1 by
+    ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
+    config's notice says so: ``raysim.checks.vectorize_notices``)."""
+    from raysim.errors import UserError
+    from raysim.registry import get_model
+
+    setting = vectorize_setting(cfg)
+    if setting == "off" or not type(algorithm).vectorizes():
+        return 1
+    if any(getattr(get_model(n), "per_client", False) for n in cfg.model.names()):
+        return 1
+    reason = model_refusal(model)
+    if reason is not None:
+        if setting == "auto":
+            return 1
+        raise UserError(f"config key 'engine.vectorize': {reason}; set engine.vectorize=off")
+    return None if setting == "auto" else int(setting)
+
+
+def per_client_bytes(core: JobCore, started: StartedJob) -> int:
+    """What one more client adds to a cohort: its parameters and buffers with their gradients and optimiser
+    state, its training split, and what the autograd graph of one of its batches saves (measured on a batch)."""
+    model, ctx = started.model, started.ctx
+    slots = 4 if core.cfg.train.optimizer == "adam" else 3  # value, gradient, momentum (Adam: two moments)
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * slots
+    x, y, idx = ctx.train_data
+    data = x.numel() * x.element_size() + y.numel() * y.element_size() + idx.numel() * idx.element_size()
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.data_ptr()] = max(saved.get(t.data_ptr(), 0), t.numel() * t.element_size())
+        return t
+
+    bs = min(core.cfg.train.batch_size, len(y))
+    if bs:
+        model.train()
+        ctx.sample_idx = idx[:bs]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            core.algorithm.client_loss(model, x[:bs], y[:bs], ctx)
+        ctx.sample_idx = None
+    return weights + data + sum(saved.values())
+
+
+def memory_budget(core: JobCore) -> int:
+    """Bytes a cohort's stacked training state may take in this worker (``engine.vectorize=auto``)."""
+    if core.device.type != "cuda":
+        return AUTO_MEMORY_BYTES
+    total = torch.cuda.get_device_properties(core.device).total_memory
+    share = min(1.0, core.cfg.engine.gpus_per_worker) or 1.0
+    return int(AUTO_GPU_MEMORY_SHARE * total * share)
+
+
+def _probe_clock(device: torch.device) -> Callable[[], float]:
+    """The probe's clock: on a CPU this process's CPU time, which other processes on the machine do not inflate;
+    on a GPU wall time after the device has finished its queued work."""
+    if device.type != "cuda":
+        return time.process_time
+
+    def wall() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return wall
+
+
+def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+                       states: list[Optional[dict]]) -> tuple[int, dict[str, float]]:
+    """``engine.vectorize=auto``: the cohort size for the run (1: off), from a probe on the round's first clients.
+
+    The size: at most :data:`AUTO_MAX_K` clients and as many as fit :func:`memory_budget` of stacked training
+    state, then the round's clients split into that many equal cohorts (100 clients in cohorts of 128: one of 100;
+    of 64: two of 50). It depends on the config alone, not on the number of workers; only the yes or no is timed.
+    The probe times :data:`AUTO_SERIAL_JOBS` clients one at a time (the median) and, unless they are slow enough that
+    the arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size (the faster of two tries), by
+    :func:`_probe_clock`; cohorts are chosen when they are at least :data:`AUTO_MARGIN` times faster per client.
+    Nothing the probe trains is kept. Returns (size, what it measured).
+    """
+    if not type(core.algorithm).vectorizes() or len(jobs) < 2:
+        return 1, {}
+    started = core.start(jobs[0], shared, owns[0], states[0])
+    if model_refusal(started.model) is not None:
+        return 1, {}
+    each = per_client_bytes(core, started)
+    largest = max(1, min(AUTO_MAX_K, memory_budget(core) // max(each, 1)))
+    k = math.ceil(len(jobs) / math.ceil(len(jobs) / largest))
+    info: dict[str, float] = {"bytes_per_client": float(each), "k": float(k)}
+    if k < 2:
+        return 1, info
+    clock = _probe_clock(core.device)
+    core.train(jobs[0], shared, owns[0], states[0])  # warm-up: first-use costs are not the client's
+    alone = []
+    for i in range(min(AUTO_SERIAL_JOBS, len(jobs))):
+        start = clock()
+        core.train(jobs[i], shared, owns[i], states[i])
+        alone.append(clock() - start)
+    info["serial_s"] = one = statistics.median(alone)
+    if one > AUTO_SLOW_JOB_S:
+        return 1, info
+    train_cohort(core, jobs[:2], shared, owns[:2], states[:2])  # warm-up of the batched path
+    tries = []
+    for _ in range(2):
+        start = clock()
+        train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
+        tries.append((clock() - start) / k)
+    info["cohort_s"] = stacked = min(tries)
+    return (k if stacked * AUTO_MARGIN <= one else 1), info

@@ -1,0 +1,69 @@
+"""The round's plan (raysim.engine.plan): a pure function of the clients and the settings; sum groups and cohorts
+from the config alone, calls sized by measurement without changing the work."""
+
+from __future__ import annotations
+
+from raysim.engine.jobs import TrainJob
+from raysim.engine.plan import clients_per_call, group_size, plan_round
+
+
+def _jobs(clients: list[int]) -> list[TrainJob]:
+    return [TrainJob(client_id=c, round=3, payload_ref="payload") for c in clients]
+
+
+def _shape(calls) -> list[tuple]:
+    return [([j.client_id for j in c.jobs], c.groups, c.stacked) for c in calls]
+
+
+def test_clients_per_call_from_measured_time():
+    assert clients_per_call("auto", None, 100, 4) == 1  # nothing measured yet
+    assert clients_per_call("auto", 0.004, 100, 4) == 5  # ~20 ms of work a call
+    assert clients_per_call("auto", 0.004, 8, 4) == 2  # an even share of the round over 2 workers x 2 slots
+    assert clients_per_call("auto", 0.5, 100, 4) == 1  # long updates go one per call
+    assert clients_per_call("auto", 1e-6, 10_000, 1) == 64  # never more than MAX_CLIENTS_PER_CALL
+    assert clients_per_call("3", None, 2, 4) == 3
+
+
+def test_groups_are_fixed_in_id_order_and_calls_take_them_whole():
+    jobs = _jobs([9, 2, 5, 7, 1, 4, 8])  # any order in: id order out
+    states = [f"s{j.client_id}" for j in jobs]
+    calls = plan_round(jobs, states, sum_group=2, cohort=1, per_call=5)
+    assert _shape(calls) == [([1, 2, 4, 5], (2, 2), False), ([7, 8, 9], (2, 1), False)]
+    assert calls[0].states == ["s1", "s2", "s4", "s5"] and calls[0].returns == 5
+    # a group larger than a call travels whole, alone
+    assert _shape(plan_round(jobs, states, sum_group=3, cohort=1, per_call=1)) == [
+        ([1, 2, 4], (3,), False), ([5, 7, 8], (3,), False), ([9], (1,), False)]
+
+
+def test_without_sums_every_client_is_its_own_unit():
+    jobs = _jobs([3, 1, 2])
+    assert _shape(plan_round(jobs, [None] * 3, sum_group=0, cohort=1, per_call=2)) == [
+        ([1, 2], (), False), ([3], (), False)]
+
+
+def test_cohorts_are_runs_of_whole_groups_whatever_the_call_size():
+    jobs = _jobs(list(range(7)))
+    stacked = plan_round(jobs, [None] * 7, sum_group=2, cohort=5, per_call=1)
+    assert _shape(stacked) == [([0, 1, 2, 3], (2, 2), True), ([4, 5, 6], (2, 1), True)]
+    assert _shape(plan_round(jobs, [None] * 7, sum_group=0, cohort=3, per_call=64)) == [
+        ([0, 1, 2], (), True), ([3, 4, 5], (), True), ([6], (), True)]
+
+
+def _summed_groups(calls) -> list[list[int]]:
+    out = []
+    for call in calls:
+        ids, at = [j.client_id for j in call.jobs], 0
+        for size in call.groups:
+            out.append(ids[at:at + size])
+            at += size
+    return out
+
+
+def test_the_work_does_not_depend_on_the_call_size():
+    """Whatever the measured call size, the same groups are summed, in the same order."""
+    jobs = _jobs(list(range(50)))
+    expect = [[2 * i, 2 * i + 1] for i in range(25)]  # sum_group=auto: 50 clients in groups of 2
+    for size in (1, 3, 7, 50):
+        calls = plan_round(jobs, [None] * 50, sum_group=group_size("auto", 50), cohort=1, per_call=size)
+        assert _summed_groups(calls) == expect
+        assert all(sum(c.groups) <= max(size, 2) for c in calls)

@@ -1,0 +1,68 @@
+"""The Ray worker pool (raysim.engine.pool): it only dispatches calls, with the returns they declare, and hands
+results back in call order whatever order they finish in; a worker's death is tests/engine/test_faults.py."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import ray
+import torch
+
+from raysim.config import load_config
+from raysim.data import build_federated_data
+from raysim.engine.jobs import CentralCall, TrainCall, TrainJob
+from raysim.engine.pool import WorkerPool
+
+
+class _FakeWorker:
+    """Records what reaches the worker's one verb: the call, its arguments, the returns asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.run = SimpleNamespace(remote=self._remote(1), options=lambda num_returns: SimpleNamespace(
+            remote=self._remote(num_returns)))
+
+    def _remote(self, returns: int):
+        def remote(call, *args):
+            self.calls.append((type(call).__name__, list(args), returns))
+            return [f"ref{i}" for i in range(returns)] if returns > 1 else "ref"
+        return remote
+
+
+def test_a_call_goes_to_the_one_verb_with_its_args_and_returns():
+    worker = _FakeWorker()
+    train = TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref="p") for c in (4, 7)], states=["s4", None])
+    assert WorkerPool._submit(train, worker) == ["ref0", "ref1", "ref2"]
+    assert WorkerPool._submit(CentralCall(train=lambda device: None), worker) == "ref"
+    assert worker.calls == [("TrainCall", ["s4", None], 3), ("CentralCall", [], 1)]
+
+
+def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
+    """53 virtual clients (prime), in shuffled order, 4 to a call: each client gets its own result and state
+    object, and results come back in the calls' order."""
+    cfg = load_config(None, ["clients.num=53", "data.partition=dirichlet", "data.min_samples=12",
+                             "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3"])
+    data = build_federated_data(cfg)
+    pool = WorkerPool(cfg, ray.put(data))
+    try:
+        assert len({info["pid"] for info in pool.info()}) == 2
+        clients = list(range(53))
+        random.Random(0).shuffle(clients)
+        payload = ray.put({})
+        calls = [TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref=payload) for c in clients[i:i + 4]],
+                         states=[None] * len(clients[i:i + 4])) for i in range(0, 53, 4)]
+        done = pool.run(calls)
+    finally:
+        pool.shutdown()
+    assert len(done) == len(calls)
+    seen = []
+    for call, (result, state_refs) in zip(calls, done):
+        assert [r.client_id for r in result.results] == call.clients and len(state_refs) == len(call.jobs)
+        assert result.sums == []  # no groups: uploads (none, for local training) travel per client
+        for r in result.results:
+            assert r.num_samples == data.num_train(r.client_id)
+            seen.append(r.client_id)
+    assert sorted(seen) == list(range(53))
+    first, second = ray.get([done[0][1][0], done[0][1][1]])
+    assert not torch.equal(first["head.weight"], second["head.weight"])
