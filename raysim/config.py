@@ -241,9 +241,12 @@ class AlgorithmConfig:
 class EngineConfig:
     # auto | ray | inline: inline runs every job in this process, without Ray (notebooks, breakpoint() in a hook,
     # fast small runs); ray runs them on worker actors (several workers, GPUs, clusters). auto: inline for one
-    # CPU worker when no Ray cluster is in sight (see raysim.engine.executor.choose_backend), else ray
+    # CPU worker when no Ray cluster is in sight (see raysim.engine.backend.choose_backend), else ray
     backend: str = "auto"
-    num_workers: int = 2  # ClientWorker actors (processes) that run the virtual clients
+    # ClientWorker actors (processes) that run the virtual clients. null (the default): 1 in this process on one
+    # machine with no Ray cluster or GPU in sight, else 2 Ray workers (raysim.engine.backend.default_workers); the
+    # numbers are the same either way
+    num_workers: Optional[int] = None
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
     gpus_per_worker: float = 0.0  # GPUs per worker; fractions below 1 share a GPU (0.25: four per GPU)
     # null: like ray.init() (RAY_ADDRESS, else a live `ray start` cluster, else its own Ray); local; auto; host:port
@@ -255,7 +258,7 @@ class EngineConfig:
     clients_per_call: str = "auto"
     # a weighted-sum algorithm's uploads (FedAvg, FedProx, UNIDEAL, FAPD, ...) are summed where the clients trained:
     # each group of sum_group clients trains in one call and only its sum travels to the driver. false: every
-    # upload travels and the driver sums the same groups itself (the same numbers; raysim.engine.partial)
+    # upload travels and the driver sums the same groups itself (the same numbers; raysim.algorithms.aggregation)
     partial_sums: bool = True
     # the round's clients, in id order, in fixed groups of this many (auto: at most 32 groups). The groups, never
     # the workers, fix the order of summation, so changing this changes the last float bits
@@ -275,6 +278,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         _one_of(self.backend, "engine.backend", ("auto", "ray", "inline"))
+        if self.num_workers is None:
+            from raysim.engine.backend import default_workers
+
+            self.num_workers, self.workers_chosen = default_workers(self)  # the choice, and its reason
         require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")
         require(self.cpus_per_worker > 0, "engine.cpus_per_worker", f"must be > 0, got {self.cpus_per_worker}")
         require(self.gpus_per_worker >= 0, "engine.gpus_per_worker", "must be >= 0")

@@ -89,6 +89,28 @@ def test_auto_backend_is_inline_for_one_cpu_worker_without_a_cluster(monkeypatch
     assert backend("engine.num_workers=1") == "ray"
 
 
+def test_unset_workers_are_one_in_process_on_one_machine_and_ray_where_ray_is_wanted(monkeypatch, tmp_path):
+    """engine.num_workers left unset: one worker, in this process, on a machine with no Ray cluster or GPU in sight
+    (no Ray start for a small run); 2 Ray workers when a cluster is in sight, a GPU share or Ray is asked for. The
+    choice and its reason stay with the config for the console line."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+
+    def engine(*overrides: str):
+        return load_config(None, list(overrides)).engine
+
+    alone = engine()
+    assert alone.num_workers == 1 and choose_backend(alone) == "inline" and "no Ray cluster" in alone.workers_chosen
+    assert engine("engine.backend=ray").num_workers == 2
+    assert engine("engine.gpus_per_worker=0.5").num_workers == 2
+    assert engine("engine.address=auto").num_workers == 2
+    assert engine("engine.num_workers=3").num_workers == 3 and not hasattr(engine("engine.num_workers=3"),
+                                                                           "workers_chosen")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert engine().num_workers == 2 and choose_backend(engine()) == "ray"
+
+
 def test_bad_backends_are_one_line(tmp_path):
     refused_config("engine.backend", *tiny_overrides(tmp_path), "engine.backend=rayy")
     line = refused_config("engine.backend", *tiny_overrides(tmp_path), "engine.backend=inline",
