@@ -1,8 +1,10 @@
 """``engine.vectorize``: what may train in a cohort, the cohort size a run starts with, and ``auto``'s probe.
 
 ``auto`` measures one client at a time against a stacked cohort once, at the first round, within a memory budget,
-and keeps cohorts only where they are faster (:func:`choose_cohort_size`); the choice is checkpointed and stands
-for the whole run.
+and keeps cohorts only where they are faster **and** give the one-at-a-time numbers bit for bit on the device at
+hand (:func:`choose_cohort_size`): ``auto`` must never change a number. A model whose cohort can agree only within
+float32 rounding (normalisation layers: :func:`rounding_only`) stays one at a time under ``auto``; an explicit
+``engine.vectorize=N`` still stacks it. The choice is checkpointed and stands for the whole run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from raysim.engine.cohort import model_refusal, train_cohort
 from raysim.engine.jobs import JobCore, StartedJob, TrainJob
+from raysim.trees import tensor_leaves
 
 if TYPE_CHECKING:
     from raysim.algorithms.base import Algorithm
@@ -93,6 +96,31 @@ def memory_budget(core: JobCore) -> int:
     return int(AUTO_GPU_MEMORY_SHARE * total * share)
 
 
+NORMALISATION = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm, nn.modules.instancenorm._InstanceNorm)
+
+
+def rounding_only(model: nn.Module) -> Optional[str]:
+    """Why a cohort of ``model`` can agree with one client at a time only within float32 rounding (None: it may be
+    bit for bit): its normalisation layers reduce over a client's batch in another order when stacked."""
+    norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, NORMALISATION)})
+    return f"its {', '.join(norms)} layers agree with one client at a time only within float32 rounding" \
+        if norms else None
+
+
+def _same_bits(a: tuple, b: tuple) -> bool:
+    """Whether two (TrainResult, kept state) pairs of one client hold the same loss, upload and state, bit for bit."""
+    (ra, ka), (rb, kb) = a, b
+    if ra.loss != rb.loss or ra.finite != rb.finite:
+        return False
+    for x, y in ((ra.upload, rb.upload), (ka or {}, kb or {})):
+        fx, fy = list(tensor_leaves(x)), list(tensor_leaves(y))
+        if [p for p, _ in fx] != [p for p, _ in fy]:
+            return False
+        if not all(u.dtype == v.dtype and u.shape == v.shape and torch.equal(u, v) for (_, u), (_, v) in zip(fx, fy)):
+            return False
+    return True
+
+
 def _probe_clock(device: torch.device) -> Callable[[], float]:
     """The probe's clock: on a CPU this process's CPU time, which other processes on the machine do not inflate;
     on a GPU wall time after the device has finished its queued work."""
@@ -115,13 +143,15 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
     of 64: two of 50). It depends on the config alone, not on the number of workers; only the yes or no is timed.
     The probe times :data:`AUTO_SERIAL_JOBS` clients one at a time (the median) and, unless they are slow enough that
     the arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size (the faster of two tries), by
-    :func:`_probe_clock`; cohorts are chosen when they are at least :data:`AUTO_MARGIN` times faster per client.
-    Nothing the probe trains is kept. Returns (size, what it measured).
+    :func:`_probe_clock`; cohorts are chosen when they are at least :data:`AUTO_MARGIN` times faster per client and
+    the cohort gave every client the probe trained alone its numbers bit for bit (``exact``). A model whose cohort
+    agrees only within rounding (:func:`rounding_only`) is never stacked by ``auto``. Nothing the probe trains is
+    kept. Returns (size, what it measured).
     """
     if not type(core.algorithm).vectorizes() or len(jobs) < 2:
         return 1, {}
     started = core.start(jobs[0], shared, owns[0], states[0])
-    if model_refusal(started.model) is not None:
+    if model_refusal(started.model) is not None or rounding_only(started.model) is not None:
         return 1, {}
     each = per_client_bytes(core, started)
     largest = max(1, min(AUTO_MAX_K, memory_budget(core) // max(each, 1)))
@@ -131,10 +161,10 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
         return 1, info
     clock = _probe_clock(core.device)
     core.train(jobs[0], shared, owns[0], states[0])  # warm-up: first-use costs are not the client's
-    alone = []
+    alone, alone_out = [], []
     for i in range(min(AUTO_SERIAL_JOBS, len(jobs))):
         start = clock()
-        core.train(jobs[i], shared, owns[i], states[i])
+        alone_out.append(core.train(jobs[i], shared, owns[i], states[i]))
         alone.append(clock() - start)
     info["serial_s"] = one = statistics.median(alone)
     if one > AUTO_SLOW_JOB_S:
@@ -143,7 +173,8 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
     tries = []
     for _ in range(2):
         start = clock()
-        train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
+        together = train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
         tries.append((clock() - start) / k)
     info["cohort_s"] = stacked = min(tries)
-    return (k if stacked * AUTO_MARGIN <= one else 1), info
+    info["exact"] = float(all(_same_bits(a, b) for a, b in zip(alone_out, together)))
+    return (k if info["exact"] and stacked * AUTO_MARGIN <= one else 1), info

@@ -348,6 +348,35 @@ def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
     assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
 
 
+def test_auto_stacks_only_what_gives_the_one_at_a_time_bits(tmp_path, monkeypatch):
+    """auto never changes a number: with a clock that makes every cohort look far faster, a batch-norm model (whose
+    cohort agrees only within rounding) stays one at a time, and so does a model whose probed cohort differs from
+    its clients trained alone by one bit; a cohort that matches bit for bit is taken."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(vectorize_probe, "_probe_clock", lambda device: lambda: float(next(ticks)))
+    core, jobs, shared = _setup(tmp_path / "bn", "fedbn", model__name="cnn_bn", model__width=4)
+    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8) == (1, {})
+
+    def exact(*args):  # every client's numbers as alone: the cohort's own timing decides
+        return [core.train(j, shared, None, None) for j in args[1]]
+
+    def one_bit_off(*args):
+        out = exact(*args)
+        out[-1][0].loss = float(torch.nextafter(torch.tensor(out[-1][0].loss, dtype=torch.float64),
+                                                torch.tensor(1e9, dtype=torch.float64)))
+        return out
+
+    core, jobs, shared = _setup(tmp_path / "mlp", "fedavg")
+    fast = iter([0.0, 0.1] * 8 + [0.0, 0.08, 0.0, 0.08])  # 0.1 s a client alone, 0.01 s in a cohort of 8
+    monkeypatch.setattr(vectorize_probe, "_probe_clock", lambda device: lambda: next(fast))
+    monkeypatch.setattr(vectorize_probe, "train_cohort", one_bit_off)
+    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size == 1 and measured["exact"] == 0.0 and measured["cohort_s"] < measured["serial_s"]
+    fast = iter([0.0, 0.1] * 8 + [0.0, 0.08, 0.0, 0.08])
+    monkeypatch.setattr(vectorize_probe, "train_cohort", exact)
+    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 8
+
+
 # ---------------------------------------------------------------------------------------------- what may vectorise
 def test_declaring_vectorisable_hooks():
     assert all(get_algorithm(a).vectorizes() for a in [*SUPPORTED, "fedbn"])  # fedbn: within float32 rounding
