@@ -232,6 +232,10 @@ class AlgorithmConfig:
     """Base of every algorithm's config; each algorithm file subclasses it with its own keys."""
 
     name: str = "fedavg"  # algorithm (raysim list algorithms); its own keys follow under algorithm.*
+    # the weights of the round's mean upload: samples (each client's training samples, FedAvg's n_k/n) or uniform
+    # (every client 1); null: the algorithm's own declaration (Algorithm.aggregation). Summed where the clients
+    # trained either way
+    weighting: Optional[str] = None
 
     def validate(self) -> None:
         pass
@@ -394,6 +398,7 @@ class ExperimentConfig:
                 sub = getattr(section, f.name)
                 if dataclasses.is_dataclass(sub) and hasattr(sub, "validate"):
                     sub.validate()
+        _check_weighting(self.algorithm)
         names = self.model.names()
         require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
@@ -401,6 +406,21 @@ class ExperimentConfig:
             require(len(self.model.weights) in (1, self.clients.num), "model.weights",
                      f"a list must have one entry per client ({self.clients.num}), got {len(self.model.weights)}")
         return self
+
+
+def _check_weighting(algorithm: AlgorithmConfig) -> None:
+    """``algorithm.weighting``: samples or uniform, for an algorithm whose mean upload it weights."""
+    weighting = getattr(algorithm, "weighting", None)
+    if weighting is None:
+        return
+    require(weighting in ("samples", "uniform"), "algorithm.weighting",
+            f"must be samples or uniform (or null: the algorithm's own), got {weighting!r}")
+    from raysim.registry import get_algorithm
+
+    cls = get_algorithm(algorithm.name)
+    require(cls.aggregation in ("samples", "uniform") or getattr(cls, "honours_weighting", False),
+            "algorithm.weighting", f"{algorithm.name} aggregates every upload its own way (aggregation = "
+            f"'uploads'), so there is no mean to weight; drop algorithm.weighting")
 
 
 def _read_yaml(path: Path, depth: int = 0) -> DictConfig:

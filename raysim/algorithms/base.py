@@ -234,6 +234,9 @@ class Algorithm:
     # samples), summed where the clients trained (engine.partial_sums); "uniform": the same with every client
     # weighing 1; "uploads": server_aggregate needs every upload (FedCDA, FedPAC, FedGen, ...)
     aggregation: ClassVar[str] = "samples"
+    # with aggregation = "uploads": the algorithm's own server_aggregate weights its mean by ``weighting``, so
+    # algorithm.weighting may choose (SCAFFOLD's model average)
+    honours_weighting: ClassVar[bool] = False
     # engine.vectorize: the client hooks can train many clients as one batched computation (docs/hooks.md); a
     # subclass that overrides one of VECTOR_HOOKS must declare it again (``vectorizes``)
     vectorizable: ClassVar[bool] = False
@@ -345,8 +348,12 @@ class Algorithm:
 
     @property
     def weighting(self) -> str:
-        """The weights of the round's mean: ``samples`` or ``uniform`` (``samples`` for ``aggregation="uploads"``,
-        where an algorithm that averages does it in its own ``server_aggregate``)."""
+        """The weights of the round's mean: ``algorithm.weighting`` where the config sets it, else the declared
+        ``aggregation`` (``samples`` for ``"uploads"``, where an algorithm that averages does it in its own
+        ``server_aggregate``: one that honours the setting declares ``honours_weighting``)."""
+        chosen = getattr(self.config, "weighting", None)
+        if chosen is not None:
+            return chosen
         return self.aggregation if self.aggregation in WEIGHTINGS else "samples"
 
     @property

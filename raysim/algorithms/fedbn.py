@@ -21,7 +21,9 @@ model exists.
   (``check``): FedBN would then be FedAvg. ``model.name: cnn_bn`` is the small CNN with batch norm after both
   convolutions and the feature layer, as the authors' ``DigitModel`` places it.
 * Weighting: the authors average with equal client weights (``client_weights = [1/client_num ...]``) on domains of
-  equal size (``--percent``); here by training samples, raysim's FedAvg weighting (the same on equal sizes).
+  equal size (``--percent``); here by training samples, raysim's FedAvg weighting (the same on equal sizes), so
+  FedBN and FedAvg differ only in what stays local; the authors' weights are ``algorithm.weighting=uniform``
+  (summed where the clients trained all the same).
 * Bytes: up and down = the model without its batch-norm layers.
 """
 

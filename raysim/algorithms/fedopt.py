@@ -39,6 +39,11 @@ is the value the authors' tuning chose most often over their six tasks (hyperpar
 rates"): 10^-2 for FedAdam and FedYogi, 10^-1 for FedAdagrad, 1 for FedAvgM, with server momentum 0.9 (their FedAvgM
 flag). The client side is FedAvg's: ``train.*`` (the paper's clients run plain SGD; the authors tuned the client
 learning rate too).
+
+The average the server steps along is weighted by training samples (FedAvg's n_k/n, summed where the clients
+trained); the paper's Algorithm 2 averages the clients' updates uniformly, which ``algorithm.weighting=uniform``
+gives (with clients of equal size the two agree). Samples stays the default so that the FedOpt family and FedAvg
+differ only in the server's step in raysim's tables.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ training split at the downloaded x (one extra pass, in train mode, before local 
 reloaded from the download, so running statistics are untouched). The client uploads y_i and Δc_i = c_i⁺ − c_i and
 keeps c_i⁺. The server (``server_aggregate``):
 
-    x ← x + η_g · (x̄ − x),   x̄ = Σ n_i y_i / Σ n_i          (NIID-Bench's weighting; the paper's mean is uniform)
+    x ← x + η_g · (x̄ − x),   x̄ = Σ n_i y_i / Σ n_i          (NIID-Bench's weighting; the paper's mean is uniform:
+                                                             ``algorithm.weighting=uniform``)
     c ← c + (1/N) Σ_{i∈S} Δc_i                               N = ``clients.num``, S the round's clients
 
 (x's step is FedOpt's server SGD, ``momentum_step`` with no momentum: η_g = 1, the default, gives x̄ bit for bit.)
@@ -121,6 +122,9 @@ class SCAFFOLD(FedOpt):
 
     Config = SCAFFOLDConfig
     aggregation = "uploads"  # server_aggregate reads each upload
+    # samples stays the default (NIID-Bench's, the code followed, and FedAvg's, so the beyond/ tables compare like
+    # with like); the paper's uniform mean is algorithm.weighting=uniform
+    honours_weighting = True
     vectorizable = True  # engine.vectorize: its own client_setup and client_loss, declared here (not FedOpt's)
 
     @classmethod
@@ -149,8 +153,9 @@ class SCAFFOLD(FedOpt):
         return momentum_step(x, average, None, self.config.server_lr, 0.0)
 
     def client_average(self, updates: list[ClientUpdate]) -> TensorDict:
-        """The clients' models averaged by training samples (each upload also carries its control's change)."""
-        return average_updates(updates, lambda upload: upload["model"])
+        """The clients' models averaged by training samples, or uniformly with ``algorithm.weighting=uniform`` (the
+        paper's mean); each upload also carries its control's change."""
+        return average_updates(updates, lambda upload: upload["model"], weighting=self.weighting)
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         if not updates:

@@ -208,3 +208,26 @@ def test_bad_group_settings_are_one_line_naming_the_key():
     assert "is not a valid bool" in refused_config("engine.partial_sums", "experiments/smoke.yaml",
                                                    "engine.partial_sums=x")
     assert "whole number >= 1, got 0" in refused_config("eval.chunk", "experiments/smoke.yaml", "eval.chunk=0")
+
+
+def test_weighting_is_an_option_of_the_summed_path(tmp_path):
+    """algorithm.weighting=uniform keeps partial sums (the same metrics summed where the clients trained and on the
+    driver) and changes the mean where client sizes differ; an algorithm that aggregates every upload its own way
+    refuses it in one line, and a bad value names the key."""
+    from conftest import refused_config
+
+    def rows(where: str, weighting: str) -> list[dict]:
+        cfg = load_config(None, tiny_overrides(tmp_path / f"{where}-{weighting}", engine__partial_sums=where,
+                                               engine__sum_group=2, clients__num=6, data__partition="dirichlet",
+                                               algorithm__weighting=weighting, log__tensorboard="false"))
+        return strip_timing(run_experiment(cfg)[1])
+
+    uniform = rows("true", "uniform")
+    assert uniform == rows("false", "uniform") and uniform != rows("true", "samples")
+    assert get_algorithm("fedavg")(load_config(None, ["algorithm.weighting=uniform"])).weighting == "uniform"
+    assert get_algorithm("scaffold")(load_config(None, ["algorithm.name=scaffold",
+                                                        "algorithm.weighting=uniform"])).weighting == "uniform"
+    assert "aggregates every upload its own way" in refused_config(
+        "algorithm.weighting", "experiments/smoke.yaml", "algorithm.name=fedpac", "algorithm.weighting=uniform")
+    assert "must be samples or uniform" in refused_config(
+        "algorithm.weighting", "experiments/smoke.yaml", "algorithm.weighting=equal")
