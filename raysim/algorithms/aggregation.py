@@ -85,6 +85,16 @@ def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
     return out
 
 
+_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _exact_product(dtype: torch.dtype, weight: float) -> bool:
+    """Whether every value of ``dtype`` times ``weight`` is exact in float64: a float of at most 24 significant bits
+    times a whole weight below 2**29 needs at most 53 bits, so ``add_(u, alpha=w)`` rounds once, as the unfused
+    ``u·w`` then ``+`` does, on every IEEE machine (an FMA or not)."""
+    return dtype in _NARROW_FLOATS and weight.is_integer() and abs(weight) < 2 ** 29
+
+
 @dataclass
 class UploadSum:
     """Σ weight·upload over some clients (``clients``, in the order they were added) and Σ weight, as one flat
@@ -129,11 +139,14 @@ class UploadSum:
             layout, leaves = layout_and_leaves(upload)
             self._check(layout, f"client {client_id}")
             assert self.total is not None and self.layout is not None
-            # tensor by tensor into the buffer: u·w in float64, then added (the two roundings of a flat copy's
-            # ``flat * w`` and ``add_``, not add_'s fused alpha), with no float64 copy of the whole upload
+            # tensor by tensor into the buffer: u·w in float64, then added, with no float64 copy of the whole upload
+            w = float(weight)
             for view, leaf in zip(flat_views(self.layout, self.total), leaves):
-                scaled = leaf.detach().reshape(-1).to(torch.float64, copy=True)
-                view.add_(scaled.mul_(float(weight)))
+                flat = leaf.detach().reshape(-1)
+                if _exact_product(flat.dtype, w):  # u·w is exact in float64: fused or not, one rounding, the same bits
+                    view.add_(flat, alpha=w)
+                else:  # the two roundings of a float64 copy's ``flat * w`` and ``add_``, never a fused multiply-add
+                    view.add_(flat.to(torch.float64, copy=True).mul_(w))
         self.clients.append(int(client_id))
         self.weight += float(weight)
 
