@@ -26,9 +26,10 @@ mean personalised accuracy; ``global`` predicts with w^{t+1} and logs its pooled
 * ``algorithm.lam`` λ = 1 (the authors' run scripts; their ``main.py`` default 0 gives each client a purely local
   model, which ``lam: 0`` also gives here). Not reproduced: the robustness experiments' corrupted clients.
 
-**Per-client λ** (``algorithm.select_lam: true``; off by default). The paper (Appendix C, "we select λ locally based
-on its local validation data"; candidates {0.1, 1, 2} outside strong attacks, a fixed λ = 1 for devices with fewer
-than 4 validation samples) as the authors' code does it (``--dynamic_lam``: ``flearn/models/client.py`` holds out the
+**Per-client λ** (``algorithm.select_lam: true``; off by default). The paper (its appendix on the experimental
+setup: local data split "into train/test/validation sets randomly", "we select λ locally based on its local
+validation data", candidates {0.1, 1, 2} outside strong attacks, a fixed λ = 1 for devices with fewer than 4
+validation samples) as the authors' code does it (``--dynamic_lam``: ``flearn/models/client.py`` holds out the
 last 10 % of each client's training data, ``train_data[int(0.9·n):]``, as validation data, and both models train on
 the rest; ``flearn/trainers_MTL/ditto.py`` lines 96-113, at every local step of v_k: for each candidate λ in turn,
 the look-ahead step v' = v_k − η(∇F_k(v_k) + λ(v_k − w^t)) on the step's batch, its validation loss F_k^val(v'), and
@@ -38,8 +39,9 @@ authors' ``train_samples``), ``client_loss`` picks λ by ``select_lam`` (the val
 personal model's look-ahead parameters) and uses it in the proximal term, so that with plain SGD the optimiser's
 step on v_k is the chosen look-ahead step exactly (with momentum or weight decay, the selection is the authors'
 and the step the optimiser's). ``algorithm.lam_candidates`` [0.1, 1, 2]; a client with fewer than 4 held-out samples
-keeps ``algorithm.lam`` (the paper's fallback, λ = 1 by default; the authors' code has none). Needs
-``engine.vectorize: off`` (a cohort's loss has no validation data).
+keeps ``algorithm.lam`` (the paper's fallback, λ = 1 by default; the authors' code has none). The held-out part is
+the tail of the client's training split, as in the authors' code (raysim's partitions draw each client's samples at
+random). Needs ``engine.vectorize: off`` (a cohort's loss has no validation data).
 * Bytes: up and down = the global model; the personal model stays on the client.
 
 Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the personal model's CE) and ``loss_prox``
@@ -66,7 +68,7 @@ PERSONAL = "personal"
 PERSONAL_PREFIX = PERSONAL + "."
 PREDICTS = ("personal", "global")
 VALIDATION = "ditto_validation"  # ctx.scratch: the held-out (x, y) of select_lam
-MIN_VALIDATION = 4  # fewer held-out samples: the fixed λ (the paper's Appendix C)
+MIN_VALIDATION = 4  # fewer held-out samples: the fixed λ (the paper's experimental setup)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class DittoConfig(AlgorithmConfig):
     name: str = "ditto"
     lam: float = 1.0  # λ, the pull of the personal model towards the global one (authors' scripts: 1)
     predict: str = "personal"  # personal: v_k (acc_mean) | global: the averaged model (acc_global too)
-    select_lam: bool = False  # λ per client and step by validation loss (the paper's Appendix C, --dynamic_lam)
+    select_lam: bool = False  # λ per client and step by validation loss (the paper's procedure, --dynamic_lam)
     lam_candidates: list[float] = field(default_factory=lambda: [0.1, 1.0, 2.0])  # the authors' candidates
     val_fraction: float = 0.1  # with select_lam: the tail of each client's training data held out (authors: 10 %)
 
