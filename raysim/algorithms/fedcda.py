@@ -100,7 +100,7 @@ class FedCDAConfig(AlgorithmConfig):
     name: str = "fedcda"
     memory_size: int = 3  # K: local models kept per client as candidates, this round's included
     num_batches: int = 3  # B: random batches the round's clients are cut into, each searched exhaustively
-    warmup_rounds: Optional[int] = None  # rounds of plain FedAvg first; null: a quarter of `rounds` (50 of 200)
+    warmup_rounds: Optional[int] = None  # rounds of plain FedAvg first; null: a quarter of `rounds` (reproductions: 50)
     smoothness: float = 1.0  # L: weight L/2 of the divergence term against the mean local loss
 
     def validate(self) -> None:
