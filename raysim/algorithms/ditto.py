@@ -24,8 +24,24 @@ Evaluation (``algorithm.predict``): ``personal`` (default, the paper's) predicts
 mean personalised accuracy; ``global`` predicts with w^{t+1} and logs its pooled ``acc_global`` as well.
 
 * ``algorithm.lam`` λ = 1 (the authors' run scripts; their ``main.py`` default 0 gives each client a purely local
-  model, which ``lam: 0`` also gives here). Not reproduced: ``--dynamic_lam`` (λ picked per client on validation
-  data) and the robustness experiments' corrupted clients.
+  model, which ``lam: 0`` also gives here). Not reproduced: the robustness experiments' corrupted clients.
+
+**Per-client λ** (``algorithm.select_lam: true``; off by default). The paper (its appendix on the experimental
+setup: local data split "into train/test/validation sets randomly", "we select λ locally based on its local
+validation data", candidates {0.1, 1, 2} outside strong attacks, a fixed λ = 1 for devices with fewer than 4
+validation samples) as the authors' code does it (``--dynamic_lam``: ``flearn/models/client.py`` holds out the
+last 10 % of each client's training data, ``train_data[int(0.9·n):]``, as validation data, and both models train on
+the rest; ``flearn/trainers_MTL/ditto.py`` lines 96-113, at every local step of v_k: for each candidate λ in turn,
+the look-ahead step v' = v_k − η(∇F_k(v_k) + λ(v_k − w^t)) on the step's batch, its validation loss F_k^val(v'), and
+the λ of the least one is taken, the first on ties, ``if l < tmp_loss``). Here ``client_setup`` cuts the held-out
+tail off ``ctx.train_data`` (``algorithm.val_fraction`` 0.1, so uploads are weighted by the 90 % trained on, as the
+authors' ``train_samples``), ``client_loss`` picks λ by ``select_lam`` (the validation loss in eval mode, on the
+personal model's look-ahead parameters) and uses it in the proximal term, so that with plain SGD the optimiser's
+step on v_k is the chosen look-ahead step exactly (with momentum or weight decay, the selection is the authors'
+and the step the optimiser's). ``algorithm.lam_candidates`` [0.1, 1, 2]; a client with fewer than 4 held-out samples
+keeps ``algorithm.lam`` (the paper's fallback, λ = 1 by default; the authors' code has none). The held-out part is
+the tail of the client's training split, as in the authors' code (raysim's partitions draw each client's samples at
+random). Needs ``engine.vectorize: off`` (a cohort's loss has no validation data).
 * Bytes: up and down = the global model; the personal model stays on the client.
 
 Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the personal model's CE) and ``loss_prox``
@@ -35,7 +51,8 @@ Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the pers
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +61,14 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, ClientContext
 from raysim.algorithms.fedprox import proximal_term
 from raysim.config import AlgorithmConfig, is_finite, require
+from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 PERSONAL = "personal"
 PERSONAL_PREFIX = PERSONAL + "."
 PREDICTS = ("personal", "global")
+VALIDATION = "ditto_validation"  # ctx.scratch: the held-out (x, y) of select_lam
+MIN_VALIDATION = 4  # fewer held-out samples: the fixed λ (the paper's experimental setup)
 
 
 @dataclass
@@ -56,11 +76,37 @@ class DittoConfig(AlgorithmConfig):
     name: str = "ditto"
     lam: float = 1.0  # λ, the pull of the personal model towards the global one (authors' scripts: 1)
     predict: str = "personal"  # personal: v_k (acc_mean) | global: the averaged model (acc_global too)
+    select_lam: bool = False  # λ per client and step by validation loss (the paper's procedure, --dynamic_lam)
+    lam_candidates: list[float] = field(default_factory=lambda: [0.1, 1.0, 2.0])  # the authors' candidates
+    val_fraction: float = 0.1  # with select_lam: the tail of each client's training data held out (authors: 10 %)
 
     def validate(self) -> None:
         require(is_finite(self.lam, 0.0), "algorithm.lam", f"must be a number >= 0, got {self.lam}")
+        require(len(self.lam_candidates) > 0 and all(is_finite(v, 0.0) for v in self.lam_candidates),
+                "algorithm.lam_candidates", f"must be a non-empty list of numbers >= 0, got {self.lam_candidates}")
+        require(is_finite(self.val_fraction, 0.0, strict=True) and self.val_fraction < 1, "algorithm.val_fraction",
+                f"must be a number in (0, 1), got {self.val_fraction}")
         require(self.predict in PREDICTS, "algorithm.predict",
                 f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
+
+
+def select_lam(params: dict[str, torch.Tensor], grads: Sequence[torch.Tensor], anchor: dict[str, torch.Tensor],
+               candidates: Sequence[float], lr: float,
+               val_loss: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> tuple[float, list[float]]:
+    """(the chosen λ, each candidate's validation loss): for each λ the look-ahead v' = v − lr·(g + λ(v − w^t)) of
+    the personal parameters ``params`` (v) with their gradients ``grads`` (g) and the download ``anchor`` (w^t), and
+    ``val_loss(v')``; the least loss wins, the earlier candidate on ties (the authors' ``if l < tmp_loss``). No
+    finite loss: the first candidate."""
+    losses = []
+    with torch.no_grad():
+        for lam in candidates:
+            ahead = {k: v - lr * (g + lam * (v - anchor[k])) for (k, v), g in zip(params.items(), grads)}
+            losses.append(float(val_loss(ahead)))
+    best = 0
+    for i, loss in enumerate(losses):
+        if loss < losses[best] or not losses[best] == losses[best]:  # NaN never wins
+            best = i
+    return float(candidates[best]), losses
 
 
 @register_algorithm("ditto")
@@ -84,13 +130,49 @@ class Ditto(Algorithm):
         model.add_module(PERSONAL, copy.deepcopy(model))  # the initial weights, as the global model's
         return model
 
+    def check(self, cfg, data) -> None:
+        super().check(cfg, data)
+        if self.config.select_lam and cfg.engine.vectorize != "off":
+            raise UserError("config key 'algorithm.select_lam': ditto picks λ on each client's validation data, "
+                            "which a vectorised cohort's loss does not see; set engine.vectorize=off")
+
+    def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
+        """The usual setup; with ``select_lam`` in a training job, the last ``val_fraction`` of the client's training
+        data held out (``ctx.scratch``) and the rest left to train on (the authors' ``client.py``)."""
+        super().client_setup(model, ctx)
+        if self.config.select_lam and ctx.round > 0 and ctx.train_data is not None:
+            x, y, idx = ctx.train_data
+            cut = int(len(y) * (1 - self.config.val_fraction))
+            ctx.train_data = (x[:cut], y[:cut], idx[:cut])
+            if len(y) - cut >= MIN_VALIDATION:
+                ctx.scratch[VALIDATION] = (x[cut:], y[cut:])
+
+    def client_lam(self, personal: nn.Module, ce_personal: torch.Tensor, ctx: ClientContext) -> float:
+        """λ for this step: ``algorithm.lam``, or with ``select_lam`` the candidate whose look-ahead step has the
+        least validation loss (``select_lam``)."""
+        held_out = ctx.scratch.get(VALIDATION)
+        if held_out is None:
+            return self.config.lam
+        params = dict(personal.named_parameters())
+        grads = torch.autograd.grad(ce_personal, list(params.values()), retain_graph=True)
+        xv, yv = held_out
+        was_training = personal.training
+        personal.eval()
+        try:
+            lam, _ = select_lam(params, grads, ctx.payload["model"], self.config.lam_candidates, self.cfg.train.lr,
+                                lambda ahead: F.cross_entropy(torch.func.functional_call(personal, ahead, (xv,)), yv))
+        finally:
+            personal.train(was_training)
+        return lam
+
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ce = F.cross_entropy(model(x), y)
         personal = getattr(model, PERSONAL)
         ce_personal = F.cross_entropy(personal(x), y)
         w_t = ctx.payload["model"]
-        prox = proximal_term(((p, w_t[name]) for name, p in personal.named_parameters()), self.config.lam)
+        lam = self.client_lam(personal, ce_personal, ctx) if self.config.select_lam else self.config.lam
+        prox = proximal_term(((p, w_t[name]) for name, p in personal.named_parameters()), lam)
         return ce + ce_personal + prox, {"ce": ce, "personal": ce_personal, "prox": prox}
 
     def predict(self, model: nn.Module, x: torch.Tensor, ctx: ClientContext) -> torch.Tensor:

@@ -4,41 +4,64 @@ recent local models, to keep the chosen ones low in loss and close to each other
 Paper: H. Wang, H. Xu, Y. Li, Y. Xu, R. Li, T. Zhang, "FedCDA: Federated Learning with Cross-rounds
 Divergence-aware Aggregation", ICLR 2024 (openreview.net/forum?id=nbPGqeH3lt). Clients train exactly as in FedAvg.
 Since a client's local models of different rounds sit in different local optima, the server keeps each client's K
-most recent local models and, for each client, aggregates the one that makes the selected set fit best. Only the
-paper's opening pages could be read here; the method section (its Eq. 8 and Algorithm 1) is taken as published
-reproductions describe it (a Mammoth-style ``models/fedcda.py`` that quotes Algorithm 1's line numbers, a
-``fairfl`` strategy and a Flower strategy found in the public code index), which agree on what follows.
+most recent local models and, for each client, aggregates the one that makes the selected set fit best.
 
-Objective (Eq. 8). With every client n that has taken part so far holding one selected model s_n (N of them),
-its local loss F_n(s_n) and s̄ = (1/N) Σ_n s_n:
+**What was verified, and what was not** (issue 38). Only the paper's abstract and opening could be read here (the
+stored copies of its text stop there; nothing outside can be reached), and no code by the authors was found in the
+public code index (no repository named for FedCDA; no file that cites the paper as its authors'). So the method
+section (its Eq. 8 and Algorithm 1) is NOT checked against the paper: what follows is the method as two independent
+reproductions in the public code index read it; they agree with each other and with this file on the objective, the
+uniform mean and the unseen clients:
+
+  * the ``fedcda`` strategy of a ``fairfl`` package (``fairfl.strategies``; docstring "Wang et al., ICLR 2024
+    (Algorithm 1, batch-greedy objective Eq 8)"): J = mean F_n + (L/2)·(mean ‖w_n‖² − ‖mean w_n‖²), the uniform
+    mean over the clients that have a selection, B = 3 shuffled batches searched exhaustively, K = 3, L = 1,
+    warm-up 50 rounds of sample-weighted FedAvg;
+  * the ``FedCDAStrategy`` of an ``fl_baselines`` package (a Flower ``FedAvg`` subclass): the same J
+    (``average_loss + (loss_weight / 2) * (average_norm_sq - mean_norm_sq)``) and the same uniform mean over every
+    seen client's selection (it cuts the round's clients in sorted order into batches of ceil(|P_t|/B), and
+    averages the selections uniformly in warm-up too).
+
+Two others differ: a Mammoth-style ``models/fedcda.py`` (Kiwi689/DenoiseFL) minimises Σ α_n F_n − (L/2)‖Σ α_n w_n‖²
+(the Σ α_n ‖w_n‖² term dropped), counts every client, the unseen ones at the initial model, and searches one client
+at a time within a batch; a research script (``main.py`` with ``cal_num``, as read for issue 26) searches with
+the unsquared Σ_tensors ‖s̄ − s_n‖ and no loss term, takes B as a batch size, and, passing its best value by value
+in a recursive search, keeps the last combination it enumerates. "FedCDA" in raysim therefore means FedCDA as the
+first two reproductions implement it.
+
+Objective (Eq. 8 as those reproductions read it). With every client n that has taken part so far holding one
+selected model s_n (N of them), its local loss F_n(s_n) and s̄ = (1/N) Σ_n s_n:
 
     J(s) = (1/N) Σ_n F_n(s_n)  +  (L/2) · (1/N) Σ_n ‖s_n − s̄‖²                (‖·‖²: over all float entries)
 
-and the global model is the UNIFORM mean s̄ over all N clients' current selections (not a sample-weighted mean
-over the round's participants). F_n(s) is the mean training loss over the last local epoch that produced s (the
-reproductions' reading of Algorithm 1, line 7: the loss accumulated in the last local epoch); L (``smoothness``)
-is the smoothness constant of the paper's bound, 1 in every reproduction.
+(the identity (1/N) Σ ‖s_n − s̄‖² = (1/N) Σ ‖s_n‖² − ‖s̄‖² is the form both reproductions compute), and the global
+model is s̄. F_n(s) is the mean training loss over the last local epoch that produced s (DenoiseFL's reading of
+Algorithm 1, line 7, "accumulate local loss in the last local epoch"; the other two use the training loss a client
+reports, ``train_loss``); L (``smoothness``) is the smoothness constant of the bound, 1 in every
+reproduction.
+
+The open choices, each settled by the reproductions that agree:
+  * **Uniform, not data-size, weights**: s̄ and J weigh every client alike, as ``fairfl`` (``stack(...).mean(0)``)
+    and ``fl_baselines`` (``uniform_weight = 1.0 / len(selected_models)``) do; DenoiseFL offers both (its
+    ``averaing`` flag). Warm-up rounds are sample-weighted FedAvg over the round's clients (``fairfl``'s
+    ``weighted_mean(..., num_samples)``).
+  * **Unseen clients are left out** of N and of s̄ until their first round: ``fairfl`` and ``fl_baselines`` hold
+    selections only for clients that have reported (as does the research script's ``cal_num``); DenoiseFL alone
+    counts them at the initial model.
 
 Selection in round t (after warm-up), for the round's clients P_t only; everyone else keeps its selection:
   1. each participant starts at its newest model (this round's; FedAvg's choice);
-  2. P_t is shuffled (seeded from (seed, round)) and cut into B near-equal random batches (B = ``num_batches``:
-     the paper's B is a number of batches, not a batch size);
+  2. P_t is shuffled (seeded from (seed, round)) and cut into B near-equal random batches (B = ``num_batches``, a
+     number of batches, as ``fairfl``'s ``array_split(order, B)``);
   3. batch by batch, the K^|batch| combinations of the batch's cached models are searched exhaustively for the
      least J, every other client fixed at its current selection (earlier batches: their new one; later batches:
      their newest). Each step can only lower J. Ties keep the newer models.
-The first ``warmup_rounds`` rounds (null: a quarter of ``rounds``, the paper's 50 of 200) are plain FedAvg over
-the round's participants (sample-weighted), and each participant's selection is its newest model.
+The first ``warmup_rounds`` rounds (null: a quarter of ``rounds``; ``fairfl`` and DenoiseFL use 50) are
+plain FedAvg over the round's participants (sample-weighted), and each participant's selection is its newest model.
 
-Ambiguities, and what is chosen here:
-  * Clients that have never taken part hold no model and are left out of N (one code file in the index that
-    looks like the authors' research script, ``main.py`` with ``cal_num``, does the same; a reproduction counts
-    them at the initial model instead).
-  * Later batches of the same round sit at their newest model while an earlier batch is searched (one
-    reproduction leaves them out of J; another holds them at their previous selection).
-  * That research script searches with the sum over tensors of ‖s̄ − s_n‖ (unsquared, no loss term) and takes
-    B as a batch size; its recursive search passes the best value so far by value, so it keeps the last
-    combination it enumerates (every client's newest model). The paper's text as reproduced, not that script, is
-    followed here.
+Where this file differs from both: while an earlier batch is searched, the round's later batches sit here at their
+newest model; ``fairfl`` and ``fl_baselines`` leave them out of J (DenoiseFL holds them at their previous
+selection), which can change what the earlier batches pick.
 
 Engine: the cache is the engine's per-client server history (``server_history`` = K + 1: the K candidates plus
 the standing selection, which is at most one upload older than the oldest candidate), as object-store references
@@ -77,7 +100,7 @@ class FedCDAConfig(AlgorithmConfig):
     name: str = "fedcda"
     memory_size: int = 3  # K: local models kept per client as candidates, this round's included
     num_batches: int = 3  # B: random batches the round's clients are cut into, each searched exhaustively
-    warmup_rounds: Optional[int] = None  # rounds of plain FedAvg first; null: a quarter of `rounds` (50 of 200)
+    warmup_rounds: Optional[int] = None  # rounds of plain FedAvg first; null: a quarter of `rounds` (reproductions: 50)
     smoothness: float = 1.0  # L: weight L/2 of the divergence term against the mean local loss
 
     def validate(self) -> None:

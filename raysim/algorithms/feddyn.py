@@ -24,10 +24,16 @@ this round's clients alone, and sets
     θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t + D                (= mean − h/α)
 
 exactly the authors' ``cld_mdl_param = avg_mdl_param + np.mean(local_param_list, axis=0)``. θ^t is what clients
-download and what ``acc_global`` measures (the paper's server model; the authors' script also reports the plain mean
-of the active models). The mean over P_t is uniform, as in the paper and the authors' code (raysim's FedAvg weights by
-samples). Only parameters carry the regulariser and D; batch-norm running statistics and integer buffers take the
-uniform mean.
+download. The mean over P_t is uniform, as in the paper and the authors' code (raysim's FedAvg weights by samples).
+Only parameters carry the regulariser and D; batch-norm running statistics and integer buffers take the uniform mean.
+
+**The evaluated model** is the plain mean (1/|P_t|) Σ_{k∈P_t} θ_k^t, without D: the authors' ``train_FedDyn``
+evaluates ``avg_model`` (built from ``avg_mdl_param``; ``tst_perf_sel``) and ``all_model`` (the mean of every
+client's latest model; ``tst_perf_all``) and never ``cld_model`` (``utils_methods.py`` lines 396-416 at commit
+48a19fa). The server keeps that mean beside θ^t (``server_state["mean"]``) and ``eval_payload`` sends it, so
+``acc_mean`` and ``acc_global`` score it. ``algorithm.evaluate: server`` scores θ^t instead (the numbers raysim
+reported before issue 38). Both at once would need a second evaluation pass each round, which the engine does not
+offer an algorithm; ``all_model`` is not reproduced.
 
 The authors' code, followed here: α_k = α / w_k with w_k = n_k / n̄ (``alpha_coef_adpt = alpha_coef /
 weight_list[clnt]``, n̄ the mean training-set size over all clients, attached to ``data.meta`` by ``prepare_data``),
@@ -68,6 +74,7 @@ from raysim.registry import register_algorithm
 
 MEAN_SIZE = "feddyn_mean_train_size"  # data.meta key: n̄, the mean training-set size over all clients
 ALPHA = "alpha"  # ctx.state key during a job: α_k as a float32 scalar (client_setup), never kept
+EVALUATES = ("mean", "server")  # algorithm.evaluate
 
 
 @dataclass
@@ -76,8 +83,11 @@ class FedDynConfig(AlgorithmConfig):
     alpha: float = 0.01  # α, the regulariser's weight (authors' alpha_coef)
     scale_alpha: bool = True  # α_k = α·n̄/n_k (the authors' code); false: α for every client (the paper)
     max_grad_norm: Optional[float] = 10.0  # the authors' gradient clip; null: none
+    evaluate: str = "mean"  # mean: the plain mean of the round's models (the authors' avg_model) | server: θ^t
 
     def validate(self) -> None:
+        require(self.evaluate in EVALUATES, "algorithm.evaluate",
+                f"must be one of {', '.join(EVALUATES)}, got {self.evaluate!r}")
         require(is_finite(self.alpha, 0.0, strict=True), "algorithm.alpha", f"must be a number > 0, got {self.alpha}")
         require(self.max_grad_norm is None or is_finite(self.max_grad_norm, 0.0, strict=True),
                 "algorithm.max_grad_norm", f"must be a number > 0 or null, got {self.max_grad_norm}")
@@ -99,10 +109,10 @@ def linear_term(pairs: Iterable[tuple[torch.Tensor, Optional[torch.Tensor]]],
 
 
 def server_update(model: TensorDict, drift: TensorDict, uploads: list[TensorDict],
-                  num_clients: int) -> tuple[TensorDict, TensorDict]:
-    """(θ^t, D) from θ^{t-1}, D and this round's trained models θ_k (in client-id order): on parameters
+                  num_clients: int) -> tuple[TensorDict, TensorDict, TensorDict]:
+    """(θ^t, D, mean θ_k) from θ^{t-1}, D and this round's trained models θ_k (in client-id order): on parameters
     D ← D + (|P|/N)·(mean θ_k − θ^{t-1}) = D + Σ(θ_k − θ^{t-1})/N and θ^t = mean θ_k + D; elsewhere (running
-    statistics, integer buffers) θ^t = mean θ_k. The mean is uniform."""
+    statistics, integer buffers) θ^t = mean θ_k. The mean is uniform; it is the model the authors evaluate."""
     mean = weighted_average(uploads, [1.0] * len(uploads))
     new_drift, new_model = dict(drift), {}
     for key, avg in mean.items():
@@ -112,7 +122,7 @@ def server_update(model: TensorDict, drift: TensorDict, uploads: list[TensorDict
         moved = (avg - model[key]) * (len(uploads) / num_clients)
         new_drift[key] = drift[key] + moved if key in drift else moved
         new_model[key] = avg + new_drift[key]
-    return new_model, new_drift
+    return new_model, new_drift, mean
 
 
 # ---------------------------------------------------------------------------------------------- the algorithm
@@ -151,9 +161,16 @@ class FedDyn(Algorithm):
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         if not updates:
             return server_state
-        server_state["model"], server_state["drift"] = server_update(
+        server_state["model"], server_state["drift"], server_state["mean"] = server_update(
             server_state["model"], server_state["drift"], [u.upload for u in updates], self.cfg.clients.num)
         return server_state
+
+    def eval_payload(self, server_state: dict) -> dict:
+        """The plain mean of the last round's models (``algorithm.evaluate: mean``, the authors' ``avg_model``), or
+        θ^t (``server``); before any round, and from a checkpoint written before the mean was kept, θ^t."""
+        if self.config.evaluate == "mean" and server_state.get("mean"):
+            return {"model": server_state["mean"]}
+        return self.server_payload(server_state, round=-1)
 
     # ------------------------------------------------------------------ client
     def client_alpha(self, ctx: ClientContext) -> float:

@@ -1,5 +1,6 @@
-"""FedDyn: the linear term and the server's drift (h) by hand, the client's gradient and its kept λ, α scaled by
-client size, refusals, and a run on Ray (one vs two workers with one killed: λ is client state)."""
+"""FedDyn: the linear term and the server's drift (h) by hand, the evaluated model (the plain mean) by hand, the
+client's gradient and its kept λ, α scaled by client size, refusals, and a run on Ray (one vs two workers with one
+killed: λ is client state)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from conftest import context, killed_worker_matches_inline, refused_config, tiny_overrides
 
+import raysim
+from raysim.algorithms.base import ClientUpdate
 from raysim.algorithms.feddyn import ALPHA, MEAN_SIZE, linear_term, server_update
 from raysim.config import ConfigError, load_config
 from raysim.models import build_model
@@ -35,13 +38,43 @@ def test_server_drift_and_model_by_hand():
                 "bn.num_batches_tracked": torch.tensor(2)},
                {"w": torch.tensor([3.0, -2.0]), "bn.running_mean": torch.tensor([3.0]),
                 "bn.num_batches_tracked": torch.tensor(4)}]
-    new, drift = server_update(model, {"w": torch.tensor([0.5, 0.5])}, uploads, num_clients=4)
+    new, drift, mean = server_update(model, {"w": torch.tensor([0.5, 0.5])}, uploads, num_clients=4)
+    assert mean["w"].tolist() == [2.0, 0.0] and mean["bn.running_mean"].tolist() == [2.0]
     assert drift["w"].tolist() == [1.5, 0.5] and set(drift) == {"w"}
     assert new["w"].tolist() == [3.5, 0.5] and new["bn.running_mean"].tolist() == [2.0]
     assert int(new["bn.num_batches_tracked"]) == 3
     # a second round with the same models from θ^t: D += (2/4)·((2, 0) - (3.5, 0.5)) = (1.5, 0.5) + (-0.75, -0.25)
-    new2, drift2 = server_update(new, drift, uploads, num_clients=4)
+    new2, drift2, _ = server_update(new, drift, uploads, num_clients=4)
     assert drift2["w"].tolist() == [0.75, 0.25] and new2["w"].tolist() == [2.75, 0.25]
+
+
+def test_the_evaluated_model_is_the_plain_mean_and_clients_download_theta_by_hand():
+    # The numbers of the test above, through the algorithm: N = 4, θ^{t-1} = (0, 0), D = (0.5, 0.5), θ_1 = (1, 2)
+    # from 10 samples, θ_2 = (3, -2) from 30. Clients download θ^t = mean + D = (3.5, 0.5); what is evaluated
+    # (acc_mean, acc_global) is the authors' avg_model, the uniform mean (2, 0), not the sample-weighted (2.5, -1)
+    # and not θ^t. With algorithm.evaluate=server, θ^t is evaluated. Before any round there is no mean: θ^0.
+    for evaluate, scored in (("mean", [2.0, 0.0]), ("server", [3.5, 0.5])):
+        cfg = load_config(None, ["algorithm.name=feddyn", "clients.num=4", f"algorithm.evaluate={evaluate}"])
+        algo = get_algorithm("feddyn")(cfg)
+        state = algo.init_server_state({"w": torch.zeros(2)})
+        assert algo.eval_payload(state)["model"]["w"].tolist() == [0.0, 0.0]
+        state["drift"] = {"w": torch.tensor([0.5, 0.5])}
+        updates = [ClientUpdate(0, {"w": torch.tensor([1.0, 2.0])}, 10),
+                   ClientUpdate(1, {"w": torch.tensor([3.0, -2.0])}, 30)]
+        state = algo.server_aggregate(updates, state, round=1)
+        assert algo.server_payload(state, round=2)["model"]["w"].tolist() == [3.5, 0.5]
+        assert algo.eval_payload(state)["model"]["w"].tolist() == scored
+
+
+def test_evaluating_theta_instead_changes_the_scores_and_nothing_else(tmp_path):
+    # The option changes which model is scored, never what is trained: the same losses round by round.
+    rows = {}
+    for evaluate in ("mean", "server"):
+        rows[evaluate] = raysim.run(None, *tiny_overrides(tmp_path / evaluate, rounds=3, clients__fraction=0.5),
+                                    "algorithm.name=feddyn", "algorithm.alpha=0.1", f"algorithm.evaluate={evaluate}",
+                                    progress=False).metrics
+    assert rows["mean"]["loss"].tolist() == rows["server"]["loss"].tolist()
+    assert rows["mean"]["acc_global"].tolist() != rows["server"]["acc_global"].tolist()
 
 
 # ---------------------------------------------------------------------------------------------- client hooks
@@ -124,9 +157,10 @@ def test_first_round_has_no_linear_term():
 # ---------------------------------------------------------------------------------------------- config and runs
 def test_defaults_and_bad_values():
     a = load_config(None, ["algorithm.name=feddyn"]).algorithm
-    assert (a.alpha, a.scale_alpha, a.max_grad_norm) == (0.01, True, 10.0)
+    assert (a.alpha, a.scale_alpha, a.max_grad_norm, a.evaluate) == (0.01, True, 10.0, "mean")
     for override, key in (("algorithm.alpha=0", "algorithm.alpha"), ("algorithm.max_grad_norm=-1",
-                                                                      "algorithm.max_grad_norm")):
+                                                                      "algorithm.max_grad_norm"),
+                          ("algorithm.evaluate=cloud", "algorithm.evaluate")):
         with pytest.raises(ConfigError, match=f"'{key}'"):
             load_config(None, ["algorithm.name=feddyn", override])
 
