@@ -28,7 +28,7 @@ from raysim.engine.core import detached_cpu, nbytes
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import EvalJob, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.partial import UploadSum, combine, fixed_groups, group_size, sum_in_groups
-from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, has_checkpoint,
+from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
                                  read_checkpoint)
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
@@ -125,8 +125,8 @@ class Driver:
                 self.cohort_size = int(ckpt["vectorize"])  # auto's choice stands for the whole run
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
-            self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"])
-            self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}))
+            self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"], checksums(ckpt, "clients"))
+            self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}), checksums(ckpt, "history"))
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -407,8 +407,11 @@ class Driver:
 
     def checkpoint(self) -> None:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
+        from raysim.config import to_flat_dict
+
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size})
+                          "vectorize": self.cohort_size, "config": to_flat_dict(self.cfg)},
+                         checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round
