@@ -376,6 +376,10 @@ class ExperimentConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> "ExperimentConfig":
+        name = str(self.name)
+        require(bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0"), "name",
+                f"must be one path component (it names the run directory runs/<name>-<time>), got {name!r}; "
+                f"to choose where the run goes, set log.dir")
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         for f in dataclasses.fields(self):

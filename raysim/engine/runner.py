@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import threading
 import time
@@ -48,6 +49,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
             if differ:
                 raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
                                 f"resume with the same config, or start a new run")
+            check_no_links(run_dir)
             _check_writable(run_dir)
             ckpt = read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
             check_checkpoint_config(run_dir, ckpt, cfg)
@@ -65,6 +67,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
     lock = DirLock(run_dir).acquire()  # refused: another process claimed it first, and its files are its own
     try:
+        check_no_links(run_dir)
         if (run_dir / "metrics.jsonl").exists() or checkpoint_dir(run_dir).exists():
             raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
                             f"or choose another log.dir")
@@ -81,6 +84,19 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         lock.release()
         raise
     return run_dir, created, lock
+
+
+def check_no_links(run_dir: Path) -> None:
+    """A run writes only inside its own directory: refuse one whose checkpoint folders or ``config.yaml`` are
+    symbolic links (a write would follow them out). ``metrics.jsonl`` and ``client_metrics.jsonl`` need no check:
+    a resume replaces them with files of its own before it appends. The run directory itself may be a link."""
+    from raysim.engine.state import CLIENTS_DIR, HISTORY_DIR
+
+    ckpt = checkpoint_dir(run_dir)
+    for path in (ckpt, ckpt / CLIENTS_DIR, ckpt / HISTORY_DIR, ckpt / "server.pt", run_dir / "config.yaml"):
+        if path.is_symlink():
+            raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only inside its own "
+                            f"directory: replace the link with what it points to")
 
 
 def check_checkpoint_config(run_dir: Path, ckpt: dict, cfg: ExperimentConfig) -> None:

@@ -142,12 +142,22 @@ def _serialized(obj: Any) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
+def _no_link(folder: Path) -> None:
+    """Checkpoint writes never follow a symbolic link: refuse a checkpoint folder (or its parent, the checkpoint
+    directory) that is one (the run directory itself may be a link)."""
+    for f in (folder, folder.parent) if folder.parent.name == CHECKPOINT_DIR else (folder,):
+        if f.is_symlink():
+            raise UserError(f"{f} is a symbolic link (to {os.readlink(f)}); a run writes only inside its own "
+                            f"directory: replace the link with what it points to")
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same directory, fsync, then rename over ``path``.
 
     fsync: a checkpoint is what a resumed run restarts from, so it must be on disk before the round counts as saved.
     """
     require_cpu(obj, str(path.name))
+    _no_link(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path, fsync=True) as fh:
         torch.save(obj, fh)
@@ -162,6 +172,8 @@ def save_all_durably(items: list[tuple[Any, Path]]) -> dict[str, str]:
     """
     for obj, path in items:
         require_cpu(obj, str(path.name))
+    for folder in {path.parent for _, path in items}:
+        _no_link(folder)
     pending: list[tuple[str, Path]] = []
     sums: dict[str, str] = {}
     try:

@@ -84,3 +84,39 @@ def test_resume_without_metrics_jsonl_is_refused(ditto_run, capsys):
 def test_an_untouched_run_still_resumes(ditto_run, capsys):
     assert cli_main(["run", "--resume", str(ditto_run), "rounds=3", "--quiet"]) == 0
     assert [r["round"] for r in read_rows(ditto_run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["../../../escape", "a/b", ".."])
+def test_a_run_name_is_one_path_component(tmp_path, capsys, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["run", f"name={name}", "rounds=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "config key 'name': must be one path component" in err and err.count("\n") == 0, err
+    assert list(tmp_path.iterdir()) == []  # nothing made, inside runs/ or out of it
+
+
+@pytest.mark.parametrize("link", ["checkpoint", "checkpoint/clients"])
+def test_checkpoint_writes_never_follow_a_symlink(ditto_run, tmp_path, capsys, link):
+    outside = tmp_path / "outside"
+    shutil.move(str(ditto_run / link), outside)
+    (ditto_run / link).symlink_to(outside, target_is_directory=True)
+    before = sorted(p.name for p in outside.rglob("*"))
+    err = _refused(capsys, ditto_run)
+    assert f"{ditto_run / link} is a symbolic link" in err and "writes only inside its own directory" in err, err
+    assert sorted(p.name for p in outside.rglob("*")) == before
+
+
+def test_a_checkpoint_folder_made_a_link_mid_run_is_not_written_through(tmp_path):
+    """The checkpoint writer checks too (a link made after the run started)."""
+    from raysim.engine.state import ClientStateStore
+    from raysim.errors import UserError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "checkpoint").symlink_to(outside, target_is_directory=True)
+    store = ClientStateStore(type("Store", (), {"put": staticmethod(lambda o: o),
+                                                "get": staticmethod(lambda hs: list(hs))}))
+    store.put(0, {"w": torch.zeros(1)})
+    with pytest.raises(UserError, match="is a symbolic link"):
+        store.save(tmp_path / "checkpoint", 1, {})
+    assert list(outside.iterdir()) == []
