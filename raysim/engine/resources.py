@@ -102,6 +102,12 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
         kwargs["runtime_env"] = runtime_env
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     address, notice = choose_cluster(engine.address)
+    if engine.dashboard and address is None:
+        missing = ray._private.utils.get_dashboard_dependency_error()
+        if missing:
+            raise UserError(f"config key 'engine.dashboard': Ray's dashboard needs packages that are not installed "
+                            f"({str(missing).splitlines()[0]}): pip install 'raysim[dashboard]', or "
+                            f"engine.dashboard=false")
     if notice:
         print(f"raysim: {notice}", file=sys.stderr, flush=True)
     try:

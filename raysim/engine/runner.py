@@ -310,7 +310,9 @@ def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
     try:
         base = yaml.safe_load(path.read_bytes())
     except (yaml.YAMLError, OSError, ValueError) as exc:
-        raise UserError(f"{path} is damaged: not valid YAML ({str(exc).splitlines()[0]}); "
+        from raysim.config import yaml_problem
+
+        raise UserError(f"{path} is damaged: not valid YAML ({yaml_problem(exc, path.read_text(errors='replace'))}); "
                         f"restore it to resume") from None
     if not isinstance(base, dict):
         what = "empty" if base is None else f"a YAML {type(base).__name__}, not a mapping of config keys"
