@@ -50,7 +50,7 @@ def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) ->
             row = json.loads(line)
             if not isinstance(row, dict) or "round" not in row:
                 raise ValueError("not a round's metrics")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep to read
             if all(not rest.strip() for rest in lines[i + 1:]):  # the last line: torn by an interrupted write
                 if warn is not None:
                     warn(f"{path}: skipped an incomplete last line (line {i + 1}: a run killed mid-write, "
