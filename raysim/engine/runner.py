@@ -235,6 +235,8 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
         found = find_user_error(exc)
         if isinstance(found, RunStopped):
             found.run_dir = run_dir  # for the resume hint
+        elif isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM before the run started (Ray starting)
+            exc.run_dir = run_dir  # type: ignore[attr-defined]
         if created and not has_checkpoint(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
         raise
