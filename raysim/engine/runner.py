@@ -164,7 +164,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
 
     ``handle_signals``: the first Ctrl-C or SIGTERM finishes the round, checkpoints it and ends the run (stopped
     early); see ``raysim.interrupts`` for the bound after SIGTERM."""
+    from raysim.engine.driver import check_cohort_fits
+
     with interrupts.handled() if handle_signals else contextlib.nullcontext():
+        check_cohort_fits(cfg)  # a cohort that cannot fit in memory: refused before anything starts
         run_dir, created, lock = prepare_run_dir(cfg, resume)
         try:
             return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_signals, placement_group)
