@@ -204,7 +204,7 @@ def test_sweep_stopped_by_ctrl_c_exits_130_with_its_trials_unfinished(ray_cluste
         gate.touch()
     err = capsys.readouterr().err
     assert code == 130, err
-    assert f"1 trials unfinished; resume with: raysim tune --resume {out}" in err and "Traceback" not in err, err
+    assert f"1 trial unfinished; resume with: raysim tune --resume {out}" in err and "Traceback" not in err, err
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [(r["status"], r["rounds"]) for r in rows] == [("unfinished", "1/3")], rows
 

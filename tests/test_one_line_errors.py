@@ -53,3 +53,11 @@ def test_search_seed_alone_seeds_the_default_searcher():
     spec = load_sweep(ROOT / "experiments" / "sweeps" / "smoke-lr.yaml", ["search.seed=0"])
     assert spec.search == {"name": "random", "seed": 0}
     check_spec(spec)
+
+
+def test_counts_of_one_are_singular():
+    from raysim.tables import counted
+    from raysim.tune.naming import SeedNaming, TrialNaming
+
+    assert (counted(1, "time"), counted(2, "time"), counted(0, "trial")) == ("1 time", "2 times", "0 trials")
+    assert (TrialNaming().what(1), SeedNaming().what(1), SeedNaming().what(3)) == ("sweep of 1 trial", "1 seed", "3 seeds")
