@@ -272,7 +272,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         done = already_complete(run_dir, cfg)
         if done is not None:
             print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
-            print(f"raysim: {run_dir} is already complete ({counted(done, 'round')} run, rounds={cfg.rounds}); nothing to run. "
+            print(f"raysim: {run_dir} is already complete ({counted(done, 'round')} run, rounds={cfg.rounds}); "
+                  f"nothing to run. "
                   f"To continue it, add rounds=N with N > {done}: raysim run --resume {run_dir} rounds={2 * done}",
                   file=sys.stderr)
             return 0

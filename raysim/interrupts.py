@@ -8,7 +8,8 @@ spot instances), with SIGKILL after a grace period of typically 30-60 s. raysim 
 - after SIGTERM that stop gets :func:`grace_s` seconds (10, or the environment variable ``RAYSIM_TERM_GRACE_S``);
   past them the round in flight is abandoned and the command ends from the checkpoint already on disk, which is
   whole (every file is replaced atomically, ``server.pt`` last, so a write cut short leaves the previous one);
-- a second signal abandons at once; a signal before any work is under way (setup, Ray starting) ends at once too.
+- a second signal abandons at once; a signal before any work is under way (setup) ends at once too, and one
+  while Ray starts as soon as Ray is up (:func:`deferred`).
 
 The command then prints one line with the resume command and exits 130 after Ctrl-C, 143 (128 + SIGTERM) after
 SIGTERM. ``ray.init`` installs its own SIGTERM handlers in this process (a Python one that exits, and a C++ one that

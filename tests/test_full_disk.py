@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import threading
 
-import pytest
 
 from conftest import tiny_overrides
 from raysim.cli import main
