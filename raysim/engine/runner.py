@@ -114,8 +114,8 @@ def check_checkpoint_config(run_dir: Path, ckpt: dict, cfg: ExperimentConfig) ->
                           for k in differ[:4])
         more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
         raise UserError(f"{server_file(run_dir)} was made with another config than {run_dir / 'config.yaml'} and "
-                        f"the overrides give: {shown}{more}; only engine.*, log.*, rounds and eval.every may change "
-                        f"on resume (restore config.yaml, or start a new run)")
+                        f"the overrides give: {shown}{more}; only engine.*, log.*, rounds, eval.every and eval.chunk "
+                        f"may change on resume (restore config.yaml, or start a new run)")
 
 
 def check_metrics_kept(run_dir: Path, round: int) -> None:
