@@ -15,6 +15,7 @@ from raysim.config import ExperimentConfig
 from raysim.dirlock import DirLock
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError
+from raysim.tables import counted
 from raysim.tune.progress import _progress_callback, _Progress
 from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_error, \
     trial_run_dir, write_atomically
@@ -211,7 +212,7 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
         cpus = ray.cluster_resources().get("CPU", 0)
         what = spec.names.what(total)
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
-            f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
+            f"{counted(first.rounds, 'round')} each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
             from raysim.tracking import tune_callbacks
 
