@@ -62,6 +62,11 @@ def grace_s() -> float:
     return value if value > 0 else TERM_GRACE_S
 
 
+def handling() -> bool:
+    """Whether raysim's handlers are in place in this thread's process (inside :func:`handled`, main thread)."""
+    return _HANDLING.active and threading.current_thread() is threading.main_thread()
+
+
 def received() -> Optional[int]:
     """The first stop signal this command received (``signal.SIGINT`` or ``signal.SIGTERM``), or None."""
     return _HANDLING.received

@@ -12,7 +12,6 @@ import math
 import os
 import re
 import sys
-import threading
 from typing import Any, Iterator, Optional, Sequence
 
 import ray
@@ -141,7 +140,7 @@ def _ray_keeps_our_handlers() -> Iterator[None]:
     from ray._private import utils
     from ray._private import worker as ray_worker
 
-    if threading.current_thread() is not threading.main_thread():
+    if not interrupts.handling():  # a notebook's or a library caller's process keeps Ray's behaviour
         yield
         return
     saved = utils.set_sigterm_handler, ray_worker.connect
