@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from raysim.config import ExperimentConfig, load_config
+from raysim.tables import counted
 
 if TYPE_CHECKING:
     import pandas
@@ -117,7 +118,7 @@ def run(config: ConfigLike = None, *overrides: str, progress: Optional[bool] = N
         if done is not None:  # nothing to run: the run as it is, without starting Ray
             import warnings
 
-            warnings.warn(f"{resume} is already complete ({done} rounds run, rounds={cfg.rounds}); add "
+            warnings.warn(f"{resume} is already complete ({counted(done, 'round')} run, rounds={cfg.rounds}); add "
                           f"rounds=N with N > {done} to continue it", stacklevel=2)
             return load_run(resume)
     tracker = RunTracker(cfg)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError, find_user_error
 from raysim.report import DEFAULT_COLUMNS
+from raysim.tables import counted
 
 if TYPE_CHECKING:
     from raysim.tune import SweepResult
@@ -271,7 +272,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         done = already_complete(run_dir, cfg)
         if done is not None:
             print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
-            print(f"raysim: {run_dir} is already complete ({done} rounds run, rounds={cfg.rounds}); nothing to run. "
+            print(f"raysim: {run_dir} is already complete ({counted(done, 'round')} run, rounds={cfg.rounds}); "
+                  f"nothing to run. "
                   f"To continue it, add rounds=N with N > {done}: raysim run --resume {run_dir} rounds={2 * done}",
                   file=sys.stderr)
             return 0
@@ -379,10 +381,12 @@ def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
         cause = r["status"].partition(": ")[2] or f"see Ray Tune's error file under {d / 'tune'}"
         print(f"raysim: {what[:-1]} {r['trial']} failed: {cause}", file=sys.stderr)
     if failed:
-        print(f"raysim: {len(failed)} {what} failed; `{resume_cmd} {d}` runs them again", file=sys.stderr)
+        print(f"raysim: {counted(len(failed), what[:-1])} failed; `{resume_cmd} {d}` runs "
+              f"{'it' if len(failed) == 1 else 'them'} again", file=sys.stderr)
     if unfinished:
         how = "stopped by SIGTERM: " if interrupts.terminated() else ""
-        print(f"raysim: {how}{len(unfinished)} {what} unfinished; resume with: {resume_cmd} {d}", file=sys.stderr)
+        print(f"raysim: {how}{counted(len(unfinished), what[:-1])} unfinished; resume with: {resume_cmd} {d}",
+              file=sys.stderr)
         return interrupts.exit_status()
     return EXIT_TRIALS_FAILED if failed else 0
 

@@ -219,12 +219,13 @@ class TrainConfig:
     weight_decay: float = 0.0  # L2 penalty of the local optimiser
 
     def validate(self) -> None:
-        require(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        require(is_finite(self.lr, 0, strict=True), "train.lr", f"must be a finite number > 0, got {self.lr}")
         require(self.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {self.local_epochs}")
         require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
         _one_of(self.optimizer, "train.optimizer", ("sgd", "adam"))
         require(0.0 <= self.momentum < 1.0, "train.momentum", "must be in [0, 1)")
-        require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(is_finite(self.weight_decay, 0), "train.weight_decay", f"must be a finite number >= 0, got "
+                f"{self.weight_decay}")
 
 
 @dataclass
@@ -387,6 +388,10 @@ class ExperimentConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> "ExperimentConfig":
+        name = str(self.name)
+        require(bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0"), "name",
+                f"must be one path component (it names the run directory runs/<name>-<time>), got {name!r}; "
+                f"to choose where the run goes, set log.dir")
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         for f in dataclasses.fields(self):
@@ -423,13 +428,30 @@ def _check_weighting(algorithm: AlgorithmConfig) -> None:
             f"'uploads'), so there is no mean to weight; drop algorithm.weighting")
 
 
+def yaml_problem(exc: BaseException, text: Optional[str] = None) -> str:
+    """What is wrong with a YAML ``text``, in one line naming the line and column (and the key, for a duplicate)."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        problem, mark = exc.problem, exc.problem_mark
+        lines = (text or "").splitlines()
+        if "cannot start any token" in problem and mark is not None and mark.line < len(lines) \
+                and lines[mark.line][mark.column:mark.column + 1] == "\t":
+            return f"a tab at line {mark.line + 1}, column {mark.column + 1}: YAML indents with spaces only"
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{problem}{where}"
+    text = str(exc).splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 def _read_yaml(path: Path, depth: int = 0) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
         raw = OmegaConf.load(path)
     except Exception as exc:  # noqa: BLE001 - yaml.YAMLError and friends: one line naming the file
-        raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(exc, path.read_text(errors='replace'))})") \
+            from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{path}: a config file must be a mapping of keys")
     parent = raw.pop("extends", None)

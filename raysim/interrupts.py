@@ -8,11 +8,14 @@ spot instances), with SIGKILL after a grace period of typically 30-60 s. raysim 
 - after SIGTERM that stop gets :func:`grace_s` seconds (10, or the environment variable ``RAYSIM_TERM_GRACE_S``);
   past them the round in flight is abandoned and the command ends from the checkpoint already on disk, which is
   whole (every file is replaced atomically, ``server.pt`` last, so a write cut short leaves the previous one);
-- a second signal abandons at once; a signal before any work is under way (setup, Ray starting) ends at once too.
+- a second signal abandons at once; a signal before any work is under way (setup) ends at once too, and one
+  while Ray starts as soon as Ray is up (:func:`deferred`).
 
 The command then prints one line with the resume command and exits 130 after Ctrl-C, 143 (128 + SIGTERM) after
 SIGTERM. ``ray.init`` installs its own SIGTERM handlers in this process (a Python one that exits, and a C++ one that
-prints a stack dump on the terminal first): :func:`reclaim` puts raysim's back once Ray is up.
+prints a stack dump on the terminal first): while it runs (:func:`deferred`) Ray's Python handler is never put in
+place and a first signal is held until Ray is up; raysim's handlers are put back right after, and the held signal
+then ends the command as above (exit 143 or 130, with the resume line).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class _Handling:
         self.abandoned = ""  # why the work in flight was abandoned rather than stopped gracefully
         self.stops: list[tuple[Callable[[], bool], str]] = []  # (stop, what it stops), innermost last
         self.previous: dict[int, Any] = {}
+        self.deferring = 0  # > 0 while a block runs that must not be interrupted by the first signal (Ray starting)
+        self.pending = False  # the first signal came while deferring: it interrupts when the block ends
 
 
 _HANDLING = _Handling()
@@ -55,6 +60,11 @@ def grace_s() -> float:
     except ValueError:
         return TERM_GRACE_S
     return value if value > 0 else TERM_GRACE_S
+
+
+def handling() -> bool:
+    """Whether raysim's handlers are in place in this thread's process (inside :func:`handled`, main thread)."""
+    return _HANDLING.active and threading.current_thread() is threading.main_thread()
 
 
 def received() -> Optional[int]:
@@ -94,6 +104,9 @@ def _on_signal(signum: int, frame: Any) -> None:
         _disarm()
         raise _interrupt("a second signal")
     h.received = signum
+    if h.deferring:  # Ray is starting: end once it has (a second signal ends at once)
+        h.pending = True
+        return
     if not (h.stops and h.stops[-1][0]()):
         raise _interrupt("")  # nothing under way that could stop gracefully: stop now
     if signum == signal.SIGTERM:
@@ -118,7 +131,7 @@ def handled() -> Iterator[None]:
     if h.active or threading.current_thread() is not threading.main_thread():
         yield
         return
-    h.active, h.received, h.abandoned, h.stops = True, None, "", []
+    h.active, h.received, h.abandoned, h.stops, h.deferring, h.pending = True, None, "", [], 0, False
     h.previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     _install()
     try:
@@ -134,6 +147,28 @@ def reclaim() -> None:
     """Put raysim's handlers back after ``ray.init`` replaced them (a no-op outside :func:`handled`)."""
     if _HANDLING.active and threading.current_thread() is threading.main_thread():
         _install()
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Around ``ray.init``: the first Ctrl-C or SIGTERM meanwhile does not interrupt Ray halfway through its start
+    (which would leave its processes behind); it is held, and interrupts as soon as the block ends. A second signal
+    interrupts at once. Whatever handlers the block installed (``ray.init`` installs Ray's), raysim's are put back
+    at its end. A no-op outside :func:`handled`."""
+    h = _HANDLING
+    if not h.active or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    h.deferring += 1
+    try:
+        yield
+    finally:
+        h.deferring -= 1
+        _install()
+    if not h.deferring and h.pending:
+        h.pending = False
+        if not (h.stops and h.stops[-1][0]()):
+            raise _interrupt("")
 
 
 @contextlib.contextmanager

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -70,8 +71,7 @@ class Run:
         for r in self.rows:
             value = r.get(metric)
             if isinstance(value, (int, float)) and (value >= target if mode == "max" else value <= target):
-                return {"round": r["round"], "mb": (r["bytes_up_total"] + r["bytes_down_total"]) / MB,
-                        "wall_s": r["wall_s_total"]}
+                return {"round": r["round"], "mb": _x_value(r, "mb"), "wall_s": r.get("wall_s_total", math.nan)}
         return None
 
 
@@ -172,12 +172,48 @@ def find_runs(paths: Sequence[str | Path], *, found: Optional[list[str]] = None)
     return list(dict.fromkeys(f.resolve() for f in runs))
 
 
+_LARGEST = 1e300  # past this a metric's mean, spread or percentage overflows: not a value a run can have measured
+_KEPT_LISTS = ("skipped",)  # list values a round's metrics may hold (the clients whose update was dropped)
+
+
+def usable_rows(rows: list[dict], path: Path, warn: Callable[[str], None] = warn_stderr) -> list[dict]:
+    """The rows with only the values a report can compare: finite numbers (a bool, string, nested value, NaN, Inf
+    or a number past 1e300 is dropped, so that a non-finite value is never a best), and only rows whose ``round`` is
+    a whole number; one warning line says how many were dropped, and where."""
+    kept, dropped, where = [], 0, {}
+    for row in rows:
+        rnd = row.get("round")
+        if not isinstance(rnd, int) or isinstance(rnd, bool):
+            dropped += 1
+            where.setdefault("round", []).append(repr(rnd)[:12])
+            continue
+        clean = {}
+        for key, value in row.items():
+            if key in _KEPT_LISTS and isinstance(value, list) or value is None or (
+                    isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and abs(value) <= _LARGEST):
+                clean[key] = value
+            else:
+                dropped += 1
+                where.setdefault(key, []).append(str(rnd))
+        kept.append(clean)
+    if dropped:
+        detail = "; ".join(f"{k} (round{'s' if len(v) > 1 else ''} {', '.join(v[:3])}{' ...' if len(v) > 3 else ''})"
+                           for k, v in list(where.items())[:3])
+        what = "values that are not finite numbers" if dropped > 1 else "value that is not a finite number"
+        warn(f"{path}: dropped {dropped} {what}: {detail}{' ...' if len(where) > 3 else ''}")
+    return kept
+
+
 def load_run(path: Path) -> Run:
     try:
         raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
     except yaml.YAMLError as exc:
         raise UserError(f"{path}/config.yaml is not valid YAML ({str(exc).splitlines()[0]})") from None
-    return Run(path=path, config=flatten_dict(raw), rows=read_metrics(path / "metrics.jsonl", warn=warn_stderr))
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}/config.yaml is not a mapping of config keys")
+    metrics = path / "metrics.jsonl"
+    return Run(path=path, config=flatten_dict(raw), rows=usable_rows(read_metrics(metrics, warn=warn_stderr), metrics))
 
 
 def _ignored(key: str) -> bool:
@@ -437,6 +473,12 @@ def _write_summary_csv(report: Report, path: Path, alpha: float) -> Path:
     return path
 
 
+def _over(reduce: Callable, rows: list[dict], key: str) -> float:
+    """``reduce`` of ``key`` over the rows that hold it (NaN when none does: a report flagged them dropped)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(reduce(values)) if values else math.nan
+
+
 def comm_stats(g: Group, metric: str, target: float, mode: str = "max") -> dict[str, Any]:
     """Per-round traffic and time, and what it took to reach ``target`` (over the seeds that reached it)."""
     rows = [r for run in g.runs for r in run.rows]
@@ -449,9 +491,9 @@ def comm_stats(g: Group, metric: str, target: float, mode: str = "max") -> dict[
 
     return {
         "method": g.method, "setting": g.setting, "runs": len(g.runs),
-        "bytes_up_per_round": float(np.mean([r["bytes_up"] for r in rows])),
-        "bytes_down_per_round": float(np.mean([r["bytes_down"] for r in rows])),
-        "wall_s_per_round": float(np.median([r["wall_s"] for r in rows])),  # the first round also starts workers
+        "bytes_up_per_round": _over(np.mean, rows, "bytes_up"),
+        "bytes_down_per_round": _over(np.mean, rows, "bytes_down"),
+        "wall_s_per_round": _over(np.median, rows, "wall_s"),  # the first round also starts workers
         "reached": len(reached),
         "rounds_to_target": ms([t["round"] for t in reached]),
         "mb_to_target": ms([t["mb"] for t in reached]),
@@ -554,8 +596,8 @@ def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray
 
 def _x_value(row: dict, x: str) -> float:
     if x == "mb":
-        return (row["bytes_up_total"] + row["bytes_down_total"]) / MB
-    return row[x]
+        return (row.get("bytes_up_total", math.nan) + row.get("bytes_down_total", math.nan)) / MB
+    return row.get(x, math.nan)
 
 
 MAX_PANELS = 12  # settings (panels) in one figure; more make a figure nobody can read

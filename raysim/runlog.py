@@ -50,7 +50,7 @@ def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) ->
             row = json.loads(line)
             if not isinstance(row, dict) or "round" not in row:
                 raise ValueError("not a round's metrics")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested too deep to read
             if all(not rest.strip() for rest in lines[i + 1:]):  # the last line: torn by an interrupted write
                 if warn is not None:
                     warn(f"{path}: skipped an incomplete last line (line {i + 1}: a run killed mid-write, "
@@ -85,6 +85,27 @@ def warn_stderr(message: str) -> None:
     print(f"raysim: warning: {message}", file=sys.stderr, flush=True)
 
 
+def quiet_tensorboard_threads() -> None:
+    """TensorBoard writes events on a thread of its own; a failed write there (a full disk) prints that thread's
+    traceback, then the writer raises the same error in the run's own thread at its next call, where the run stops
+    with one line. Such a thread's traceback is left out (the process's other threads keep Python's hook)."""
+    import threading
+
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "raysim_quiet_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, Exception):
+            return  # the writer raises it again in the run's thread
+        previous(args)
+
+    hook.raysim_quiet_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class RunLog:
     """Owned by the driver; resumes cleanly by truncating what came after the checkpoint."""
 
@@ -102,6 +123,7 @@ class RunLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            quiet_tensorboard_threads()
             # purge_step hides events a crashed run wrote after its last checkpoint
             self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
+def counted(n: int, word: str, plural: Optional[str] = None) -> str:
+    """``1 trial``, ``2 trials``: a count and its noun, singular for one (``plural`` where it is not word + s)."""
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
 def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
     """A GitHub-flavoured table, columns padded to their widest cell (readable as plain text too)."""
     rows = [[c.replace("|", "\\|") for c in r] for r in rows]  # an error message may hold a '|'

@@ -204,7 +204,7 @@ def test_sweep_stopped_by_ctrl_c_exits_130_with_its_trials_unfinished(ray_cluste
         gate.touch()
     err = capsys.readouterr().err
     assert code == 130, err
-    assert f"1 trials unfinished; resume with: raysim tune --resume {out}" in err and "Traceback" not in err, err
+    assert f"1 trial unfinished; resume with: raysim tune --resume {out}" in err and "Traceback" not in err, err
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [(r["status"], r["rounds"]) for r in rows] == [("unfinished", "1/3")], rows
 
@@ -373,6 +373,7 @@ def test_torn_tune_state_files_fall_back_to_what_is_whole(tmp_path):
     import pickle
 
     from raysim.tune import _tune_state_restorable
+    from raysim.tune.running import _record_tuner_digest
 
     tune_dir = tmp_path / "tune"
     tune_dir.mkdir()
@@ -380,6 +381,8 @@ def test_torn_tune_state_files_fall_back_to_what_is_whole(tmp_path):
     (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1})[:-3])
     assert not _tune_state_restorable(tune_dir)
     (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1}))
+    assert not _tune_state_restorable(tune_dir)  # no sha256 recorded for it: not known to be Tune's (issue 39)
+    _record_tuner_digest(tune_dir)  # as raysim does once Tune has written it
     (tune_dir / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
     (tune_dir / "experiment_state-2026-01-02_00-00-00.json").write_text('{"trial_data": [')
     assert _tune_state_restorable(tune_dir)

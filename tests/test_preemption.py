@@ -144,7 +144,7 @@ def test_sigterm_stops_a_sweep_which_resumes_to_every_trial_done(ray_cluster, tm
     # its state and returns; on a loaded machine that can outlast the grace period, and the sweep is abandoned:
     # either way the trial keeps its checkpoint and Tune's state is restorable
     assert _one_stop_line(err) in (
-        f"raysim: stopped by SIGTERM: 1 trials unfinished; resume with: raysim tune --resume {out_dir}",
+        f"raysim: stopped by SIGTERM: 1 trial unfinished; resume with: raysim tune --resume {out_dir}",
         f"raysim: stopped by SIGTERM: stopping Ray Tune's trials did not end within 10 s; resume with: "
         f"raysim tune --resume {out_dir}")
     assert took < 30, f"{took:.1f} s from SIGTERM to exit"

@@ -467,3 +467,28 @@ def test_report_metric_no_run_logged_says_why(runs, tmp_path, capsys):
     assert "local has no acc_global (it keeps no global model to evaluate)" in capsys.readouterr().err
     assert main(["report", str(runs), "--metric", "nope", "--out", str(tmp_path / "n")]) == 2
     assert "--metric nope: none of the 12 runs logged it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [1e308, "high", {"a": {"b": [1]}}, "deep", math.nan, math.inf])
+def test_values_that_are_not_finite_numbers_are_dropped_with_one_warning(tmp_path, capsys, bad):
+    """Never a traceback, and never a best: 1e308, a string, nested JSON (a line nested too deep to read is a
+    damaged line), NaN and Inf are dropped from the comparison, and one line says how many and where."""
+    write_run(tmp_path / "r", "fedavg", "iid", 0, 0.9, 1)
+    path = tmp_path / "r" / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    if bad == "deep":  # a metrics line no JSON reader can nest into, as its last (torn) line
+        text = path.read_text() + '{"round": 4, "acc_mean": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+    else:
+        rows[1]["acc_mean"] = bad  # the round that holds the best
+        rows[2]["bytes_up"] = bad
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+    path.write_text(text)
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "Traceback" not in captured.err, captured.err
+    if bad != "deep":
+        assert "dropped 2 values that are not finite numbers: acc_mean (round 2); bytes_up (round 3)" in warnings[0]
+        best = make_report([tmp_path / "r"], tmp_path / "out2", plots=False).groups[0].runs[0].best("acc_mean")
+        assert best == pytest.approx(0.89)  # the round after: the dropped value is no best
+    capsys.readouterr()

@@ -29,7 +29,7 @@ from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, Prob
                                 TrainJob, TrainResult)
 from raysim.engine.plan import clients_per_call, group_size, plan_round
 from raysim.engine.vectorize_probe import run_cohort_size
-from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, has_checkpoint,
+from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
                                  read_checkpoint)
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
@@ -45,11 +45,60 @@ class WriteFailed(RunStopped):
     """Writing the run directory failed (a full disk): the run stops; the checkpoint on disk is whole."""
 
 
+def cohort_size(num: int, fraction: float) -> int:
+    """How many clients a round samples: ``clients.fraction`` of ``clients.num``, rounded half up, at least one."""
+    return max(1, int(round_half_up(fraction * num)))
+
+
 def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int]:
-    """The round's clients, a pure function of (seed, round): resuming needs no saved RNG state."""
-    m = max(1, int(round_half_up(fraction * num)))
+    """The round's clients, a pure function of (seed, round): resuming needs no saved RNG state.
+
+    numpy's ``Generator.choice(num, m, replace=False)`` draws by Floyd's algorithm (memory in ``m``) unless
+    ``num > 10_000`` and ``m > num // 50``, where it shuffles the tail of ``arange(num)`` (8 bytes a client of the
+    population). The draw is the same as ever; the whole population (``m == num``) needs no draw, since its sorted
+    sample is every client; the sort is numpy's, not Python's over a list of ints."""
+    m = cohort_size(num, fraction)
+    if m >= num:
+        return list(range(num))
     rng = np.random.default_rng([seed, round, 104729])
-    return sorted(int(c) for c in rng.choice(num, size=m, replace=False))
+    return np.sort(rng.choice(num, size=m, replace=False)).tolist()
+
+
+COHORT_BYTES_PER_CLIENT = 1024  # a floor for the driver's bookkeeping per sampled or evaluated client (its job,
+# result and state entries; ~0.3 KiB for the job and state entries alone, measured), uploads not counted
+
+
+def _available_memory() -> Optional[int]:
+    """Bytes of memory available to start new work (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_cohort_fits(cfg: ExperimentConfig, available: Optional[int] = None) -> None:
+    """Refuse, before anything starts, a round whose cohort cannot fit in memory: the driver holds a job, a result
+    and state entries per sampled client (and per evaluated client), and sampling more than 1/50 of a population
+    past 10,000 clients takes 8 bytes per client of the population (see :func:`sample_clients`)."""
+    from raysim.errors import UserError
+
+    num, m = cfg.clients.num, cohort_size(cfg.clients.num, cfg.clients.fraction)
+    evaluated = eval_cohort_size(num, cfg.eval.clients)
+    need = (m + evaluated) * COHORT_BYTES_PER_CLIENT + (8 * num if num > 10_000 and num // 50 < m < num else 0)
+    available = _available_memory() if available is None else available
+    if available is None or need <= available:
+        return
+    gib = 1024 ** 3
+    fits = max(1, available // (2 * COHORT_BYTES_PER_CLIENT))
+    raise UserError(f"config key 'clients.fraction': clients.num={num} x clients.fraction={cfg.clients.fraction:g} "
+                    f"samples {m} clients a round{f' and eval.clients evaluates {evaluated}' if evaluated else ''}: "
+                    f"the driver needs at least {need / gib:.1f} GiB for that cohort, more than the "
+                    f"{available / gib:.1f} GiB of memory available; sample at most about {fits} clients a round "
+                    f"(clients.fraction={fits / num:.2g})")
 
 
 def round_half_up(x: float) -> int:
@@ -58,6 +107,15 @@ def round_half_up(x: float) -> int:
 
 AUTO_EVAL_ALL_MAX = 10_000  # eval.clients=auto evaluates every client of a federation up to this size,
 AUTO_EVAL_COHORT = 1_000  # and a fixed seeded cohort of this many clients in a larger one
+
+
+def eval_cohort_size(num: int, setting: str) -> int:
+    """How many fixed clients ``eval.clients`` evaluates (0: the round's sampled clients)."""
+    if setting == "sampled":
+        return 0
+    if setting == "auto":
+        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_COHORT)
+    return num if setting == "all" else min(int(setting), num)
 
 
 def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
@@ -128,8 +186,8 @@ class Driver:
                 self.cohort_size = int(ckpt["vectorize"])  # auto's choice stands for the whole run
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
-            self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"])
-            self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}))
+            self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"], checksums(ckpt, "clients"))
+            self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}), checksums(ckpt, "history"))
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -419,8 +477,11 @@ class Driver:
 
     def checkpoint(self) -> None:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
+        from raysim.config import to_flat_dict
+
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size})
+                          "vectorize": self.cohort_size, "config": to_flat_dict(self.cfg)},
+                         checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round

@@ -27,6 +27,7 @@ from raysim.engine.jobs import Call
 from raysim.engine.placement import in_bundle, this_node, worker_bundle
 from raysim.engine.worker import ClientWorker, enable_fast_tensor_serialization
 from raysim.errors import RunStopped
+from raysim.tables import counted
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -213,7 +214,7 @@ def _gave_up(call: Call, tries: int, limit: int, exc: BaseException) -> str:
     who = (f"client {clients[0]}" if len(clients) == 1 else f"clients {clients}" if clients
            else call.describe(_Nowhere()))
     what = "an object it needed was lost" if isinstance(exc, ObjectLostError) else "worker died"
-    return (f"{who} in round {call.round}: {what} {tries} times (engine.max_retries={limit}); last cause: "
+    return (f"{who} in round {call.round}: {what} {counted(tries, 'time')} (engine.max_retries={limit}); last cause: "
             f"{_first_line(exc)}")
 
 

@@ -102,23 +102,60 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
         kwargs["runtime_env"] = runtime_env
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     address, notice = choose_cluster(engine.address)
+    if engine.dashboard and address is None:
+        missing = ray._private.utils.get_dashboard_dependency_error()
+        if missing:
+            raise UserError(f"config key 'engine.dashboard': Ray's dashboard needs packages that are not installed "
+                            f"({str(missing).splitlines()[0]}): pip install 'raysim[dashboard]', or "
+                            f"engine.dashboard=false")
     if notice:
         print(f"raysim: {notice}", file=sys.stderr, flush=True)
     try:
-        if address is None:
-            init_local_ray(engine.state_memory_gb, **kwargs)
-        else:  # a joined cluster keeps its own settings (object store size, system config)
-            ray.init(address=address, **kwargs)
+        with interrupts.deferred(), _ray_keeps_our_handlers():  # SIGTERM while Ray starts: exit 143 once it is up
+            if address is None:
+                init_local_ray(engine.state_memory_gb, **kwargs)
+            else:  # a joined cluster keeps its own settings (object store size, system config)
+                ray.init(address=address, **kwargs)
+            if kwargs["log_to_driver"]:
+                _drop_sigterm_dumps()
     except AuthenticationError:  # RAY_AUTH_MODE=token but no token here
         raise auth_error(address or "local", "config key 'engine.address'") from None
     except ConnectionError as exc:
         raise UserError(f"config key 'engine.address': cannot reach a Ray cluster at {address!r} "
                         f"({str(exc).splitlines()[0]}); start one with `ray start --head` or use "
                         f"engine.address=null") from None
+    except BaseException:  # a signal held while Ray started, or a second one: Ray's processes go too
+        ray.shutdown()
+        raise
     finally:
         interrupts.reclaim()  # ray.init replaced raysim's SIGTERM handler with its own (and a C++ stack dump)
-    if kwargs["log_to_driver"]:
-        _drop_sigterm_dumps()
+
+
+@contextlib.contextmanager
+def _ray_keeps_our_handlers() -> Iterator[None]:
+    """While ``ray.init`` runs, its Python SIGTERM handler (``sys.exit(15)``: exit 15, no message, and a Slurm job
+    that requeues on 143 is never requeued) is not installed; raysim's stays. Its C++ handler (a stack dump, then
+    the previous handler), installed with the driver's core worker in ``connect``, is replaced as soon as
+    ``connect`` returns."""
+    from ray._private import utils
+    from ray._private import worker as ray_worker
+
+    if not interrupts.handling():  # a notebook's or a library caller's process keeps Ray's behaviour
+        yield
+        return
+    saved = utils.set_sigterm_handler, ray_worker.connect
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return saved[1](*args, **kwargs)
+        finally:
+            interrupts.reclaim()
+
+    utils.set_sigterm_handler, ray_worker.connect = (lambda handler: None), connect
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler, ray_worker.connect = saved
 
 
 _SIGTERM_DUMP = re.compile(r"\*\*\* SIGTERM received at time=")

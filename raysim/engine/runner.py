@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import threading
 import time
@@ -19,7 +20,7 @@ import yaml
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
 from raysim.engine.backend import choose_backend
-from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file
+from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file, verify_files
 from raysim.errors import RunStopped, UserError, find_user_error
 import raysim.interrupts as interrupts
 
@@ -48,8 +49,12 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
             if differ:
                 raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
                                 f"resume with the same config, or start a new run")
+            check_no_links(run_dir)
             _check_writable(run_dir)
-            read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
+            ckpt = read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
+            check_checkpoint_config(run_dir, ckpt, cfg)
+            verify_files(run_dir, ckpt)
+            check_metrics_kept(run_dir, int(ckpt["round"]))
             record_resumed_config(run_dir, cfg)
         except BaseException:
             lock.release()
@@ -62,6 +67,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         raise UserError(f"config key 'log.dir': cannot create {run_dir} ({exc.strerror})") from None
     lock = DirLock(run_dir).acquire()  # refused: another process claimed it first, and its files are its own
     try:
+        check_no_links(run_dir)
         if (run_dir / "metrics.jsonl").exists() or checkpoint_dir(run_dir).exists():
             raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
                             f"or choose another log.dir")
@@ -78,6 +84,55 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         lock.release()
         raise
     return run_dir, created, lock
+
+
+def check_no_links(run_dir: Path) -> None:
+    """A run writes only inside its own directory: refuse one whose checkpoint folders or ``config.yaml`` are
+    symbolic links (a write would follow them out). ``metrics.jsonl`` and ``client_metrics.jsonl`` need no check:
+    a resume replaces them with files of its own before it appends. The run directory itself may be a link."""
+    from raysim.engine.state import CLIENTS_DIR, HISTORY_DIR
+
+    ckpt = checkpoint_dir(run_dir)
+    for path in (ckpt, ckpt / CLIENTS_DIR, ckpt / HISTORY_DIR, ckpt / "server.pt", run_dir / "config.yaml"):
+        if path.is_symlink():
+            raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only inside its own "
+                            f"directory: replace the link with what it points to")
+
+
+def check_checkpoint_config(run_dir: Path, ckpt: dict, cfg: ExperimentConfig) -> None:
+    """Refuse to continue a checkpoint with a config other than the one it was made with, but for the keys a
+    resume may change (``engine.*``, ``log.*``, ``rounds``, ``eval.every``): ``config.yaml`` may have been edited or
+    damaged since, and compared only with itself it would pass. A checkpoint older than this record is trusted."""
+    made = ckpt.get("config")
+    if not isinstance(made, dict):
+        return
+    now = to_flat_dict(cfg)
+    differ = [k for k in dict.fromkeys([*made, *now])
+              if not k.startswith(_RESUMABLE_PREFIXES) and made.get(k, "<absent>") != now.get(k, "<absent>")]
+    if differ:
+        shown = ", ".join(f"{k} ({made.get(k, 'absent')!r} in the checkpoint, {now.get(k, 'absent')!r} now)"
+                          for k in differ[:4])
+        more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+        raise UserError(f"{server_file(run_dir)} was made with another config than {run_dir / 'config.yaml'} and "
+                        f"the overrides give: {shown}{more}; only engine.*, log.*, rounds, eval.every and eval.chunk "
+                        f"may change on resume (restore config.yaml, or start a new run)")
+
+
+def check_metrics_kept(run_dir: Path, round: int) -> None:
+    """A checkpoint of round N continues a ``metrics.jsonl`` of rounds 1..N: refuse to continue without them (the
+    record of those rounds cannot be rebuilt from a checkpoint)."""
+    from raysim.runlog import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path} is missing, while the checkpoint holds round {round}: resuming would leave rounds "
+                        f"1-{round} out of the record; restore the file, or start a new run")
+    rounds = {int(r["round"]) for r in read_metrics(path) if isinstance(r.get("round"), int)}
+    lost = [r for r in range(1, round + 1) if r not in rounds]
+    if lost:
+        raise UserError(f"{path} lacks round{'s' if len(lost) > 1 else ''} "
+                        f"{', '.join(map(str, lost[:5]))}{' ...' if len(lost) > 5 else ''} of the {round} the "
+                        f"checkpoint holds; restore the file, or start a new run")
 
 
 def record_resumed_config(run_dir: Path, cfg: ExperimentConfig) -> None:
@@ -109,7 +164,10 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
 
     ``handle_signals``: the first Ctrl-C or SIGTERM finishes the round, checkpoints it and ends the run (stopped
     early); see ``raysim.interrupts`` for the bound after SIGTERM."""
+    from raysim.engine.driver import check_cohort_fits
+
     with interrupts.handled() if handle_signals else contextlib.nullcontext():
+        check_cohort_fits(cfg)  # a cohort that cannot fit in memory: refused before anything starts
         run_dir, created, lock = prepare_run_dir(cfg, resume)
         try:
             return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_signals, placement_group)
@@ -180,6 +238,8 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
         found = find_user_error(exc)
         if isinstance(found, RunStopped):
             found.run_dir = run_dir  # for the resume hint
+        elif isinstance(exc, KeyboardInterrupt):  # Ctrl-C or SIGTERM before the run started (Ray starting)
+            exc.run_dir = run_dir  # type: ignore[attr-defined]
         if created and not has_checkpoint(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # nothing half-written: a run that never completed a round
         raise
@@ -249,9 +309,19 @@ def already_complete(run_dir: Path, cfg: ExperimentConfig) -> Optional[int]:
 
 def load_resume_config(run_dir: Path, overrides: list[str]) -> ExperimentConfig:
     """The config of an existing run, with engine/log/rounds overrides allowed."""
-    if not (run_dir / "config.yaml").is_file():
+    path = run_dir / "config.yaml"
+    if not path.is_file():
         raise UserError(f"{run_dir} is not a raysim run directory (no config.yaml)")
-    base = yaml.safe_load((run_dir / "config.yaml").read_text())
+    try:
+        base = yaml.safe_load(path.read_bytes())
+    except (yaml.YAMLError, OSError, ValueError) as exc:
+        from raysim.config import yaml_problem
+
+        raise UserError(f"{path} is damaged: not valid YAML ({yaml_problem(exc, path.read_text(errors='replace'))}); "
+                        f"restore it to resume") from None
+    if not isinstance(base, dict):
+        what = "empty" if base is None else f"a YAML {type(base).__name__}, not a mapping of config keys"
+        raise UserError(f"{path} is damaged: {what}; restore it to resume")
     data = base.get("data") if isinstance(base, dict) else None
     if isinstance(data, dict) and "test_split" not in data:
         data["test_split"] = "pooled"  # a run made before data.test_split existed pooled train and test: keep it so

@@ -15,10 +15,17 @@ Checkpoint layout (``RUN_DIR/checkpoint``)::
 
 ``server.pt`` is replaced last, so a crash mid-checkpoint leaves the previous checkpoint whole; superseded client
 files are deleted only after the new ``server.pt`` is in place.
+
+What a checkpoint knows about itself (checked on resume): ``server.pt`` holds the sha256 of every client and history
+file it names (``checksums``), the resolved config it was made with (``config``, dotted keys) and ``sha256``, a
+digest of its own content (every tensor's dtype, shape and bytes, every other value), so a changed bit anywhere is
+refused in one line. Checkpoints made before these records (none of these keys) are read as they are.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import tempfile
@@ -92,34 +99,91 @@ def require_cpu(tree: Any, what: str, path: str = "") -> None:
             require_cpu(v, what, f"{path}[{i}]")
 
 
+class CheckpointCorrupt(UserError):
+    """A checkpoint file whose content no longer matches the checksum recorded when it was written."""
+
+
+def _corrupt(path: Path) -> CheckpointCorrupt:
+    return CheckpointCorrupt(f"checkpoint file {path} fails its sha256 checksum (changed or damaged since raysim "
+                             f"wrote it); raysim keeps only the last checkpoint, so no older complete one exists to "
+                             f"resume from: restore the file or start a new run")
+
+
+def _feed(h: Any, obj: Any) -> None:
+    """Hash ``obj`` (what a checkpoint holds: tensors, dicts, lists, tuples, plain values) by content and structure."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, dict):
+        h.update(f"D{len(obj)};".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{'L' if isinstance(obj, list) else 'U'}{len(obj)};".encode())
+        for v in obj:
+            _feed(h, v)
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def content_digest(obj: Any) -> str:
+    """sha256 of a checkpoint's content (the same for the object saved and the object loaded back)."""
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _serialized(obj: Any) -> tuple[bytes, str]:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def _no_link(folder: Path) -> None:
+    """Checkpoint writes never follow a symbolic link: refuse a checkpoint folder (or its parent, the checkpoint
+    directory) that is one (the run directory itself may be a link)."""
+    for f in (folder, folder.parent) if folder.parent.name == CHECKPOINT_DIR else (folder,):
+        if f.is_symlink():
+            raise UserError(f"{f} is a symbolic link (to {os.readlink(f)}); a run writes only inside its own "
+                            f"directory: replace the link with what it points to")
+
+
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same directory, fsync, then rename over ``path``.
 
     fsync: a checkpoint is what a resumed run restarts from, so it must be on disk before the round counts as saved.
     """
     require_cpu(obj, str(path.name))
+    _no_link(path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path, fsync=True) as fh:
         torch.save(obj, fh)
 
 
-def save_all_durably(items: list[tuple[Any, Path]]) -> None:
+def save_all_durably(items: list[tuple[Any, Path]]) -> dict[str, str]:
     """``atomic_save`` for many files at once: write every temporary file, then fsync and rename each.
 
     The same guarantee as one ``atomic_save`` per file (each final file is whole and on disk before this returns),
     but the first fsync commits the whole batch and the rest find little left to flush: 100 client files a round
-    cost ~40 ms each with one fsync per write, a few ms each batched.
+    cost ~40 ms each with one fsync per write, a few ms each batched. Returns each file's name -> its sha256.
     """
     for obj, path in items:
         require_cpu(obj, str(path.name))
+    for folder in {path.parent for _, path in items}:
+        _no_link(folder)
     pending: list[tuple[str, Path]] = []
+    sums: dict[str, str] = {}
     try:
         for obj, path in items:
             path.parent.mkdir(parents=True, exist_ok=True)
+            data, sums[path.name] = _serialized(obj)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             pending.append((tmp, path))
             with os.fdopen(fd, "wb") as fh:
-                torch.save(obj, fh)
+                fh.write(data)
         while pending:
             tmp, path = pending[0]
             fd = os.open(tmp, os.O_RDONLY)
@@ -133,12 +197,21 @@ def save_all_durably(items: list[tuple[Any, Path]]) -> None:
         for tmp, _ in pending:
             Path(tmp).unlink(missing_ok=True)
         raise
+    return sums
 
 
-def safe_load(path: Path) -> Any:
-    """Load a checkpoint file without executing pickled code; a damaged file is a one-line UserError."""
+def safe_load(path: Path, sha256: Optional[str] = None) -> Any:
+    """Load a checkpoint file without executing pickled code; a damaged file, or one whose bytes do not match
+    ``sha256`` (the checksum recorded when it was written), is a one-line UserError."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        if sha256 is None:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        data = Path(path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise _corrupt(path)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except CheckpointCorrupt:
+        raise
     except FileNotFoundError:
         raise UserError(f"checkpoint file missing: {path}") from None
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged checkpoint
@@ -168,6 +241,7 @@ class ClientStateStore:
         self._refs: dict[int, Any] = {}
         self._dirty: set[int] = set()
         self._file_round: dict[int, int] = {}  # client -> round of its state file in the last checkpoint
+        self.checksums: dict[str, str] = {}  # file name -> sha256, of every file the last checkpoint names
 
     def __len__(self) -> int:
         return len(self._refs)
@@ -181,29 +255,38 @@ class ClientStateStore:
         self._dirty.add(client_id)
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, ckpt_dir: Path, round: int, server: dict) -> None:
-        """Write changed client states, then ``server.pt`` (the commit point), then drop superseded files."""
+    def save(self, ckpt_dir: Path, round: int, server: dict, checksums: Optional[dict[str, str]] = None) -> None:
+        """Write changed client states, then ``server.pt`` (the commit point), then drop superseded files.
+
+        ``checksums``: more files' sha256 for ``server.pt`` to record (the history entries the server keeps)."""
         new_rounds = dict(self._file_round)
+        sums = {name: digest for name, digest in self.checksums.items()
+                if not (e := parse_entry_name(name)) or e[0] not in self._dirty}
         dirty = sorted(self._dirty)
         for start in range(0, len(dirty), _SAVE_CHUNK):  # one object-store round trip and one fsync batch a chunk
             chunk = dirty[start:start + _SAVE_CHUNK]
             states = self._objects.get([self._refs[cid] for cid in chunk])
-            save_all_durably([(st, client_file(ckpt_dir, cid, round)) for cid, st in zip(chunk, states)])
+            sums.update(save_all_durably([(st, client_file(ckpt_dir, cid, round)) for cid, st in zip(chunk, states)]))
             new_rounds.update({cid: round for cid in chunk})
-        atomic_save({"format": FORMAT_VERSION, "round": round, "client_files": new_rounds, **server},
-                    ckpt_dir / SERVER_FILE)
+        record = {"format": FORMAT_VERSION, "round": round, "client_files": new_rounds, **server,
+                  "checksums": {"clients": sums, "history": dict(checksums or {})}}
+        atomic_save({**record, "sha256": content_digest(record)}, ckpt_dir / SERVER_FILE)
         for cid in self._dirty:
             old = self._file_round.get(cid)
             if old is not None and old != round:
                 client_file(ckpt_dir, cid, old).unlink(missing_ok=True)
         self._file_round = new_rounds
+        self.checksums = sums
         self._dirty.clear()
 
-    def load(self, ckpt_dir: Path, client_files: dict[int, int]) -> None:
-        """Put every client's checkpointed state back into the object store; remove files no checkpoint names."""
+    def load(self, ckpt_dir: Path, client_files: dict[int, int], checksums: Optional[dict[str, str]] = None) -> None:
+        """Put every client's checkpointed state back into the object store (each file checked against its
+        checksum, where the checkpoint records one); remove files no checkpoint names."""
         clients_dir = Path(ckpt_dir) / CLIENTS_DIR
+        self.checksums = dict(checksums or {})
         for cid, rnd in sorted(client_files.items()):
-            self._refs[int(cid)] = self._objects.put(safe_load(client_file(ckpt_dir, cid, rnd)))
+            path = client_file(ckpt_dir, cid, rnd)
+            self._refs[int(cid)] = self._objects.put(safe_load(path, self.checksums.get(path.name)))
         self._file_round = {int(c): int(r) for c, r in client_files.items()}
         self._dirty.clear()
         if clients_dir.is_dir():
@@ -227,6 +310,7 @@ class ClientHistoryStore:
         self._objects = objects
         self._entries: dict[int, list[tuple[int, Any]]] = {}  # client -> [(round, ref)], oldest first
         self._on_disk: set[tuple[int, int]] = set()  # (client, round) files written by earlier checkpoints
+        self.checksums: dict[str, str] = {}  # file name -> sha256 of the files on disk
 
     def push(self, client_id: int, round: int, ref: Any) -> None:
         if self.limit < 1:
@@ -249,7 +333,8 @@ class ClientHistoryStore:
         for start in range(0, len(new), _SAVE_CHUNK):
             chunk = new[start:start + _SAVE_CHUNK]
             objs = self._objects.get([ref for _, _, ref in chunk])
-            save_all_durably([(obj, history_file(ckpt_dir, cid, r)) for (cid, r, _), obj in zip(chunk, objs)])
+            self.checksums.update(save_all_durably([(obj, history_file(ckpt_dir, cid, r))
+                                                    for (cid, r, _), obj in zip(chunk, objs)]))
             self._on_disk.update((cid, r) for cid, r, _ in chunk)
         return self.index()
 
@@ -258,14 +343,22 @@ class ClientHistoryStore:
         live = {(cid, r) for cid, rounds in self.index().items() for r in rounds}
         for cid, r in sorted(self._on_disk - live):
             history_file(ckpt_dir, cid, r).unlink(missing_ok=True)
+            self.checksums.pop(entry_name(cid, r), None)
         self._on_disk &= live
 
-    def load(self, ckpt_dir: Path, index: dict[int, list[int]]) -> None:
-        """Put the checkpointed entries back into the object store; remove files the checkpoint does not name."""
+    def load(self, ckpt_dir: Path, index: dict[int, list[int]], checksums: Optional[dict[str, str]] = None) -> None:
+        """Put the checkpointed entries back into the object store (each file checked against its checksum, where
+        the checkpoint records one); remove files the checkpoint does not name."""
         folder = Path(ckpt_dir) / HISTORY_DIR
-        self._entries = {int(cid): [(int(r), self._objects.put(safe_load(history_file(ckpt_dir, cid, r))))
-                                    for r in rounds][-self.limit:] if self.limit else []
-                         for cid, rounds in sorted(index.items())}
+        sums = dict(checksums or {})
+
+        def read(cid: int, r: int) -> Any:
+            return safe_load(history_file(ckpt_dir, cid, r), sums.get(entry_name(cid, r)))
+        self._entries = {int(cid): [(int(r), self._objects.put(read(cid, r))) for r in rounds][-self.limit:]
+                         if self.limit else [] for cid, rounds in sorted(index.items())}
+        self.checksums = {name: d for name, d in sums.items()
+                          if (e := parse_entry_name(name)) and e in {(c, r) for c, es in self._entries.items()
+                                                                    for r, _ in es}}
         self._on_disk = {(cid, r) for cid, entries in self._entries.items() for r, _ in entries}
         if folder.is_dir():
             for f in folder.iterdir():
@@ -275,10 +368,42 @@ class ClientHistoryStore:
 
 
 def read_checkpoint(run_dir: Path) -> dict:
+    """``server.pt``, checked against the digest of its own content it records (a checkpoint older than that
+    record is read as it is)."""
     ckpt = safe_load(server_file(run_dir))
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "round" not in ckpt:
         raise UserError(f"{server_file(run_dir)} is not a raysim checkpoint of format {FORMAT_VERSION}")
+    if "sha256" in ckpt:
+        recorded = ckpt.pop("sha256")
+        if recorded != content_digest(ckpt):
+            raise _corrupt(server_file(run_dir))
     return ckpt
+
+
+def verify_files(run_dir: Path, ckpt: dict) -> None:
+    """Check every client and history file ``ckpt`` names against its recorded sha256 (a one-line UserError for
+    the first that is missing or fails), so that a resume refuses before it changes anything."""
+    ckpt_dir = checkpoint_dir(run_dir)
+    for kind, names in ((CLIENTS_DIR, [entry_name(c, r) for c, r in sorted(ckpt.get("client_files", {}).items())]),
+                        (HISTORY_DIR, [entry_name(c, r) for c, rs in sorted(ckpt.get("history", {}).items())
+                                       for r in rs])):
+        sums = checksums(ckpt, kind)
+        for name in names:
+            path = ckpt_dir / kind / name
+            if name not in sums:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            except FileNotFoundError:
+                raise UserError(f"checkpoint file missing: {path}") from None
+            if digest != sums[name]:
+                raise _corrupt(path)
+
+
+def checksums(ckpt: dict, kind: str) -> dict[str, str]:
+    """The sha256 of each ``kind`` ("clients" or "history") file a checkpoint recorded ({} for an older one)."""
+    return dict((ckpt.get("checksums") or {}).get(kind) or {})
 
 
 def checkpoint_round(run_dir: Path) -> Optional[int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raysim.errors import UserError
+from raysim.tables import counted
 from raysim.tune.results import seed_trials
 from raysim.tune.spec import SweepSpec
 
@@ -37,7 +38,7 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
     setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
                        cwd=str(Path.cwd()), naming=spec.naming)
     out(f"raysim: {'resuming' if done else 'starting'} {spec.names.what(len(seeds))} ({first.algorithm.name} on "
-        f"{first.data.name}, {first.rounds} rounds each) in this process; directory {sweep_dir}")
+        f"{first.data.name}, {counted(first.rounds, 'round')} each) in this process; directory {sweep_dir}")
     for seed in seeds:
         trial = SimpleNamespace(trial_id=f"seed-{seed}", config={"seed": seed}, last_result={})
         if trial.trial_id in done:

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from raysim.tables import short_value
+from raysim.tables import counted, short_value
 
 
 class TrialNaming:
@@ -41,7 +41,7 @@ class TrialNaming:
         return trial_id
 
     def what(self, total: int) -> str:
-        return f"sweep of {total} trials"
+        return f"sweep of {counted(total, 'trial')}"
 
     def sort(self, rows: list[dict], metric: str, mode: str) -> None:
         key, sign = f"best_{metric}", (-1 if mode == "max" else 1)
@@ -85,7 +85,7 @@ class SeedNaming(TrialNaming):
         return run_dir.name
 
     def what(self, total: int) -> str:
-        return f"{total} seeds"
+        return counted(total, "seed")
 
     def sort(self, rows: list[dict], metric: str, mode: str) -> None:
         rows.sort(key=lambda r: r.get("seed", 0))

@@ -15,6 +15,7 @@ from raysim.config import ExperimentConfig
 from raysim.dirlock import DirLock
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError
+from raysim.tables import counted
 from raysim.tune.progress import _progress_callback, _Progress
 from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_error, \
     trial_run_dir, write_atomically
@@ -134,16 +135,44 @@ def _check_sweep_dir(spec: SweepSpec, sweep_dir: Path, resume: bool) -> bool:
     return resume
 
 
+TUNER_DIGEST = "tuner.pkl.sha256"  # in the sweep directory: the sha256 of the tuner.pkl Tune wrote for raysim
+
+
+def _tuner_digest(tune_dir: Path) -> Optional[str]:
+    import hashlib
+
+    try:
+        with open(tune_dir / "tuner.pkl", "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _record_tuner_digest(tune_dir: Path) -> None:
+    """Record the sha256 of the ``tuner.pkl`` that Tune has just written (it writes it, synchronously, when a Tuner
+    is made or restored): ``--resume`` unpickles only that file."""
+    from raysim.tune.results import write_atomically
+
+    digest = _tuner_digest(tune_dir)
+    if digest is not None:
+        write_atomically(tune_dir.parent / TUNER_DIGEST, digest + "\n")
+
+
 def _tune_state_restorable(tune_dir: Path) -> bool:
     """Whether ``Tuner.restore`` can read ``tune_dir``. Tune writes its state files in place, so a kill can tear
     one: a torn newest experiment state is removed (the one before it, and the trials' run directories, which hold
-    the truth about each trial, are enough to go on); a torn or missing ``tuner.pkl`` means nothing ever ran."""
-    import pickle
-
-    try:
-        pickle.loads((tune_dir / "tuner.pkl").read_bytes())
-    except Exception:  # noqa: BLE001 - missing, torn, or from another version: not restorable
+    the truth about each trial, are enough to go on). ``tuner.pkl`` is a pickle that ``Tuner.restore`` unpickles
+    (code could run from it), so it is never unpickled here and is restored only when it is the file Tune wrote for
+    raysim (its sha256, recorded then, matches): one that does not match is refused; without a record (killed while
+    the Tuner was made, or a sweep older than the record) nothing is known to have run, and the sweep starts again."""
+    recorded_file = tune_dir.parent / TUNER_DIGEST
+    digest = _tuner_digest(tune_dir)
+    if digest is None or not recorded_file.is_file():
         return False
+    if recorded_file.read_text().strip() != digest:
+        raise SweepError(f"{tune_dir / 'tuner.pkl'} does not match the sha256 raysim recorded when Ray Tune wrote it "
+                         f"({recorded_file}): it changed since, and is not read (a pickle can run code); restore it, "
+                         f"or remove {tune_dir} to start the sweep again (finished seeds keep their runs)")
     for state in sorted(tune_dir.glob("experiment_state-*.json"), reverse=True):
         try:
             json.loads(state.read_text())
@@ -183,12 +212,13 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
         cpus = ray.cluster_resources().get("CPU", 0)
         what = spec.names.what(total)
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
-            f"{first.rounds} rounds each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
+            f"{counted(first.rounds, 'round')} each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
             from raysim.tracking import tune_callbacks
 
             callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback(),
                          *tune_callbacks(first, sweep_dir), *user_callbacks]
+            (sweep_dir / TUNER_DIGEST).unlink(missing_ok=True)  # Tune rewrites tuner.pkl in place next
             if resume:
                 with _quiet_tune_logs():  # trials that never reported have no result.json: Tune warns of that
                     tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True,
@@ -204,6 +234,7 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
                     run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
                                               callbacks=callbacks,
                                               failure_config=tune.FailureConfig(max_failures=LOST_TRIAL_RESTARTS)))
+            _record_tuner_digest(tune_dir)  # the tuner.pkl the Tuner just wrote is the one --resume may read
             # Tuner.restore keeps the original run config; the progress callback has to be re-attached
             if resume:
                 tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter

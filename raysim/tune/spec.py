@@ -74,7 +74,9 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        from raysim.config import yaml_problem
+
+        raise SweepError(f"{path}: not valid YAML ({yaml_problem(exc, path.read_text(errors='replace'))})") from None
     if not isinstance(raw, dict):
         raise SweepError(f"{path}: a sweep file must be a mapping of keys")
     unknown = sorted(set(raw) - set(SWEEP_KEYS))
@@ -105,6 +107,10 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
     scheduler = {"name": scheduler} if isinstance(scheduler, str) else dict(scheduler)
     search = raw.get("search", "random")
     search = {"name": search} if isinstance(search, str) else dict(search)
+    # search.seed=0 alone (on the command line or in the file) seeds the default searcher, as scheduler keys alone
+    # keep the default scheduler
+    scheduler.setdefault("name", "fifo")
+    search.setdefault("name", "random")
     spec = SweepSpec(base=str(base), space=space, fixed=fixed + experiment_overrides,
                      metric=raw.get("metric", "acc_mean"), mode=raw.get("mode", "max"),
                      num_samples=raw.get("num_samples", 1), scheduler=scheduler, search=search,

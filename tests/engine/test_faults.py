@@ -54,7 +54,7 @@ def test_retries_exhausted_stops_with_client_and_round(ray_cluster, tmp_path):
     stopped = find_user_error(info.value)
     assert isinstance(stopped, RunStopped), info.value
     message = str(stopped)
-    assert "in round 2: worker died 1 times (engine.max_retries=0)" in message and "client" in message, message
+    assert "in round 2: worker died 1 time (engine.max_retries=0)" in message and "client" in message, message
     assert torch.load(tmp_path / "r" / "checkpoint" / "server.pt", weights_only=True)["round"] == 1
     assert [r["round"] for r in read_rows(tmp_path / "r")] == [1]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from raysim.engine.driver import round_half_up, sample_clients
@@ -34,3 +35,38 @@ def test_every_client_is_sampled_about_equally_often():
 
 def test_round_half_up_is_not_bankers_rounding():
     assert [round_half_up(x) for x in (0.5, 1.5, 2.5, 2.49)] == [1, 2, 3, 2]
+
+
+def _old_sample(seed: int, rnd: int, num: int, fraction: float) -> list[int]:
+    """sample_clients as it was before issue 39: the draw every earlier run's metrics depend on."""
+    m = max(1, int(round_half_up(fraction * num)))
+    rng = np.random.default_rng([seed, rnd, 104729])
+    return sorted(int(c) for c in rng.choice(num, size=m, replace=False))
+
+
+@pytest.mark.parametrize("num, fraction", [(1, 1.0), (10, 0.3), (10, 1.0), (10_001, 0.01), (10_001, 0.03),
+                                           (60_000, 0.5), (60_000, 1.0), (200_000, 0.001)])
+def test_the_draw_is_the_same_as_ever(num, fraction):
+    """Floyd's path (a cohort up to num // 50), numpy's tail shuffle (past it) and the whole population alike."""
+    for seed, rnd in ((0, 1), (3, 7)):
+        got = sample_clients(seed, rnd, num, fraction)
+        assert got == _old_sample(seed, rnd, num, fraction)
+        assert all(type(c) is int for c in got[:3])
+
+
+def test_a_cohort_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys):
+    from raysim.cli import main
+    from raysim.config import load_config
+    from raysim.engine.driver import check_cohort_fits
+    from raysim.errors import UserError
+
+    cfg = load_config(None, ["clients.num=100000000", "data.name=synthetic"])
+    with pytest.raises(UserError, match=r"samples 100000000 clients a round.*more than the 8.0 GiB.*at most about"):
+        check_cohort_fits(cfg, available=8 * 1024**3)
+    check_cohort_fits(load_config(None, ["clients.num=100000000", "clients.fraction=0.001"]), available=8 * 1024**3)
+    args = ["run", "clients.num=100000000", "data.name=synthetic", f"log.dir={tmp_path / 'run'}"]
+    if check_cohort_fits.__globals__["_available_memory"]() is not None:  # the CLI's one line, on this machine
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("raysim: error: config key 'clients.fraction'") and err.count("\n") == 0, err
+        assert not (tmp_path / "run").exists()
