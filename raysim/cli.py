@@ -309,8 +309,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     if choose_backend(cfg.engine) == "ray" and not cluster_in_sight(cfg.engine):
+        instead = ("engine.backend=auto with engine.num_workers=1" if cfg.engine.backend == "ray"
+                   else "engine.num_workers=1")
         print(f"raysim: starting a local Ray for {_where(cfg)}: its start costs about 5 s before round 1 here "
-              f"(engine.num_workers=1 runs in this process, with the same numbers)", file=sys.stderr, flush=True)
+              f"({instead} runs in this process, with the same numbers)", flush=True)
     status = "FAILED"
     try:
         run_dir, _, stopped = run_experiment(cfg, resume=bool(args.resume), on_round=on_round, on_start=on_start,
