@@ -373,7 +373,7 @@ def test_torn_tune_state_files_fall_back_to_what_is_whole(tmp_path):
     import pickle
 
     from raysim.tune import _tune_state_restorable
-    from raysim.tune.running import _record_tuner_digest
+    from raysim.tune.sweepdir import _record_tuner_digest
 
     tune_dir = tmp_path / "tune"
     tune_dir.mkdir()

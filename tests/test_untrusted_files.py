@@ -103,7 +103,7 @@ def test_a_payload_in_tunes_state_never_runs(tmp_path, capsys):
     """A tuner.pkl other than the one Tune wrote for raysim (whose sha256 raysim recorded) is refused in one line;
     without a record it is not read either (nothing is known to have run: the sweep would start again)."""
     from raysim.cli import main
-    from raysim.tune.running import TUNER_DIGEST, _tune_state_restorable
+    from raysim.tune.sweepdir import TUNER_DIGEST, _tune_state_restorable
 
     sweep_dir = _sweep_dir(tmp_path)
     assert _tune_state_restorable(sweep_dir / "tune") is False

@@ -16,7 +16,9 @@ Sweep directory layout::
 
 Modules, by concern: ``spec`` (reading and saving sweep files), ``validate`` (checking a sweep before it runs),
 ``naming`` (trial or seed: run-directory names, labels, summaries), ``trials`` (the Tune trainable), ``progress``
-(console lines), ``running`` (the Tuner), ``results`` (the tables, best.yaml, HParams), ``seeds`` (``--seeds``).
+(console lines), ``running`` (the Tuner), ``sweepdir`` (the sweep directory and Tune's state in it), ``guards`` (how
+raysim keeps Tune in line: signals, lost trials, unsaved state, error lines), ``search`` (schedulers and searchers),
+``results`` (the tables, best.yaml, HParams), ``seeds`` (``--seeds``).
 This package re-exports what callers import from ``raysim.tune``.
 """
 
@@ -26,8 +28,10 @@ from raysim.tune.naming import SeedNaming, TrialNaming, naming
 from raysim.tune.progress import _Progress, _progress_callback
 from raysim.tune.results import (SweepResult, collect_trials, finish_sweep, trial_error, trial_run_dir,
                                  write_atomically, write_best_config)
-from raysim.tune.running import _scheduler, _searcher, _tune_state_restorable, run_sweep
+from raysim.tune.running import run_sweep
+from raysim.tune.search import _scheduler, _searcher
 from raysim.tune.seeds import parse_seeds, run_seeds, seeds_spec
+from raysim.tune.sweepdir import _tune_state_restorable
 from raysim.tune.spec import (DISTRIBUTIONS, RUN_METRICS, SCHEDULER_KEYS, SCHEDULERS, SEARCHERS, SWEEP_KEYS,
                               SweepError, SweepSpec, check_spec, default_sweep_dir, flatten_space, load_sweep,
                               spec_from_yaml, spec_to_yaml)
