@@ -552,6 +552,24 @@ def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray
     return xs, ys, sd
 
 
+def _epoch_curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As :func:`_curve` for a per-local-epoch list (``p_epochs``): one point per local epoch, local epoch e of E
+    of round r at x = r - 1 + e / E (the round's last epoch at x = r)."""
+    by_x: dict[float, list[float]] = {}
+    for run in runs:
+        for r in run.rows:
+            values = r.get(y)
+            if not isinstance(values, list) or not values:
+                continue
+            for e, v in enumerate(values, start=1):
+                if v is not None:
+                    by_x.setdefault(r["round"] - 1 + e / len(values), []).append(float(v))
+    xs = sorted(by_x)
+    ys = np.array([np.mean(by_x[k]) for k in xs])
+    sd = np.array([np.std(by_x[k], ddof=1) if len(by_x[k]) > 1 else 0.0 for k in xs])
+    return np.array(xs), ys, sd
+
+
 def _x_value(row: dict, x: str) -> float:
     if x == "mb":
         return (row["bytes_up_total"] + row["bytes_down_total"]) / MB
@@ -617,8 +635,12 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
              ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric),
              ("k_vs_round.png", "k", None, "round", "curriculum dimension k"),
              ("p_vs_round.png", "p", None, "round", "distilled share p (mean over local epochs)")]
+    if any(isinstance(r.get("p_epochs"), list) for g in report.groups for run in g.runs for r in run.rows):
+        plots[-1] = ("p_vs_round.png", "p_epochs", None, "round (one point per local epoch)",
+                     "distilled share p")  # the curriculum's course inside each round
     for name, y, x, xlabel, ylabel in plots:
-        curves = {s: [(g, _curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
+        curve = _epoch_curve if y == "p_epochs" else _curve
+        curves = {s: [(g, curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
                   for s in report.settings}
         curves = {s: [(g, c) for g, c in cs if len(c[0])] for s, cs in curves.items()}
         settings = [s for s in report.settings if curves[s]]
