@@ -105,9 +105,9 @@ class RunLog:
 
             # purge_step hides events a crashed run wrote after its last checkpoint
             self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
-            if resume_round:  # the purge also hid the per-epoch points of kept rounds (their steps run further):
-                for m in read_metrics(self.metrics_path):  # write them again, after it
-                    self._write_epochs(m)
+            if resume_round:  # the purge also hid the kept rounds' per-epoch points at steps from resume_round + 1
+                for m in read_metrics(self.metrics_path):  # (their steps run further): write those again, after it
+                    self._write_epochs(m, from_step=resume_round + 1)
                 self.tb.flush()
 
     def write(self, metrics: dict, client_counts: Optional[dict[int, tuple[int, int]]] = None) -> None:
@@ -142,7 +142,7 @@ class RunLog:
                     self.tb.add_scalar(f"per_client/acc_{cid:04d}", acc, step)  # sorts after acc, curriculum, loss
         self.tb.flush()
 
-    def _write_epochs(self, metrics: dict) -> None:
+    def _write_epochs(self, metrics: dict, from_step: int = 0) -> None:
         """A per-local-epoch list (``<name>_epochs``, UNIDEAL's ``p_epochs``) as one point per local epoch, at step
         ``(round - 1) * epochs + epoch`` (epoch 1-based), under the round metric's tag plus ``_epoch``
         (``curriculum/p_epoch``): the schedule's course inside each round, on a step axis TensorBoard can plot."""
@@ -155,7 +155,8 @@ class RunLog:
             tag = (TB_TAGS.get(base) or f"metrics/{base}") + "_epoch"
             first = (metrics["round"] - 1) * len(values)
             for e, value in enumerate(values, start=1):
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                if (first + e >= from_step and isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and math.isfinite(value)):
                     self.tb.add_scalar(tag, value, first + e)
 
     def close(self) -> None:
@@ -238,11 +239,10 @@ def curriculum_line(rows: list[dict]) -> str:
     runs = [r["p_epochs"] for r in rows if isinstance(r.get("p_epochs"), list) and r["p_epochs"]]
     if not runs:
         return ""
-    what = "the share of each batch distilled from the global head, its easiest samples first"
+    what = "share of each batch distilled from the global head, easiest samples first"
     first, last = runs[0], runs[-1]
     if len(last) > 1 and last[0] != last[-1]:
-        return (f"{what}: {last[0]:.2f} -> {last[-1]:.2f} over each round's {len(last)} local epochs, "
-                f"again every round")
+        return f"{what}: {last[0]:.2f} -> {last[-1]:.2f} over each round's {len(last)} local epochs"
     if first[-1] != last[-1]:
         return f"{what}: {first[-1]:.2f} in round {rows[0]['round']} -> {last[-1]:.2f} in round {rows[-1]['round']}"
     return f"{what}: {last[-1]:.2f} throughout (the curriculum does not move)"

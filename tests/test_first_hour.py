@@ -1,0 +1,58 @@
+"""Issue 40, a newcomer's first hour: one test per row of its table (the demo's curriculum, reports, TensorBoard,
+discovery, arguments, console lines). In process and tiny: each run here is the scikit-learn digits run of
+``tiny_overrides``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_overrides
+
+import raysim
+from raysim.runlog import format_round, read_metrics, summary_table
+
+
+def _scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, round(e.value, 4)) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+@pytest.fixture(scope="module")
+def curriculum_run(tmp_path_factory):
+    """UNIDEAL over 3 local epochs (the demo's schedule: 1/B -> 1 within each round), 2 rounds, TensorBoard on;
+    run as 1 round, then resumed to 2 (the resume's purge must not cost round 1 its per-epoch points)."""
+    d = tmp_path_factory.mktemp("curriculum")
+    over = tiny_overrides(d, algorithm__name="unideal", train__local_epochs=3, train__batch_size=4, rounds=1,
+                          clients__num=2, log__tensorboard="true")
+    run_dir = raysim.run(None, *over).run_dir
+    raysim.run(None, *[o for o in over if not o.startswith("rounds=")], "rounds=2", resume=run_dir)
+    return run_dir
+
+
+def test_demo_shows_p_moving_within_each_round(curriculum_run):
+    """`make demo`: p's course inside the round on the console, in TensorBoard, in the summary and the report."""
+    rows = read_metrics(curriculum_run / "metrics.jsonl")
+    assert [r["p_epochs"] for r in rows] == [[0.25, 0.625, 1.0]] * 2  # 1/B -> 1 over the local epochs, each round
+    assert rows[0]["p"] == pytest.approx(0.625)  # the round's mean, as before
+    assert "p 0.25->1.00" in format_round(rows[0], rounds=2)
+    line = dict((s.strip() for s in part.split("  ", 1)) for part in summary_table(rows, curriculum_run).splitlines()[1:-1])
+    assert line["curriculum p"] == ("share of each batch distilled from the global head, easiest samples first: "
+                                    "0.25 -> 1.00 over each round's 3 local epochs")
+    # one point per local epoch at step (round - 1) * 3 + epoch, both rounds (round 1's survived the resume)
+    assert _scalars(curriculum_run, "curriculum/p_epoch") == [(1, 0.25), (2, 0.625), (3, 1.0), (4, 0.25),
+                                                               (5, 0.625), (6, 1.0)]
+    assert [s for s, _ in _scalars(curriculum_run, "curriculum/p")] == [1, 2]
+
+
+def test_report_plots_p_per_local_epoch(curriculum_run, tmp_path):
+    from raysim.report import _epoch_curve, load_run, make_report
+
+    xs, ys, _ = _epoch_curve([load_run(curriculum_run)], "p_epochs")
+    assert list(xs) == pytest.approx([1 / 3, 2 / 3, 1, 4 / 3, 5 / 3, 2])
+    assert list(ys) == pytest.approx([0.25, 0.625, 1.0] * 2)
+    report = make_report([curriculum_run], tmp_path, metric="acc_mean")
+    assert "p_vs_round.png" in report.files
