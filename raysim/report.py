@@ -35,13 +35,16 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
-from raysim.report_stats import extra_sections, final_table_rows, format_value, write_extra_csvs
+from raysim.report_stats import MIN_SEEDS, extra_sections, final_table_rows, format_value, write_extra_csvs
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
 from raysim.tables import mean_pm as _pm
 
+# keys that say how, where or how long a run ran, not which method it is: they never split a group ("rounds": a run
+# of 3 rounds and one of 4 are the same method; the report warns when a group mixes lengths)
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+RUN_LENGTH_KEYS = ("rounds",)
 # metrics where less is better (``--mode auto``); every other metric is best at its maximum
 LOWER_IS_BETTER = ("loss", "bytes_", "wall_s")
 LAYOUTS = ("auto", "name", "keys")
@@ -181,7 +184,7 @@ def load_run(path: Path) -> Run:
 
 
 def _ignored(key: str) -> bool:
-    return any(key == p or key.startswith(p) for p in IGNORED_PREFIXES)
+    return key in RUN_LENGTH_KEYS or any(key == p or key.startswith(p) for p in IGNORED_PREFIXES)
 
 
 def _hashable(value: Any) -> str:
@@ -215,10 +218,18 @@ def _group_runs(runs: list[Run], columns: Sequence[str], layout: str) -> tuple[l
     varying = [k for k in keys if len({_hashable(b[0].config.get(k)) for b in buckets.values()}) > 1]
     col_keys = [k for k in varying if any(k == c or k.startswith(c) for c in columns)]
     row_keys = [k for k in varying if k not in col_keys]
+    # an algorithm's own keys (algorithm.mu) name a method only where they differ between runs of that algorithm:
+    # between algorithms, the name already tells them apart
+    by_algorithm: dict[str, list[dict]] = {}
+    for members in buckets.values():
+        by_algorithm.setdefault(_hashable(members[0].config.get("algorithm.name")), []).append(members[0].config)
     groups = []
     for members in buckets.values():
         cfg = members[0].config
-        groups.append(Group(method=_method_label(cfg, row_keys, varying),
+        peers = by_algorithm[_hashable(cfg.get("algorithm.name"))]
+        own = [k for k in row_keys if not k.startswith("algorithm.")
+               or len({_hashable(c.get(k)) for c in peers}) > 1]
+        groups.append(Group(method=_method_label(cfg, own, varying),
                             setting=_setting_label(cfg, col_keys, varying), runs=sorted(members, key=_seed_key)))
     return groups, "keys"
 
@@ -284,9 +295,10 @@ def _method_label(cfg: dict, row_keys: list[str], varying: list[str]) -> str:
 
 
 def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
-    if not col_keys:
+    named = [k for k in col_keys if cfg.get(k) is not None]  # a key this run's dataset or model does not have
+    if not named:
         return _value(cfg.get("data.name", "all"))
-    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in col_keys)
+    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in named)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -344,6 +356,9 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     groups, layout = _group_runs(runs, columns, layout)
     score(groups, metric, alpha, mode)
     _warn_missing_metric(groups, metric)
+    notes = group_warnings(groups)
+    for note in notes:
+        warn_stderr(note)
     methods = sorted(dict.fromkeys(g.method for g in groups))
     settings = list(dict.fromkeys(g.setting for g in sorted(groups, key=lambda g: g.setting)))
     try:
@@ -351,7 +366,7 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     except OSError as exc:
         raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
     report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={},
-                    layout=layout, mode=mode)
+                    layout=layout, mode=mode, notes=notes)
     report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
     report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
     report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
@@ -361,6 +376,29 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
         report.files.update(write_target_plot(report, out))
     report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
     return report
+
+
+def group_warnings(groups: list[Group]) -> list[str]:
+    """What would mislead in a group's mean ± std: runs that share a seed (they differ only in keys the report
+    ignores, such as ``engine.*``, so their spread is not a spread over seeds), and runs of different lengths."""
+    notes = []
+    for g in groups:
+        seeds = [_hashable(r.seed) for r in g.runs]
+        shared = sorted({json.loads(s) for s in seeds if seeds.count(s) > 1}, key=str)
+        where = f"{g.method} on {g.setting}" if g.setting else g.method
+        if shared:
+            differ = sorted({k for r in g.runs for k in r.config
+                             if _ignored(k) and k not in ("seed", "name") and not k.startswith("log.")
+                             and len({_hashable(o.config.get(k)) for o in g.runs}) > 1})
+            how = f" and differ only in {', '.join(differ)}" if differ else ""
+            notes.append(f"{where}: {len(g.runs)} runs share seed {', '.join(map(str, shared))}{how}: its n and "
+                         f"± are not over independent seeds (run other seeds, or report fewer runs)")
+        lengths = sorted({r.config.get("rounds") for r in g.runs if r.config.get("rounds") is not None})
+        if len(lengths) > 1:
+            notes.append(f"{where}: its runs ran different numbers of rounds ({', '.join(map(str, lengths))}); "
+                         f"rounds do not split a method, but its best and final values come from runs of "
+                         f"different lengths")
+    return notes
 
 
 def numeric_metrics(runs: Sequence[Run]) -> list[str]:
@@ -500,10 +538,12 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              markdown_table(["method"] + report.settings, main_table_rows(report)), "",
              f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
              f"(paired t-test over seeds when both ran the same seeds, else Welch's t-test; Holm-corrected over the "
-             f"column's comparisons; needs at least two seeds on each side). "
+             f"column's comparisons; no mark from fewer than {MIN_SEEDS} seeds on either side, though the "
+             f"p-values are computed from two). "
              f"p-values (raw and Holm-adjusted) are in `summary.csv`. "
              + ("Rows and columns come from the configs' names (`<setting>-<method>`)." if report.layout == "name"
                 else "Rows and columns come from the config keys that vary between groups."), "",
+             *([f"Warnings: {'; '.join(report.notes)}.", ""] if report.notes else []),
              *extra_sections(report),
              f"## Communication and speed (target: {report.metric} {target_sign(report)} {report.target:g})", ""]
     rows = []

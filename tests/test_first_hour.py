@@ -56,3 +56,54 @@ def test_report_plots_p_per_local_epoch(curriculum_run, tmp_path):
     assert list(ys) == pytest.approx([0.25, 0.625, 1.0] * 2)
     report = make_report([curriculum_run], tmp_path, metric="acc_mean")
     assert "p_vs_round.png" in report.files
+
+
+# ---------------------------------------------------------------------------------------------- raysim report runs
+def _runs(root, specs):
+    """specs: (folder, name, overrides, seed, best) -> run directories under root (two rounds each)."""
+    from test_report import write_named_run
+
+    for folder, name, overrides, seed, best in specs:
+        write_named_run(root / folder, name, overrides, seed, best)
+    return root
+
+
+def test_report_warns_of_runs_that_share_a_seed(tmp_path, capsys):
+    from raysim.report import make_report
+
+    root = _runs(tmp_path / "runs", [(f"w{w}", "t", [f"engine.num_workers={w}"], 0, 0.5) for w in (1, 2, 3, 4)])
+    report = make_report([root], tmp_path / "out", plots=False)
+    assert len(report.groups) == 1 and len(report.groups[0].runs) == 4
+    warning = "fedavg on sklearn_digits: 4 runs share seed 0 and differ only in engine.num_workers"
+    assert warning in capsys.readouterr().err and any(warning in n for n in report.notes)
+    assert warning in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_report_marks_no_significance_from_fewer_than_3_seeds(tmp_path):
+    from raysim.report import make_report
+
+    specs = [(f"{a}{s}", "t", [f"algorithm.name={a}"], s, best + 0.001 * s)
+             for a, best in (("fedavg", 0.9), ("local", 0.5)) for s in (0, 1)]
+    two = make_report([_runs(tmp_path / "two", specs)], tmp_path / "o2", plots=False).group("local")
+    assert two.test == "paired" and two.p_adjusted < 0.01 and not two.beaten  # 1 degree of freedom: no star
+    specs += [(f"{a}2", "t", [f"algorithm.name={a}"], 2, best + 0.003) for a, best in (("fedavg", 0.9), ("local", 0.5))]
+    specs[-1] = ("local2", "t", ["algorithm.name=local"], 2, 0.5 + 0.0015)
+    three = make_report([_runs(tmp_path / "three", specs)], tmp_path / "o3", plots=False).group("local")
+    assert three.p_adjusted < 0.01 and three.beaten
+
+
+def test_report_labels_name_only_what_differs_and_rounds_do_not_split(tmp_path):
+    from raysim.report import make_report
+
+    specs = [("a3", "t", ["algorithm.name=fedavg", "rounds=3"], 0, 0.6),
+             ("a4", "t", ["algorithm.name=fedavg", "rounds=4"], 1, 0.6),
+             ("p1", "t", ["algorithm.name=fedprox", "algorithm.mu=0.1"], 0, 0.5),
+             ("f1", "t", ["algorithm.name=fapd"], 0, 0.4)]
+    report = make_report([_runs(tmp_path / "runs", specs)], tmp_path / "out", plots=False)
+    # one fedavg (rounds=3 and rounds=4 pooled, with a note); fedprox's mu and fapd's own keys differ only between
+    # algorithms, which the name already tells apart
+    assert report.methods == ["fapd", "fedavg", "fedprox"]
+    assert any("different numbers of rounds (3, 4)" in n for n in report.notes)
+    specs.append(("p2", "t", ["algorithm.name=fedprox", "algorithm.mu=0.01"], 0, 0.5))
+    report = make_report([_runs(tmp_path / "more", specs)], tmp_path / "out2", plots=False)
+    assert report.methods == ["fapd", "fedavg", "fedprox (mu=0.01)", "fedprox (mu=0.1)"]
