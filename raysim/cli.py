@@ -116,10 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     lister = sub.add_parser("list", help="the registered algorithms, models or datasets (plugins included), or the "
                                          "shipped experiments",
                             epilog=_EXAMPLES["list"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    lister.add_argument("kind", choices=("algorithms", "models", "datasets", "experiments"))
+    lister.add_argument("kind", nargs="?", choices=LIST_KINDS,
+                        help="what to list (none: a summary of each with its count)")
+    lister.add_argument("pattern", nargs="?", metavar="PATTERN",
+                        help="only names containing PATTERN (or matching a glob such as 'fapd/*moon*')")
+    lister.add_argument("--all", action="store_true", help="experiments: also the base files others extend")
     lister.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
     return p
 
+
+LIST_KINDS = ("algorithms", "models", "datasets", "experiments")
 
 _EXAMPLES = {
     "raysim": """examples:
@@ -165,7 +171,9 @@ _EXAMPLES = {
   raysim data show smoke data.partition=shard --out shards.png""",
     "list": """examples:
   raysim list algorithms
-  raysim list experiments                          the shipped configs: raysim run NAME
+  raysim list                                      a summary: how many of each, and a few names
+  raysim list experiments                          the shipped configs (raysim run NAME), tagged with what they need
+  raysim list experiments fapd/cifar10             only the names containing fapd/cifar10
   raysim list models --plugins my_models""",
 }
 
@@ -428,17 +436,40 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from raysim.catalog import describe_experiments, matches
     from raysim.registry import describe, import_plugins
 
+    import_plugins(list(_plugins(args.plugins)))
+    if args.kind is None:
+        print(_list_summary())
+        return 0
     if args.kind == "experiments":
-        from raysim.catalog import describe_experiments
-
-        rows = describe_experiments()
+        rows = describe_experiments(args.pattern, bases=args.all)
     else:
-        import_plugins(list(_plugins(args.plugins)))
-        rows = describe(args.kind[:-1])
+        rows = [(n, d) for n, d in describe(args.kind[:-1]) if matches(n, args.pattern)]
+    if not rows:
+        raise UserError(f"no {args.kind} match {args.pattern!r}; `raysim list {args.kind}` lists them all")
     print(_two_columns(rows))
     return 0
+
+
+def _list_summary() -> str:
+    """``raysim list``: each kind with its count, a few names, and the command that lists it."""
+    from raysim.catalog import TAG_CPU, TAG_GPU, TAG_ROOT, describe_experiments
+    from raysim.registry import describe
+
+    lines = []
+    for kind in LIST_KINDS[:3]:
+        found = [n for n, _ in describe(kind[:-1])]
+        lines.append(f"{kind:<12} {len(found):>3}  {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}  "
+                     f"(raysim list {kind})")
+    rows = describe_experiments()
+    runs = [d for n, d in rows if not n.startswith("sweeps/")]
+    count = {tag: sum(tag in d.split("]", 1)[0] for d in runs) for tag in (TAG_CPU, TAG_ROOT, TAG_GPU)}
+    lines.append(f"{'experiments':<12} {len(runs):>3}  {count[TAG_CPU]} with embedded data on CPU, "
+                 f"{count[TAG_ROOT]} needing data.root, {count[TAG_GPU]} needing a GPU; {len(rows) - len(runs)} "
+                 f"sweeps  (raysim list experiments [PATTERN])")
+    return "\n".join(lines)
 
 
 def _two_columns(rows: list[tuple[str, str]]) -> str:

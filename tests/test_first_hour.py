@@ -107,3 +107,55 @@ def test_report_labels_name_only_what_differs_and_rounds_do_not_split(tmp_path):
     specs.append(("p2", "t", ["algorithm.name=fedprox", "algorithm.mu=0.01"], 0, 0.5))
     report = make_report([_runs(tmp_path / "more", specs)], tmp_path / "out2", plots=False)
     assert report.methods == ["fapd", "fedavg", "fedprox (mu=0.01)", "fedprox (mu=0.1)"]
+
+
+# ---------------------------------------------------------------------------------------------- discovery
+def _cli(capsys, *argv):
+    from raysim.cli import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_list_without_a_kind_prints_a_summary(capsys):
+    code, out, _ = _cli(capsys, "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines] == ["algorithms", "models", "datasets", "experiments"]
+    assert "fedavg" in lines[0] and "needing data.root" in lines[3] and "needing a GPU" in lines[3]
+
+
+def test_list_experiments_filters_tags_and_hides_base_files(capsys):
+    code, out, _ = _cli(capsys, "list", "experiments", "moon")
+    assert code == 0
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines() if not line.startswith(" ")}
+    assert set(rows) and all("moon" in name for name in rows)
+    assert rows["fapd/digits-moon"].startswith("[embedded data, CPU]")
+    assert rows["fapd/cifar10-moon"].startswith("[needs data.root, needs a GPU]")
+    _, everything, _ = _cli(capsys, "list", "experiments")
+    names = [line.split()[0] for line in everything.splitlines() if not line.startswith(" ")]
+    assert "smoke" in names and not [n for n in names if n.endswith("/base")]
+    _, with_bases, _ = _cli(capsys, "list", "experiments", "digits-niid1-cpu/", "--all")
+    assert "unideal/digits-niid1-cpu/base" in with_bases
+    assert _cli(capsys, "list", "experiments", "no-such-thing")[0] == 2
+
+
+def test_no_description_is_cut_off():
+    from raysim.catalog import describe_experiments, first_sentence
+
+    assert first_sentence("The setting (FAPD, Liu et al. 2026), FedAvg. More.") == \
+        "The setting (FAPD, Liu et al. 2026), FedAvg."
+    text = dict(describe_experiments("fapd/cifar10-fedavg"))["fapd/cifar10-fedavg"]
+    assert text.count("(") == text.count(")") and "Liu et al. 2026)" in text
+
+
+@pytest.mark.parametrize("override, suggestion", [("algorithm.name=fedavgg", "did you mean 'fedavg'"),
+                                                  ("model.name=cnm", "did you mean 'cnn'"),
+                                                  ("data.name=minst", "did you mean 'mnist'")])
+def test_a_mistyped_name_gets_a_suggestion(override, suggestion):
+    from raysim.config import load_config
+    from raysim.errors import UserError
+
+    with pytest.raises(UserError, match=suggestion):
+        load_config(None, [override])
