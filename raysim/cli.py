@@ -270,6 +270,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume:
         run_dir = Path(args.resume)
+        check_resume_overrides("run", overrides, run_dir)
         overrides.append(f"log.dir={run_dir}")
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
     else:  # without CONFIG.yaml: the defaults plus the overrides
@@ -341,10 +342,40 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
 
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
+        check_resume_overrides("seeds", overrides, Path(args.resume))
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
     else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")
+
+
+# what a resume may change: what the run is (its length) and how it runs, never what it computes (the single run's
+# rule, raysim.engine.runner, stated here for the one-line answer that every kind of resume gives)
+RESUMABLE = ("rounds", "eval.every", "eval.chunk", "engine.*", "log.*")
+
+
+def check_resume_overrides(kind: str, overrides: Sequence[str], target: Path) -> None:
+    """``--resume`` of a run (``kind="run"``), a seed set (``"seeds"``) or a sweep (``"sweep"``) with overrides: the
+    same rule for all three, answered in one line before anything starts. A run applies the keys of ``RESUMABLE``
+    and refuses the rest; a seed set or sweep resumes its runs with the config they started with, so it refuses
+    every override, naming the command that applies it to one of its runs."""
+    given = [o for o in overrides if "=" in o and not o.startswith("log.dir=")]
+    if not given:
+        return
+    keys = [o.split("=", 1)[0] for o in given]
+    if kind == "run":
+        bad = [o for o, k in zip(given, keys)
+               if not (k in ("rounds", "eval.every", "eval.chunk") or k.startswith(("engine.", "log.")))]
+        if bad:
+            raise UserError(f"--resume {target}: {' '.join(bad)} would change what the run computes, so a resume "
+                            f"refuses it; a resume may change {', '.join(RESUMABLE)} (start a new run for the rest)")
+        return
+    what = "seed set" if kind == "seeds" else "sweep"
+    one = next(iter(sorted(target.glob("seed-*" if kind == "seeds" else "trials/*"))), None)
+    example = one if one is not None else target / ("seed-0" if kind == "seeds" else "trials/<trial>")
+    raise UserError(f"--resume {target}: a {what} resumes its runs with the config they started with, so it "
+                    f"applies no override ({' '.join(given)}); resume one of its runs alone to change "
+                    f"{', '.join(RESUMABLE)}: raysim run --resume {example} {' '.join(given)}")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -352,6 +383,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     if args.resume:
         sweep_dir = Path(args.resume)
+        check_resume_overrides("sweep", [*([args.sweep] if args.sweep else []), *args.overrides], sweep_dir)
         spec = spec_from_yaml(sweep_dir / "sweep.yaml")
         result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=args.quiet)
     else:

@@ -159,3 +159,21 @@ def test_a_mistyped_name_gets_a_suggestion(override, suggestion):
 
     with pytest.raises(UserError, match=suggestion):
         load_config(None, [override])
+
+
+# ---------------------------------------------------------------------------------------------- --resume overrides
+def test_resume_applies_an_override_or_refuses_it_in_one_line_for_runs_seed_sets_and_sweeps(tmp_path, capsys):
+    run, seeds, sweep = tmp_path / "run", tmp_path / "seeds", tmp_path / "sweep"
+    for d in (run, seeds / "seed-0", sweep / "trials" / "t0"):
+        d.mkdir(parents=True)
+    (seeds / "sweep.yaml").write_text("base: null\n")
+    code, _, err = _cli(capsys, "run", "--resume", str(run), "train.lr=0.5")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "train.lr=0.5 would change what the run computes" in err and "rounds, eval.every" in err
+    for argv, what, one in ((["run", "--resume", str(seeds)], "seed set", seeds / "seed-0"),
+                            (["tune", "--resume", str(sweep)], "sweep", sweep / "trials" / "t0")):
+        for override in ("rounds=6", "train.lr=0.5"):
+            code, _, err = _cli(capsys, *argv, override)
+            assert code == 2 and len(err.strip().splitlines()) == 1, err
+            assert f"a {what} resumes its runs with the config they started with" in err
+            assert err.strip().endswith(f"raysim run --resume {one} {override}")
