@@ -291,6 +291,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     line = ProgressLine(cfg.rounds)
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
+    resumed_after = [0]
+
+    def on_first_round(m: dict) -> None:
+        if cfg.engine.vectorize == "auto" and m.get("vectorize") is not None and not args.quiet:
+            n = int(m["vectorize"])
+            print(f"raysim: engine.vectorize=auto: {'one client at a time' if n == 1 else f'{n} clients per cohort'} "
+                  f"(chosen by a probe in round {m['round']}; it stands for the whole run)", flush=True)
+
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
         tracker.start(run_dir, start_round)
@@ -298,6 +306,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if live is not None:
             live.start(info["control"])
         _RUN_DIR[:] = [run_dir]
+        resumed_after[0] = start_round
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         where = ("in this process" if choose_backend(cfg.engine) == "inline"
                  else f"{cfg.engine.num_workers} worker{'s' if cfg.engine.num_workers > 1 else ''} on Ray")
@@ -312,6 +321,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     live.stop()  # before Ray shuts down
                 live.clear()
             print(line.format(m), flush=True)
+        if m["round"] == resumed_after[0] + 1:
+            on_first_round(m)
         if m.get("skipped"):
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
@@ -325,7 +336,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
         tracker.close(status)
-    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED))
+    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED,
+                        resumed_after=resumed_after[0]))
     if stopped:
         how = "stopped by SIGTERM" if interrupts.terminated() else "interrupted"
         print(f"raysim: {how}{_resume_hint(None, say_round=True)}", file=sys.stderr)

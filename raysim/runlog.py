@@ -200,9 +200,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f}GB"
 
 
-def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None) -> str:
+def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None, resumed_after: int = 0) -> str:
     """The final table printed after a run; ``elapsed``: this invocation's seconds from launch to the end, start-up
-    and shutdown included (the rounds' own time is in the metrics)."""
+    and shutdown included (the rounds' own time is in the metrics); ``resumed_after``: the round this invocation
+    resumed after (0: it started the run), so that its times are told apart from the whole run's."""
     if not rows:
         return f"no rounds completed; run directory: {run_dir}"
     last = rows[-1]
@@ -219,8 +220,13 @@ def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = No
     lines.append(("bytes up / down",
                   f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
     per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
+    mine = [r for r in rows if r["round"] > resumed_after]
     if elapsed is None:
         lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({per_round})"))
+    elif resumed_after and mine:
+        lines.append(("wall time", f"{elapsed:.1f}s from launch to the end of this resume "
+                                   f"({sum(r['wall_s'] for r in mine):.1f}s in its {len(mine)} rounds)"))
+        lines.append(("whole run", f"{last['wall_s_total']:.1f}s in all {last['round']} rounds ({per_round})"))
     else:
         lines.append(("wall time", f"{elapsed:.1f}s from launch to the end ({last['wall_s_total']:.1f}s in rounds, "
                                    f"{per_round})"))

@@ -177,3 +177,45 @@ def test_resume_applies_an_override_or_refuses_it_in_one_line_for_runs_seed_sets
             assert code == 2 and len(err.strip().splitlines()) == 1, err
             assert f"a {what} resumes its runs with the config they started with" in err
             assert err.strip().endswith(f"raysim run --resume {one} {override}")
+
+
+# ---------------------------------------------------------------------------------------------- small lines
+def test_vectorize_error_echoes_the_users_word():
+    from raysim.config import load_config
+    from raysim.errors import UserError
+
+    for word in ("yes", "on", "maybe"):
+        with pytest.raises(UserError, match=f"got '{word}'"):
+            load_config(None, [f"engine.vectorize={word}"])
+    assert load_config(None, ["engine.vectorize=off"]).engine.vectorize == "off"
+
+
+def test_a_resumes_summary_has_times_that_add_up(tmp_path):
+    rows = [{"round": r, "acc_mean": 0.5, "loss": 1.0, "bytes_up": 1, "bytes_down": 1, "bytes_up_total": r,
+             "bytes_down_total": r, "wall_s": 2.0 if r <= 2 else 1.5, "wall_s_total": 2.0 * min(r, 2) + 1.5 * max(0, r - 2)}
+            for r in (1, 2, 3, 4)]
+    table = dict((s.strip() for s in line.split("  ", 1))
+                 for line in summary_table(rows, tmp_path, elapsed=4.5, resumed_after=2).splitlines()[1:-1])
+    assert table["wall time"] == "4.5s from launch to the end of this resume (3.0s in its 2 rounds)"
+    assert table["whole run"] == "7.0s in all 4 rounds (1.75s per round)"
+
+
+def test_ctrl_c_and_sigterm_are_acknowledged_at_once(capfd):
+    import signal
+
+    from raysim import interrupts
+
+    stopped = []
+    with interrupts.handled(), interrupts.graceful(lambda: stopped.append(1), "round 3"):
+        signal.raise_signal(signal.SIGINT)
+        assert stopped  # the round goes on; the line is already out
+    assert "raysim: Ctrl-C: finishing round 3, then checkpointing (Ctrl-C again stops at once)" in capfd.readouterr().err
+    with interrupts.handled(), interrupts.graceful(lambda: None, "round 5"):
+        signal.raise_signal(signal.SIGTERM)
+        err = capfd.readouterr().err
+    assert "raysim: got SIGTERM: finishing round 5 (at most 10 s), then checkpointing" in err
+
+
+def test_auto_vectorize_choice_is_printed(tmp_path, capsys):
+    code, out, _ = _cli(capsys, "run", *tiny_overrides(tmp_path, rounds=1, engine__vectorize="auto"))
+    assert code == 0 and "raysim: engine.vectorize=auto: " in out
