@@ -275,6 +275,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
     else:  # without CONFIG.yaml: the defaults plus the overrides
         cfg = load_config(config, overrides)
+    from raysim.preflight import check
+
+    given = [o for o in overrides if not (args.resume and o == f"log.dir={args.resume}")]
+    check(cfg, ["raysim", "run", *(["--resume", args.resume] if args.resume else []), *([config] if config else []),
+                *given], data=not args.resume)
 
     if args.resume:
         done = already_complete(run_dir, cfg)
@@ -357,6 +362,11 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
         check_resume_overrides("seeds", overrides, Path(args.resume))
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
     else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
+        from raysim.config import load_config
+        from raysim.preflight import check
+
+        check(load_config(config, [o for o in overrides if not o.startswith("seed=")], warn=False),
+              ["raysim", "run", *([config] if config else []), "--seeds", args.seeds, *overrides])
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")
 

@@ -219,3 +219,24 @@ def test_ctrl_c_and_sigterm_are_acknowledged_at_once(capfd):
 def test_auto_vectorize_choice_is_printed(tmp_path, capsys):
     code, out, _ = _cli(capsys, "run", *tiny_overrides(tmp_path, rounds=1, engine__vectorize="auto"))
     assert code == 0 and "raysim: engine.vectorize=auto: " in out
+
+
+# ---------------------------------------------------------------------------------------------- one validation pass
+def test_every_problem_in_one_message_before_anything_starts(capsys, monkeypatch):
+    """`raysim run fapd/cifar10-fapd rounds=1` on a 2-CPU machine without a GPU or CIFAR-10: three problems, one
+    message, one line of overrides to paste; nothing started (no Ray, no data)."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr("raysim.preflight._local_gpus", lambda: 0)
+    code, _, err = _cli(capsys, "run", "fapd/cifar10-fapd", "rounds=1", "data.root=")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[0] == "raysim: error: 3 problems before anything starts:"
+    assert [line.split("'")[1] for line in lines[1:4]] == ["engine.gpus_per_worker", "engine.num_workers",
+                                                           "data.root"]
+    assert lines[4] == ("  to run here: raysim run fapd/cifar10-fapd rounds=1 engine.gpus_per_worker=0 "
+                        "engine.num_workers=1 data.root=/path/to/datasets")
+    import sys
+
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
