@@ -240,3 +240,15 @@ def test_every_problem_in_one_message_before_anything_starts(capsys, monkeypatch
     import sys
 
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+# ---------------------------------------------------------------------------------------------- the README
+def test_readme_opens_with_a_first_hour_and_links_the_reference():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert len(readme) <= 60
+    text = "\n".join(readme)
+    for step in ("make demo", "raysim run smoke", "--seeds 0-2", "raysim report", "raysim tune", "tensorboard"):
+        assert step in text, step
+    assert "(docs/reference.md)" in text and (ROOT / "docs" / "reference.md").is_file()
