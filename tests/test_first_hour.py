@@ -4,8 +4,6 @@ discovery, arguments, console lines). In process and tiny: each run here is the 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from conftest import tiny_overrides
 
@@ -39,7 +37,8 @@ def test_demo_shows_p_moving_within_each_round(curriculum_run):
     assert [r["p_epochs"] for r in rows] == [[0.25, 0.625, 1.0]] * 2  # 1/B -> 1 over the local epochs, each round
     assert rows[0]["p"] == pytest.approx(0.625)  # the round's mean, as before
     assert "p 0.25->1.00" in format_round(rows[0], rounds=2)
-    line = dict((s.strip() for s in part.split("  ", 1)) for part in summary_table(rows, curriculum_run).splitlines()[1:-1])
+    table = summary_table(rows, curriculum_run).splitlines()[1:-1]
+    line = dict((s.strip() for s in part.split("  ", 1)) for part in table)
     assert line["curriculum p"] == ("share of each batch distilled from the global head, easiest samples first: "
                                     "0.25 -> 1.00 over each round's 3 local epochs")
     # one point per local epoch at step (round - 1) * 3 + epoch, both rounds (round 1's survived the resume)
@@ -192,8 +191,8 @@ def test_vectorize_error_echoes_the_users_word():
 
 def test_a_resumes_summary_has_times_that_add_up(tmp_path):
     rows = [{"round": r, "acc_mean": 0.5, "loss": 1.0, "bytes_up": 1, "bytes_down": 1, "bytes_up_total": r,
-             "bytes_down_total": r, "wall_s": 2.0 if r <= 2 else 1.5, "wall_s_total": 2.0 * min(r, 2) + 1.5 * max(0, r - 2)}
-            for r in (1, 2, 3, 4)]
+             "bytes_down_total": r, "wall_s": 2.0 if r <= 2 else 1.5,
+             "wall_s_total": 2.0 * min(r, 2) + 1.5 * max(0, r - 2)} for r in (1, 2, 3, 4)]
     table = dict((s.strip() for s in line.split("  ", 1))
                  for line in summary_table(rows, tmp_path, elapsed=4.5, resumed_after=2).splitlines()[1:-1])
     assert table["wall time"] == "4.5s from launch to the end of this resume (3.0s in its 2 rounds)"
@@ -209,7 +208,8 @@ def test_ctrl_c_and_sigterm_are_acknowledged_at_once(capfd):
     with interrupts.handled(), interrupts.graceful(lambda: stopped.append(1), "round 3"):
         signal.raise_signal(signal.SIGINT)
         assert stopped  # the round goes on; the line is already out
-    assert "raysim: Ctrl-C: finishing round 3, then checkpointing (Ctrl-C again stops at once)" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "raysim: Ctrl-C: finishing round 3, then checkpointing (Ctrl-C again stops at once)" in err
     with interrupts.handled(), interrupts.graceful(lambda: None, "round 5"):
         signal.raise_signal(signal.SIGTERM)
         err = capfd.readouterr().err
