@@ -268,14 +268,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
+    from raysim.preflight import check, load_checked
+
     if args.resume:
         run_dir = Path(args.resume)
         check_resume_overrides("run", overrides, run_dir)
         overrides.append(f"log.dir={run_dir}")
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
-    else:  # without CONFIG.yaml: the defaults plus the overrides
-        cfg = load_config(config, overrides)
-    from raysim.preflight import check
+    else:  # without CONFIG.yaml: the defaults plus the overrides (every wrong one named at once)
+        cfg = load_checked(config, overrides)
 
     given = [o for o in overrides if not (args.resume and o == f"log.dir={args.resume}")]
     check(cfg, ["raysim", "run", *(["--resume", args.resume] if args.resume else []), *([config] if config else []),
@@ -362,10 +363,9 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
         check_resume_overrides("seeds", overrides, Path(args.resume))
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
     else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
-        from raysim.config import load_config
-        from raysim.preflight import check
+        from raysim.preflight import check, load_checked
 
-        check(load_config(config, [o for o in overrides if not o.startswith("seed=")], warn=False),
+        check(load_checked(config, [o for o in overrides if not o.startswith("seed=")], warn=False),
               ["raysim", "run", *([config] if config else []), "--seeds", args.seeds, *overrides])
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")

@@ -102,3 +102,33 @@ def check(cfg: Any, command: Sequence[str] = (), data: bool = True) -> None:
     lines += [f"  config key '{key}': {what}" for key, what, _ in found]
     lines.append(f"  to run here: {paste}")
     raise UserError("\n".join(lines))
+
+
+# keys that decide which other keys exist (algorithm.mu only with algorithm.name=fedprox, a plugin's sections)
+_SELECTORS = ("algorithm.name=", "model.name=", "data.name=", "plugins=")
+
+
+def load_checked(config: Any, overrides: Sequence[str], **kwargs: Any) -> Any:
+    """``load_config(config, overrides)``; when it refuses, every override that is wrong is named in one message
+    (each tried with the overrides that choose the algorithm, model, dataset and plugins), not only the first."""
+    from raysim.config import load_config
+
+    try:
+        return load_config(config, list(overrides), **kwargs)
+    except UserError as first:
+        def refusal(items: list[str]) -> Optional[str]:
+            try:
+                load_config(config, items, warn=False)
+            except UserError as exc:
+                return str(exc)
+            return None
+
+        selectors = [o for o in overrides if o.startswith(_SELECTORS)]
+        errors = [e for e in (refusal([o]) for o in selectors) if e]
+        good = [o for o in selectors if refusal([o]) is None]
+        errors += [e for e in (refusal([*good, o]) for o in overrides if o not in selectors) if e]
+        errors = list(dict.fromkeys(errors))
+        if len(errors) < 2:
+            raise
+        raise UserError("\n".join([f"{len(errors)} problems in the overrides:", *(f"  {e}" for e in errors)])) \
+            from first

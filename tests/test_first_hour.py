@@ -252,3 +252,12 @@ def test_readme_opens_with_a_first_hour_and_links_the_reference():
     for step in ("make demo", "raysim run smoke", "--seeds 0-2", "raysim report", "raysim tune", "tensorboard"):
         assert step in text, step
     assert "(docs/reference.md)" in text and (ROOT / "docs" / "reference.md").is_file()
+
+
+def test_every_wrong_override_in_one_message(capsys):
+    code, _, err = _cli(capsys, "run", "smoke", "train.nope=1", "algorithm.name=fedprox", "algorithm.mu=0.1",
+                        "model.name=cnm", "rounds=-1")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[0] == "raysim: error: 3 problems in the overrides:"
+    assert [line.split("'")[1] for line in lines[1:]] == ["model.name", "train.nope", "rounds"]  # mu=0.1 is fine
