@@ -46,7 +46,10 @@ def problems(cfg: Any, cpus: Optional[int] = None, gpus: Optional[int] = None,
              data: bool = True) -> list[tuple[str, str, str]]:
     """(key, what is wrong, the override that fixes it) for each problem; ``cpus`` / ``gpus``: this machine's
     (default: counted); ``data``: check ``data.root`` too (not on a resume, which cannot change it)."""
-    from raysim.engine.executor import choose_backend
+    try:  # the engine issue moves it to raysim.engine.backend
+        from raysim.engine.backend import choose_backend  # type: ignore[import-not-found]
+    except ImportError:
+        from raysim.engine.executor import choose_backend
 
     out: list[tuple[str, str, str]] = []
     engine = cfg.engine
