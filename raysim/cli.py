@@ -117,10 +117,16 @@ def _parser() -> argparse.ArgumentParser:
     lister = sub.add_parser("list", help="the registered algorithms, models or datasets (plugins included), or the "
                                          "shipped experiments",
                             epilog=_EXAMPLES["list"], formatter_class=argparse.RawDescriptionHelpFormatter)
-    lister.add_argument("kind", choices=("algorithms", "models", "datasets", "experiments"))
+    lister.add_argument("kind", nargs="?", choices=LIST_KINDS,
+                        help="what to list (none: a summary of each with its count)")
+    lister.add_argument("pattern", nargs="?", metavar="PATTERN",
+                        help="only names containing PATTERN (or matching a glob such as 'fapd/*moon*')")
+    lister.add_argument("--all", action="store_true", help="experiments: also the base files others extend")
     lister.add_argument("--plugins", metavar="MODULES", default="", help="comma-separated plugin modules to import")
     return p
 
+
+LIST_KINDS = ("algorithms", "models", "datasets", "experiments")
 
 _EXAMPLES = {
     "raysim": """examples:
@@ -166,7 +172,9 @@ _EXAMPLES = {
   raysim data show smoke data.partition=shard --out shards.png""",
     "list": """examples:
   raysim list algorithms
-  raysim list experiments                          the shipped configs: raysim run NAME
+  raysim list                                      a summary: how many of each, and a few names
+  raysim list experiments                          the shipped configs (raysim run NAME), tagged with what they need
+  raysim list experiments fapd/cifar10             only the names containing fapd/cifar10
   raysim list models --plugins my_models""",
 }
 
@@ -261,12 +269,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
+    from raysim.preflight import check, load_checked
+
     if args.resume:
         run_dir = Path(args.resume)
+        check_resume_overrides("run", overrides, run_dir)
         overrides.append(f"log.dir={run_dir}")
         cfg = load_config(config, overrides) if config else load_resume_config(run_dir, overrides)
-    else:  # without CONFIG.yaml: the defaults plus the overrides
-        cfg = load_config(config, overrides)
+    else:  # without CONFIG.yaml: the defaults plus the overrides (every wrong one named at once)
+        cfg = load_checked(config, overrides)
+
+    given = [o for o in overrides if not (args.resume and o == f"log.dir={args.resume}")]
+    check(cfg, ["raysim", "run", *(["--resume", args.resume] if args.resume else []), *([config] if config else []),
+                *given], data=not args.resume)
 
     if args.resume:
         done = already_complete(run_dir, cfg)
@@ -284,6 +299,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     line = ProgressLine(cfg.rounds)
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
+    resumed_after = [0]
+
+    def on_first_round(m: dict) -> None:
+        if cfg.engine.vectorize == "auto" and m.get("vectorize") is not None and not args.quiet:
+            n = int(m["vectorize"])
+            print(f"raysim: engine.vectorize=auto: {'one client at a time' if n == 1 else f'{n} clients per cohort'} "
+                  f"(chosen by a probe in round {m['round']}; it stands for the whole run)", flush=True)
+
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
         tracker.start(run_dir, start_round)
@@ -291,6 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if live is not None:
             live.start(info["control"])
         _RUN_DIR[:] = [run_dir]
+        resumed_after[0] = start_round
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
         where = _where(cfg)
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
@@ -304,6 +328,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     live.stop()  # before Ray shuts down
                 live.clear()
             print(line.format(m), flush=True)
+        if m["round"] == resumed_after[0] + 1:
+            on_first_round(m)
         if m.get("skipped"):
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
@@ -322,7 +348,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
         tracker.close(status)
-    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED))
+    print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED,
+                        resumed_after=resumed_after[0]))
     if stopped:
         how = "stopped by SIGTERM" if interrupts.terminated() else "interrupted"
         print(f"raysim: {how}{_resume_hint(None, say_round=True)}", file=sys.stderr)
@@ -349,10 +376,44 @@ def _cmd_seeds(args: argparse.Namespace) -> int:
 
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
+        check_resume_overrides("seeds", overrides, Path(args.resume))
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
     else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
+        from raysim.preflight import check, load_checked
+
+        check(load_checked(config, [o for o in overrides if not o.startswith("seed=")], warn=False),
+              ["raysim", "run", *([config] if config else []), "--seeds", args.seeds, *overrides])
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")
+
+
+# what a resume may change: what the run is (its length) and how it runs, never what it computes (the single run's
+# rule, raysim.engine.runner, stated here for the one-line answer that every kind of resume gives)
+RESUMABLE = ("rounds", "eval.every", "eval.chunk", "engine.*", "log.*")
+
+
+def check_resume_overrides(kind: str, overrides: Sequence[str], target: Path) -> None:
+    """``--resume`` of a run (``kind="run"``), a seed set (``"seeds"``) or a sweep (``"sweep"``) with overrides: the
+    same rule for all three, answered in one line before anything starts. A run applies the keys of ``RESUMABLE``
+    and refuses the rest; a seed set or sweep resumes its runs with the config they started with, so it refuses
+    every override, naming the command that applies it to one of its runs."""
+    given = [o for o in overrides if "=" in o and not o.startswith("log.dir=")]
+    if not given:
+        return
+    keys = [o.split("=", 1)[0] for o in given]
+    if kind == "run":
+        bad = [o for o, k in zip(given, keys)
+               if not (k in ("rounds", "eval.every", "eval.chunk") or k.startswith(("engine.", "log.")))]
+        if bad:
+            raise UserError(f"--resume {target}: {' '.join(bad)} would change what the run computes, so a resume "
+                            f"refuses it; a resume may change {', '.join(RESUMABLE)} (start a new run for the rest)")
+        return
+    what = "seed set" if kind == "seeds" else "sweep"
+    one = next(iter(sorted(target.glob("seed-*" if kind == "seeds" else "trials/*"))), None)
+    example = one if one is not None else target / ("seed-0" if kind == "seeds" else "trials/<trial>")
+    raise UserError(f"--resume {target}: a {what} resumes its runs with the config they started with, so it "
+                    f"applies no override ({' '.join(given)}); resume one of its runs alone to change "
+                    f"{', '.join(RESUMABLE)}: raysim run --resume {example} {' '.join(given)}")
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -360,6 +421,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     if args.resume:
         sweep_dir = Path(args.resume)
+        check_resume_overrides("sweep", [*([args.sweep] if args.sweep else []), *args.overrides], sweep_dir)
         spec = spec_from_yaml(sweep_dir / "sweep.yaml")
         result = run_sweep(spec, sweep_dir=sweep_dir, resume=True, quiet=args.quiet)
     else:
@@ -446,17 +508,40 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from raysim.catalog import describe_experiments, matches
     from raysim.registry import describe, import_plugins
 
+    import_plugins(list(_plugins(args.plugins)))
+    if args.kind is None:
+        print(_list_summary())
+        return 0
     if args.kind == "experiments":
-        from raysim.catalog import describe_experiments
-
-        rows = describe_experiments()
+        rows = describe_experiments(args.pattern, bases=args.all)
     else:
-        import_plugins(list(_plugins(args.plugins)))
-        rows = describe(args.kind[:-1])
+        rows = [(n, d) for n, d in describe(args.kind[:-1]) if matches(n, args.pattern)]
+    if not rows:
+        raise UserError(f"no {args.kind} match {args.pattern!r}; `raysim list {args.kind}` lists them all")
     print(_two_columns(rows))
     return 0
+
+
+def _list_summary() -> str:
+    """``raysim list``: each kind with its count, a few names, and the command that lists it."""
+    from raysim.catalog import TAG_CPU, TAG_GPU, TAG_ROOT, describe_experiments
+    from raysim.registry import describe
+
+    lines = []
+    for kind in LIST_KINDS[:3]:
+        found = [n for n, _ in describe(kind[:-1])]
+        lines.append(f"{kind:<12} {len(found):>3}  {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}  "
+                     f"(raysim list {kind})")
+    rows = describe_experiments()
+    runs = [d for n, d in rows if not n.startswith("sweeps/")]
+    count = {tag: sum(tag in d.split("]", 1)[0] for d in runs) for tag in (TAG_CPU, TAG_ROOT, TAG_GPU)}
+    lines.append(f"{'experiments':<12} {len(runs):>3}  {count[TAG_CPU]} with embedded data on CPU, "
+                 f"{count[TAG_ROOT]} needing data.root, {count[TAG_GPU]} needing a GPU; {len(rows) - len(runs)} "
+                 f"sweeps  (raysim list experiments [PATTERN])")
+    return "\n".join(lines)
 
 
 def _two_columns(rows: list[tuple[str, str]]) -> str:

@@ -304,8 +304,8 @@ class EngineConfig:
         if vectorize in ("False", "false"):  # YAML reads a bare off as false
             vectorize = self.vectorize = "off"
         require(vectorize in ("off", "auto") or (vectorize.isdigit() and int(vectorize) >= 1), "engine.vectorize",
-                f"must be off, auto or a whole number >= 1 (clients per cohort), got "
-                f"{'on' if vectorize in ('True', 'true') else vectorize!r}")
+                "must be off, auto or a whole number >= 1 (clients per cohort), got "
+                + ("true (YAML reads yes, on and true so)" if vectorize in ("True", "true") else repr(vectorize)))
         require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
         if self.state_memory_gb is not None:
@@ -530,6 +530,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg: ExperimentConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc) + _algorithm_key_hint(exc, str(algo_name))) from None
+    for item in overrides:  # YAML reads yes/on/true as a boolean: an error should echo the user's own word
+        key, _, word = item.partition("=")
+        if key == "engine.vectorize" and str(cfg.engine.vectorize) in ("True", "true"):
+            cfg.engine.vectorize = word
     if not validate:
         return cfg
     cfg.validate()

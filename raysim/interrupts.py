@@ -109,8 +109,23 @@ def _on_signal(signum: int, frame: Any) -> None:
         return
     if not (h.stops and h.stops[-1][0]()):
         raise _interrupt("")  # nothing under way that could stop gracefully: stop now
+    acknowledge(signum, h.stops[-1][1])
     if signum == signal.SIGTERM:
         signal.setitimer(signal.ITIMER_REAL, grace_s())
+
+
+def acknowledge(signum: int, what: str) -> None:
+    """One line at once on stderr, so that the first signal is seen to be taken while the round finishes (written
+    with ``os.write``: safe in a signal handler; a live progress line is erased first on a terminal)."""
+    if signum == signal.SIGTERM:
+        line = f"raysim: got SIGTERM: finishing {what} (at most {grace_s():g} s), then checkpointing"
+    else:
+        line = f"raysim: Ctrl-C: finishing {what}, then checkpointing (Ctrl-C again stops at once)"
+    try:
+        erase = "\r\033[K" if os.isatty(2) else ""
+        os.write(2, f"{erase}{line}\n".encode())
+    except OSError:
+        pass
 
 
 def _on_deadline(signum: int, frame: Any) -> None:

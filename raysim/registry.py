@@ -177,8 +177,17 @@ def _get(table: dict, kind: str, key: str, name: str) -> Any:
     if name not in table:
         _load_builtins(kind)
     if name not in table:
-        raise UserError(f"config key '{key}': unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
+        raise UserError(f"config key '{key}': unknown {kind} {name!r}{did_you_mean(str(name), table)}; "
+                        f"known: {', '.join(sorted(table))}")
     return table[name]
+
+
+def did_you_mean(word: str, known: Any) -> str:
+    """" (did you mean 'fedavg'?)" for a close misspelling of a known name (difflib), else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(known), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
 
 
 def get_algorithm(name: str) -> type:

@@ -36,13 +36,16 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
-from raysim.report_stats import extra_sections, final_table_rows, format_value, write_extra_csvs
+from raysim.report_stats import MIN_SEEDS, extra_sections, final_table_rows, format_value, write_extra_csvs
 from raysim.runlog import human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
 from raysim.tables import mean_pm as _pm
 
+# keys that say how, where or how long a run ran, not which method it is: they never split a group ("rounds": a run
+# of 3 rounds and one of 4 are the same method; the report warns when a group mixes lengths)
 IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+RUN_LENGTH_KEYS = ("rounds",)
 # metrics where less is better (``--mode auto``); every other metric is best at its maximum
 LOWER_IS_BETTER = ("loss", "bytes_", "wall_s")
 LAYOUTS = ("auto", "name", "keys")
@@ -176,6 +179,18 @@ _LARGEST = 1e300  # past this a metric's mean, spread or percentage overflows: n
 _KEPT_LISTS = ("skipped",)  # list values a round's metrics may hold (the clients whose update was dropped)
 
 
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and abs(value) <= _LARGEST
+
+
+def _kept_list(key: str, value: object) -> bool:
+    """A list a report reads: the skipped clients, or a per-epoch curve (``p_epochs``) of finite numbers."""
+    if not isinstance(value, list):
+        return False
+    return key in _KEPT_LISTS or (key.endswith("_epochs") and all(_finite(v) for v in value))
+
+
 def usable_rows(rows: list[dict], path: Path, warn: Callable[[str], None] = warn_stderr) -> list[dict]:
     """The rows with only the values a report can compare: finite numbers (a bool, string, nested value, NaN, Inf
     or a number past 1e300 is dropped, so that a non-finite value is never a best), and only rows whose ``round`` is
@@ -189,9 +204,7 @@ def usable_rows(rows: list[dict], path: Path, warn: Callable[[str], None] = warn
             continue
         clean = {}
         for key, value in row.items():
-            if key in _KEPT_LISTS and isinstance(value, list) or value is None or (
-                    isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                    and abs(value) <= _LARGEST):
+            if _kept_list(key, value) or value is None or _finite(value):
                 clean[key] = value
             else:
                 dropped += 1
@@ -217,7 +230,7 @@ def load_run(path: Path) -> Run:
 
 
 def _ignored(key: str) -> bool:
-    return any(key == p or key.startswith(p) for p in IGNORED_PREFIXES)
+    return key in RUN_LENGTH_KEYS or any(key == p or key.startswith(p) for p in IGNORED_PREFIXES)
 
 
 def _hashable(value: Any) -> str:
@@ -251,10 +264,18 @@ def _group_runs(runs: list[Run], columns: Sequence[str], layout: str) -> tuple[l
     varying = [k for k in keys if len({_hashable(b[0].config.get(k)) for b in buckets.values()}) > 1]
     col_keys = [k for k in varying if any(k == c or k.startswith(c) for c in columns)]
     row_keys = [k for k in varying if k not in col_keys]
+    # an algorithm's own keys (algorithm.mu) name a method only where they differ between runs of that algorithm:
+    # between algorithms, the name already tells them apart
+    by_algorithm: dict[str, list[dict]] = {}
+    for members in buckets.values():
+        by_algorithm.setdefault(_hashable(members[0].config.get("algorithm.name")), []).append(members[0].config)
     groups = []
     for members in buckets.values():
         cfg = members[0].config
-        groups.append(Group(method=_method_label(cfg, row_keys, varying),
+        peers = by_algorithm[_hashable(cfg.get("algorithm.name"))]
+        own = [k for k in row_keys if not k.startswith("algorithm.")
+               or len({_hashable(c.get(k)) for c in peers}) > 1]
+        groups.append(Group(method=_method_label(cfg, own, varying),
                             setting=_setting_label(cfg, col_keys, varying), runs=sorted(members, key=_seed_key)))
     return groups, "keys"
 
@@ -320,9 +341,10 @@ def _method_label(cfg: dict, row_keys: list[str], varying: list[str]) -> str:
 
 
 def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
-    if not col_keys:
+    named = [k for k in col_keys if cfg.get(k) is not None]  # a key this run's dataset or model does not have
+    if not named:
         return _value(cfg.get("data.name", "all"))
-    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in col_keys)
+    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in named)
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -380,6 +402,9 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     groups, layout = _group_runs(runs, columns, layout)
     score(groups, metric, alpha, mode)
     _warn_missing_metric(groups, metric)
+    notes = group_warnings(groups)
+    for note in notes:
+        warn_stderr(note)
     methods = sorted(dict.fromkeys(g.method for g in groups))
     settings = list(dict.fromkeys(g.setting for g in sorted(groups, key=lambda g: g.setting)))
     try:
@@ -387,7 +412,7 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     except OSError as exc:
         raise UserError(f"--out: cannot create {out} ({exc.strerror})") from None
     report = Report(groups=groups, methods=methods, settings=settings, metric=metric, target=target, files={},
-                    layout=layout, mode=mode)
+                    layout=layout, mode=mode, notes=notes)
     report.files["table.csv"] = _write_table_csv(report, out / "table.csv")
     report.files["summary.csv"] = _write_summary_csv(report, out / "summary.csv", alpha)
     report.files["comm.csv"] = _write_comm_csv(report, out / "comm.csv")
@@ -397,6 +422,29 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
         report.files.update(write_target_plot(report, out))
     report.files["report.md"] = _write_markdown(report, out / "report.md", alpha)
     return report
+
+
+def group_warnings(groups: list[Group]) -> list[str]:
+    """What would mislead in a group's mean ± std: runs that share a seed (they differ only in keys the report
+    ignores, such as ``engine.*``, so their spread is not a spread over seeds), and runs of different lengths."""
+    notes = []
+    for g in groups:
+        seeds = [_hashable(r.seed) for r in g.runs]
+        shared = sorted({json.loads(s) for s in seeds if seeds.count(s) > 1}, key=str)
+        where = f"{g.method} on {g.setting}" if g.setting else g.method
+        if shared:
+            differ = sorted({k for r in g.runs for k in r.config
+                             if _ignored(k) and k not in ("seed", "name") and not k.startswith("log.")
+                             and len({_hashable(o.config.get(k)) for o in g.runs}) > 1})
+            how = f" and differ only in {', '.join(differ)}" if differ else ""
+            notes.append(f"{where}: {len(g.runs)} runs share seed {', '.join(map(str, shared))}{how}: its n and "
+                         f"± are not over independent seeds (run other seeds, or report fewer runs)")
+        lengths = sorted({r.config.get("rounds") for r in g.runs if r.config.get("rounds") is not None})
+        if len(lengths) > 1:
+            notes.append(f"{where}: its runs ran different numbers of rounds ({', '.join(map(str, lengths))}); "
+                         f"rounds do not split a method, but its best and final values come from runs of "
+                         f"different lengths")
+    return notes
 
 
 def numeric_metrics(runs: Sequence[Run]) -> list[str]:
@@ -542,10 +590,12 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              markdown_table(["method"] + report.settings, main_table_rows(report)), "",
              f"Bold: the best in its column. `*`: the column's best beats this method at p < {alpha:g} "
              f"(paired t-test over seeds when both ran the same seeds, else Welch's t-test; Holm-corrected over the "
-             f"column's comparisons; needs at least two seeds on each side). "
+             f"column's comparisons; no mark from fewer than {MIN_SEEDS} seeds on either side, though the "
+             f"p-values are computed from two). "
              f"p-values (raw and Holm-adjusted) are in `summary.csv`. "
              + ("Rows and columns come from the configs' names (`<setting>-<method>`)." if report.layout == "name"
                 else "Rows and columns come from the config keys that vary between groups."), "",
+             *([f"Warnings: {'; '.join(report.notes)}.", ""] if report.notes else []),
              *extra_sections(report),
              f"## Communication and speed (target: {report.metric} {target_sign(report)} {report.target:g})", ""]
     rows = []
@@ -592,6 +642,24 @@ def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray
     ys = np.array([np.mean([p[1] for p in by_round[k]]) for k in rounds])
     sd = np.array([np.std([p[1] for p in by_round[k]], ddof=1) if len(by_round[k]) > 1 else 0.0 for k in rounds])
     return xs, ys, sd
+
+
+def _epoch_curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As :func:`_curve` for a per-local-epoch list (``p_epochs``): one point per local epoch, local epoch e of E
+    of round r at x = r - 1 + e / E (the round's last epoch at x = r)."""
+    by_x: dict[float, list[float]] = {}
+    for run in runs:
+        for r in run.rows:
+            values = r.get(y)
+            if not isinstance(values, list) or not values:
+                continue
+            for e, v in enumerate(values, start=1):
+                if v is not None:
+                    by_x.setdefault(r["round"] - 1 + e / len(values), []).append(float(v))
+    xs = sorted(by_x)
+    ys = np.array([np.mean(by_x[k]) for k in xs])
+    sd = np.array([np.std(by_x[k], ddof=1) if len(by_x[k]) > 1 else 0.0 for k in xs])
+    return np.array(xs), ys, sd
 
 
 def _x_value(row: dict, x: str) -> float:
@@ -659,8 +727,12 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
              ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric),
              ("k_vs_round.png", "k", None, "round", "curriculum dimension k"),
              ("p_vs_round.png", "p", None, "round", "distilled share p (mean over local epochs)")]
+    if any(isinstance(r.get("p_epochs"), list) for g in report.groups for run in g.runs for r in run.rows):
+        plots[-1] = ("p_vs_round.png", "p_epochs", None, "round (one point per local epoch)",
+                     "distilled share p")  # the curriculum's course inside each round
     for name, y, x, xlabel, ylabel in plots:
-        curves = {s: [(g, _curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
+        curve = _epoch_curve if y == "p_epochs" else _curve
+        curves = {s: [(g, curve(g.runs, y, x)) for g in _ordered(report) if g.setting == s]
                   for s in report.settings}
         curves = {s: [(g, c) for g, c in cs if len(c[0])] for s, cs in curves.items()}
         settings = [s for s in report.settings if curves[s]]

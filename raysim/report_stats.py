@@ -20,6 +20,7 @@ import numpy as np
 from raysim.runlog import CLIENT_METRICS, read_metrics, warn_stderr
 
 WORST_SHARE = 0.10
+MIN_SEEDS = 3  # a significance mark needs at least this many seeds on each side (two give a test 1 degree of freedom)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -66,7 +67,7 @@ def compare(best: Sequence[float], other: Sequence[float], best_by_seed: Optiona
 def column_tests(best: Any, others: list[Any], alpha: float, mode: str = "max") -> None:
     """Set ``p_vs_best``, ``test``, ``p_adjusted`` and ``beaten`` on each of ``others`` (report.Group objects)
     against ``best``; Holm's correction runs over the comparisons that produced a p-value. ``mode="min"``: lower
-    values are better (a loss)."""
+    values are better (a loss). No ``beaten`` mark with fewer than ``MIN_SEEDS`` values on either side."""
     tested = []
     for g in others:
         g.p_vs_best, g.test = compare(best.values, g.values, best.by_seed, g.by_seed)
@@ -74,7 +75,8 @@ def column_tests(best: Any, others: list[Any], alpha: float, mode: str = "max") 
             tested.append(g)
     for g, p_adj in zip(tested, holm([g.p_vs_best for g in tested])):
         g.p_adjusted = p_adj
-        g.beaten = p_adj < alpha and (best.mean > g.mean if mode == "max" else best.mean < g.mean)
+        g.beaten = (p_adj < alpha and (best.mean > g.mean if mode == "max" else best.mean < g.mean)
+                    and min(len(best.values), len(g.values)) >= MIN_SEEDS)
 
 
 def final_value(rows: list[dict], metric: str) -> Optional[float]:

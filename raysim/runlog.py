@@ -65,6 +65,7 @@ def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) ->
 
 
 CLIENT_METRICS = "client_metrics.jsonl"
+EPOCHS = "_epochs"  # a metric named <name>_epochs holds one value per local epoch of the round (UNIDEAL's p_epochs)
 
 
 def _truncate(path: Path, resume_round: int) -> None:
@@ -126,6 +127,10 @@ class RunLog:
             quiet_tensorboard_threads()
             # purge_step hides events a crashed run wrote after its last checkpoint
             self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
+            if resume_round:  # the purge also hid the kept rounds' per-epoch points at steps from resume_round + 1
+                for m in read_metrics(self.metrics_path):  # (their steps run further): write those again, after it
+                    self._write_epochs(m, from_step=resume_round + 1)
+                self.tb.flush()
 
     def write(self, metrics: dict, client_counts: Optional[dict[int, tuple[int, int]]] = None) -> None:
         """``client_counts`` (client -> (correct, total)) goes to ``client_metrics.jsonl`` first, so every round in
@@ -140,6 +145,7 @@ class RunLog:
         if self.tb is None:
             return
         step = metrics["round"]
+        self._write_epochs(metrics)
         for key, value in metrics.items():
             if key == "round" or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
@@ -155,8 +161,25 @@ class RunLog:
             self.tb.add_histogram("acc/clients", np.array(list(client_acc.values())), step)
             if len(client_acc) <= self.per_client_max:
                 for cid, acc in client_acc.items():
-                    self.tb.add_scalar(f"acc_client/{cid:04d}", acc, step)
+                    self.tb.add_scalar(f"per_client/acc_{cid:04d}", acc, step)  # sorts after acc, curriculum, loss
         self.tb.flush()
+
+    def _write_epochs(self, metrics: dict, from_step: int = 0) -> None:
+        """A per-local-epoch list (``<name>_epochs``, UNIDEAL's ``p_epochs``) as one point per local epoch, at step
+        ``(round - 1) * epochs + epoch`` (epoch 1-based), under the round metric's tag plus ``_epoch``
+        (``curriculum/p_epoch``): the schedule's course inside each round, on a step axis TensorBoard can plot."""
+        if self.tb is None:
+            return
+        for key, values in metrics.items():
+            if not (key.endswith(EPOCHS) and isinstance(values, list) and values):
+                continue
+            base = key[:-len(EPOCHS)]
+            tag = (TB_TAGS.get(base) or f"metrics/{base}") + "_epoch"
+            first = (metrics["round"] - 1) * len(values)
+            for e, value in enumerate(values, start=1):
+                if (first + e >= from_step and isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and math.isfinite(value)):
+                    self.tb.add_scalar(tag, value, first + e)
 
     def close(self) -> None:
         """Close both writers; an error from either (a full disk) is raised after both are closed."""
@@ -181,7 +204,10 @@ def format_round(m: dict, rounds: int) -> str:
     parts.append(f"loss {m['loss']:.4f}")
     if "k" in m:
         parts.append(f"k {m['k']}")
-    if m.get("p") is not None:
+    epochs = m.get("p_epochs")
+    if isinstance(epochs, list) and len(epochs) > 1:  # the curriculum's course inside the round, start -> end
+        parts.append(f"p {epochs[0]:.2f}->{epochs[-1]:.2f}")
+    elif m.get("p") is not None:
         parts.append(f"p {m['p']:.2f}")
     parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
     parts.append(f"{m['wall_s']:.2f}s")
@@ -196,9 +222,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f}GB"
 
 
-def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None) -> str:
+def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None, resumed_after: int = 0) -> str:
     """The final table printed after a run; ``elapsed``: this invocation's seconds from launch to the end, start-up
-    and shutdown included (the rounds' own time is in the metrics)."""
+    and shutdown included (the rounds' own time is in the metrics); ``resumed_after``: the round this invocation
+    resumed after (0: it started the run), so that its times are told apart from the whole run's."""
     if not rows:
         return f"no rounds completed; run directory: {run_dir}"
     last = rows[-1]
@@ -215,16 +242,38 @@ def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = No
     lines.append(("bytes up / down",
                   f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
     per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
+    mine = [r for r in rows if r["round"] > resumed_after]
     if elapsed is None:
         lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({per_round})"))
+    elif resumed_after and mine:
+        lines.append(("wall time", f"{elapsed:.1f}s from launch to the end of this resume "
+                                   f"({sum(r['wall_s'] for r in mine):.1f}s in its {len(mine)} rounds)"))
+        lines.append(("whole run", f"{last['wall_s_total']:.1f}s in all {last['round']} rounds ({per_round})"))
     else:
         lines.append(("wall time", f"{elapsed:.1f}s from launch to the end ({last['wall_s_total']:.1f}s in rounds, "
                                    f"{per_round})"))
+    course = curriculum_line(rows)
+    if course:
+        lines.append(("curriculum p", course))
     lines.append(("run directory", str(run_dir)))
     lines.append(("tensorboard", f"tensorboard --logdir {run_dir}"))
     width = max(len(k) for k, _ in lines)
     bar = "-" * (width + 2 + max(len(v) for _, v in lines))
     return "\n".join([bar] + [f"{k:<{width}}  {v}" for k, v in lines] + [bar])
+
+
+def curriculum_line(rows: list[dict]) -> str:
+    """What UNIDEAL's ``p`` is and how it moved, in one line ("" for a run without ``p_epochs``)."""
+    runs = [r["p_epochs"] for r in rows if isinstance(r.get("p_epochs"), list) and r["p_epochs"]]
+    if not runs:
+        return ""
+    what = "share of each batch distilled from the global head, easiest samples first"
+    first, last = runs[0], runs[-1]
+    if len(last) > 1 and last[0] != last[-1]:
+        return f"{what}: {last[0]:.2f} -> {last[-1]:.2f} over each round's {len(last)} local epochs"
+    if first[-1] != last[-1]:
+        return f"{what}: {first[-1]:.2f} in round {rows[0]['round']} -> {last[-1]:.2f} in round {rows[-1]['round']}"
+    return f"{what}: {last[-1]:.2f} throughout (the curriculum does not move)"
 
 
 def _clock(seconds: float) -> str:

@@ -24,12 +24,22 @@ def run_hparams(cfg: ExperimentConfig) -> dict[str, Any]:
     return out
 
 
+def anchored(regex: str) -> str:
+    """A custom-scalars tag regex that matches whole tags only: TensorBoard searches each regex anywhere in a tag, so
+    ``comm/bytes_up`` would also chart ``comm/bytes_up_total``."""
+    core = regex[1:] if regex.startswith("^") else regex
+    core = core[:-1] if core.endswith("$") and not core.endswith("\\$") else core
+    return f"^{core}$"
+
+
 def layout(charts: Mapping[str, Sequence[str]] = {}) -> dict:  # noqa: B006 - read only
-    """The custom-scalars page: accuracy, then ``charts`` (title -> tags, one multi-line chart each), loss, bytes."""
-    page = {"accuracy": ["Multiline", ["acc/mean", "acc/global"]]}
-    page.update({title: ["Multiline", list(tags)] for title, tags in charts.items()})
-    page["loss and its parts"] = ["Multiline", [r"loss/.*"]]
-    page["bytes per round"] = ["Multiline", ["comm/bytes_up", "comm/bytes_down"]]
+    """The custom-scalars page: accuracy, then ``charts`` (title -> tag regexes, one multi-line chart each: the
+    curriculum), loss and its parts, bytes per round. Every regex is anchored (:func:`anchored`), so a chart holds
+    only the tags it names (per-round bytes, never the cumulative ``_total`` tags)."""
+    page = {"accuracy": ["Multiline", [r"^acc/mean$", r"^acc/global$"]]}
+    page.update({title: ["Multiline", [anchored(t) for t in tags]] for title, tags in charts.items()})
+    page["loss and its parts"] = ["Multiline", [r"^loss/.*$"]]
+    page["bytes per round"] = ["Multiline", [r"^comm/bytes_up$", r"^comm/bytes_down$"]]
     return {"raysim": page}
 
 

@@ -35,8 +35,10 @@ def test_extras_say_what_they_bring():
     ray = next(d for d in project["dependencies"] if d.startswith("ray["))
     assert re.search(r"<2\.\d+$", ray), "Ray capped at the minor versions raysim is tested with"
     readme = (ROOT / "README.md").read_text()
+    reference = (ROOT / "docs" / "reference.md").read_text()  # the README's reference material, linked from it
     for extra in ("optuna", "mlflow", "wandb", "dev", "test", "all"):
-        assert f"`{extra}`" in readme, f"the README says what the {extra} extra brings"
+        assert f"`{extra}`" in readme, f"the README names the {extra} extra"
+        assert f"| `{extra}` |" in reference, f"docs/reference.md says what the {extra} extra brings"
 
 
 @pytest.mark.slow

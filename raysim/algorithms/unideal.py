@@ -75,7 +75,9 @@ class Unideal(Algorithm):
     # engine.vectorize: CLKD ranks each client's batch on its own (topk per client under vmap); p depends on the
     # epoch and round only, which a cohort shares
     vectorizable = True
-    tensorboard_charts = {"curriculum p": ["curriculum/p"]}  # the distilled share beside accuracy
+    # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)
+    tensorboard_charts = {"curriculum p per local epoch": [r"^curriculum/p_epoch$"],
+                          "curriculum p per round (mean)": [r"^curriculum/p$"]}
 
     @classmethod
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
@@ -124,12 +126,15 @@ class Unideal(Algorithm):
         """Everything stays: the backbone and the local head (only a copy of the head is uploaded)."""
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
-    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, float]:
-        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: curriculum/p)."""
+    def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, Any]:
+        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: curriculum/p), and
+        ``p_epochs``: its value in each local epoch, first to last (the schedule is a pure function of the epoch and
+        the round, so the driver computes what every client used; TensorBoard: curriculum/p_epoch, one point per
+        local epoch, and the console's ``p start→end``)."""
         n = self.cfg.train.local_epochs
-        ps = [self.fraction(ClientContext(client_id=-1, round=round, total_rounds=self.cfg.rounds, epoch=e,
-                                          num_epochs=n, payload={})) for e in range(n)]
-        return {"p": float(sum(ps) / len(ps))}
+        ps = [float(self.fraction(ClientContext(client_id=-1, round=round, total_rounds=self.cfg.rounds, epoch=e,
+                                                num_epochs=n, payload={}))) for e in range(n)]
+        return {"p": float(sum(ps) / len(ps)), "p_epochs": ps}
 
 
 def teacher_logits(model: nn.Module, features: torch.Tensor, payload: dict[str, Any]) -> torch.Tensor:

@@ -96,7 +96,8 @@ def test_tensorboard_events_hold_the_scalars(shared_run):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in ["acc/mean", "acc/global", "acc/weighted", "loss/train", "comm/bytes_up", "comm/bytes_down",
-                "comm/bytes_up_total", "comm/bytes_down_total", "time/round_s", "acc_client/0000", "acc_client/0003"]:
+                "comm/bytes_up_total", "comm/bytes_down_total", "time/round_s",
+                "per_client/acc_0000", "per_client/acc_0003"]:
         assert tag in tags, tag
     values = [e.value for e in acc.Scalars("acc/mean")]
     assert values == pytest.approx([r["acc_mean"] for r in rows])

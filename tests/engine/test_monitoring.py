@@ -39,7 +39,8 @@ def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(unideal_run):
     content = lay.Tensors(cs_metadata.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0]
     layout = layout_pb2.Layout.FromString(content)
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
-    assert charts["accuracy"] == ["acc/mean", "acc/global"] and charts["curriculum p"] == ["curriculum/p"]
+    assert charts["accuracy"] == ["^acc/mean$", "^acc/global$"]
+    assert charts["curriculum p per local epoch"] == ["^curriculum/p_epoch$"]
 
 
 def test_live_round_line_shows_clients_done_and_clears():
