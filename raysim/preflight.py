@@ -27,7 +27,9 @@ DATA_ROOT_FIX = "data.root=/path/to/datasets"
 
 def _local_ray(engine: Any) -> bool:
     """Whether the run would start its own Ray on this machine (not a cluster, not a Ray this process holds)."""
-    if engine.address not in (None, "local") or os.environ.get("RAY_ADDRESS"):
+    from raysim.engine.backend import cluster_in_sight
+
+    if cluster_in_sight(engine):
         return False
     ray = sys.modules.get("ray")
     return not (ray is not None and getattr(ray, "is_initialized", lambda: False)())
@@ -46,10 +48,7 @@ def problems(cfg: Any, cpus: Optional[int] = None, gpus: Optional[int] = None,
              data: bool = True) -> list[tuple[str, str, str]]:
     """(key, what is wrong, the override that fixes it) for each problem; ``cpus`` / ``gpus``: this machine's
     (default: counted); ``data``: check ``data.root`` too (not on a resume, which cannot change it)."""
-    try:  # the engine issue moves it to raysim.engine.backend
-        from raysim.engine.backend import choose_backend  # type: ignore[import-not-found]
-    except ImportError:
-        from raysim.engine.executor import choose_backend
+    from raysim.engine.backend import choose_backend
 
     out: list[tuple[str, str, str]] = []
     engine = cfg.engine
