@@ -105,7 +105,7 @@ def main() -> int:
                 if c["kind"] == "call":
                     per_pid[c["pid"]]["calls"] += 1
         row = {"round": r, "wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent[r].items()}}
-        for i, (pid, v) in enumerate(sorted(per_pid.items())):
+        for i, (_pid, v) in enumerate(sorted(per_pid.items())):
             row[f"worker{i}"] = {"calls": int(v["calls"]), "busy_s": round(v["call"], 3),
                                  "train_s": round(v["train"], 3), "sum_s": round(v["sum"], 3),
                                  "other_in_call_s": round(v["call"] - v["train"] - v["sum"], 3),
