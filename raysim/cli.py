@@ -265,7 +265,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
           f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     from raysim.config import load_config
-    from raysim.engine.backend import choose_backend, cluster_in_sight
+    from raysim.engine.backend import choose_backend
+    from raysim.raysight import cluster_in_sight
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 

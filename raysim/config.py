@@ -249,7 +249,7 @@ class EngineConfig:
     # CPU worker when no Ray cluster is in sight (see raysim.engine.backend.choose_backend), else ray
     backend: str = "auto"
     # ClientWorker actors (processes) that run the virtual clients. null (the default): 1 in this process on one
-    # machine with no Ray cluster or GPU in sight, else 2 Ray workers (raysim.engine.backend.default_workers); the
+    # machine with no Ray cluster or GPU in sight, else 2 Ray workers (raysim.raysight.default_workers); the
     # numbers are the same either way
     num_workers: Optional[int] = None
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per worker (also its torch threads)
@@ -284,7 +284,7 @@ class EngineConfig:
     def validate(self) -> None:
         _one_of(self.backend, "engine.backend", ("auto", "ray", "inline"))
         if self.num_workers is None:
-            from raysim.engine.backend import default_workers
+            from raysim.raysight import default_workers
 
             self.num_workers, self.workers_chosen = default_workers(self)  # the choice, and its reason
         require(self.num_workers >= 1, "engine.num_workers", f"must be >= 1, got {self.num_workers}")

@@ -27,7 +27,7 @@ DATA_ROOT_FIX = "data.root=/path/to/datasets"
 
 def _local_ray(engine: Any) -> bool:
     """Whether the run would start its own Ray on this machine (not a cluster, not a Ray this process holds)."""
-    from raysim.engine.backend import cluster_in_sight
+    from raysim.raysight import cluster_in_sight
 
     if cluster_in_sight(engine):
         return False

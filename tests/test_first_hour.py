@@ -222,11 +222,16 @@ def test_auto_vectorize_choice_is_printed(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- one validation pass
-def test_every_problem_in_one_message_before_anything_starts(capsys, monkeypatch):
+def test_every_problem_in_one_message_before_anything_starts(capsys, monkeypatch, tmp_path):
     """`raysim run fapd/cifar10-fapd rounds=1` on a 2-CPU machine without a GPU or CIFAR-10: three problems, one
-    message, one line of overrides to paste; nothing started (no Ray, no data)."""
+    message, one line of overrides to paste; nothing started (no Ray, no data). The machine has no Ray cluster in
+    sight (none recorded, no RAY_ADDRESS, none this test session started), so the run would start its own Ray."""
     import os
+    import sys
 
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr("raysim.preflight._local_gpus", lambda: 0)
     code, _, err = _cli(capsys, "run", "fapd/cifar10-fapd", "rounds=1", "data.root=")
