@@ -174,7 +174,9 @@ class WorkerPool:
             index, w, out = inflight.pop(ref)
             load[w] -= 1
             try:
-                value = self._fetch(w, [out])[0]
+                fetched = [out]  # _fetch puts a kept state made on another node again from here, in place
+                value = self._fetch(w, fetched)[0]
+                out = fetched[0]
             except _WORKER_DIED as exc:
                 if self._closed:
                     raise RunStopped("the worker pool was shut down during a round") from None
