@@ -163,8 +163,8 @@ class Call:
     def returns(self) -> int:
         return 1
 
-    def describe(self, host: Host) -> str:
-        """What an out-of-memory or failure message says was running."""
+    def describe(self, host: Optional[Host] = None) -> str:
+        """What an out-of-memory or failure message says was running (``host``: the process running it, if any)."""
         raise NotImplementedError
 
     def run(self, host: Host, values: list) -> list:
@@ -173,42 +173,52 @@ class Call:
 
 
 @dataclass
-class TrainCall(Call):
+class _JobsCall(Call):
+    """A call over some of a round's training jobs, with their clients' kept states as its arguments."""
+
+    jobs: list[TrainJob]
+    states: list[Any]  # handles of the clients' kept states (None: none yet)
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.jobs[0].round
+
+    def args(self) -> list:
+        return list(self.states)
+
+    def payloads(self, host: Host) -> tuple[Any, list]:
+        """The round's shared payload and each job's own payload (``client_payload``; None where it has none)."""
+        return host.shared(self.jobs[0].payload_ref), host.fetch([j.own_payload_ref for j in self.jobs])
+
+
+@dataclass
+class TrainCall(_JobsCall):
     """Train some of a round's clients, one at a time or (``stacked``) as one vectorised cohort, and reduce their
     uploads: each group of ``groups`` (sizes, in order, covering the clients) summed by ``weighting`` where they
     trained, or (no groups) every upload returned with its client's result."""
 
-    jobs: list[TrainJob]
-    states: list[Any]  # handles of the clients' kept states (None: none yet)
     stacked: bool = False
     groups: tuple[int, ...] = ()
     weighting: str = "samples"
     kind = "train"
 
     @property
-    def round(self) -> int:  # type: ignore[override]
-        return self.jobs[0].round
-
-    @property
     def clients(self) -> list[int]:  # type: ignore[override]
         return [j.client_id for j in self.jobs]
-
-    def args(self) -> list:
-        return list(self.states)
 
     @property
     def returns(self) -> int:
         return 1 + len(self.jobs)
 
-    def describe(self, host: Host) -> str:
-        busy = host.jobs.busy if host.jobs is not None and host.jobs.busy is not None else self.jobs[0].client_id
+    def describe(self, host: Optional[Host] = None) -> str:
+        busy = host.jobs.busy if host is not None and host.jobs is not None else None
         cohort = f" (a cohort of {len(self.jobs)})" if self.stacked and len(self.jobs) > 1 else ""
-        return f"client {busy}'s training in round {self.round}{cohort}"
+        return f"client {self.jobs[0].client_id if busy is None else busy}'s training in round {self.round}{cohort}"
 
     def run(self, host: Host, values: list) -> list:
         assert host.jobs is not None
-        owns = host.fetch([j.own_payload_ref for j in self.jobs])
-        result, kept = host.jobs.run_call(self, host.shared(self.jobs[0].payload_ref), owns, values)
+        shared, owns = self.payloads(host)
+        result, kept = host.jobs.run_call(self, shared, owns, values)
         return [result, *kept]
 
 
@@ -231,7 +241,7 @@ class EvalCall(Call):
     def args(self) -> list:
         return list(self.states)
 
-    def describe(self, host: Host) -> str:
+    def describe(self, host: Optional[Host] = None) -> str:
         return f"the evaluation of clients {self.job.client_ids} after round {self.job.round}"
 
     def run(self, host: Host, values: list) -> list:
@@ -255,7 +265,7 @@ class ServerCall(Call):
     def args(self) -> list:
         return [self.job.state_ref, self.job.updates_ref]
 
-    def describe(self, host: Host) -> str:
+    def describe(self, host: Optional[Host] = None) -> str:
         return f"the server-side training of round {self.job.round}"
 
     def run(self, host: Host, values: list) -> list:
@@ -274,7 +284,7 @@ class CentralCall(Call):
     kind = "central"
     clients: list[int] = field(default_factory=list)
 
-    def describe(self, host: Host) -> str:
+    def describe(self, host: Optional[Host] = None) -> str:
         return "central training"
 
     def run(self, host: Host, values: list) -> list:
@@ -284,26 +294,17 @@ class CentralCall(Call):
 
 
 @dataclass
-class ProbeCall(Call):
+class ProbeCall(_JobsCall):
     """``engine.vectorize=auto``: the cohort size a probe on the round's first clients chooses (nothing it trains
     is kept), and what it measured."""
 
-    jobs: list[TrainJob]
-    states: list[Any]
     kind = "train"
     clients: list[int] = field(default_factory=list)
 
-    @property
-    def round(self) -> int:  # type: ignore[override]
-        return self.jobs[0].round
-
-    def args(self) -> list:
-        return list(self.states)
-
-    def describe(self, host: Host) -> str:
+    def describe(self, host: Optional[Host] = None) -> str:
         return f"the engine.vectorize=auto probe in round {self.round}"
 
     def run(self, host: Host, values: list) -> list:
         assert host.jobs is not None
-        owns = host.fetch([j.own_payload_ref for j in self.jobs])
-        return [host.jobs.probe_cohort_size(self.jobs, host.shared(self.jobs[0].payload_ref), owns, values)]
+        shared, owns = self.payloads(host)
+        return [host.jobs.probe_cohort_size(self.jobs, shared, owns, values)]

@@ -214,16 +214,10 @@ def _gave_up(call: Call, tries: int, limit: int, exc: BaseException) -> str:
     """Why the run stops after ``call``'s worker died ``tries`` times (more than ``engine.max_retries``)."""
     clients = call.clients
     who = (f"client {clients[0]}" if len(clients) == 1 else f"clients {clients}" if clients
-           else call.describe(_Nowhere()))
+           else call.describe())
     what = "an object it needed was lost" if isinstance(exc, ObjectLostError) else "worker died"
     return (f"{who} in round {call.round}: {what} {counted(tries, 'time')} (engine.max_retries={limit}); last cause: "
             f"{_first_line(exc)}")
-
-
-class _Nowhere:
-    """The host a call's description is read from when no process runs it."""
-
-    jobs = None
 
 
 def _first_line(exc: BaseException) -> str:
