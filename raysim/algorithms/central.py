@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from raysim.errors import UserError
+from raysim.trees import detached_cpu
 
 Entry = dict[str, torch.Tensor]
 T = TypeVar("T")
@@ -44,20 +45,9 @@ Training = Callable[[torch.device], Any]  # central training, given the device o
 _RESERVED: ContextVar[Optional[Callable[[Training], Any]]] = ContextVar("raysim_central_runner", default=None)
 
 
-def on_cpu(tree: Any) -> Any:
-    """``tree`` (tensors in nested dicts, lists and tuples) with every tensor detached and on the CPU."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {k: on_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(on_cpu(v) for v in tree)
-    return tree
-
-
 def run_here(train: Callable[[torch.device], T], device: Union[torch.device, str]) -> T:
     """``train(device)`` in this process, its result (tensors, in nested containers) on the CPU."""
-    return on_cpu(train(torch.device(device)))
+    return detached_cpu(train(torch.device(device)))
 
 
 @contextlib.contextmanager
