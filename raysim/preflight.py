@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -27,12 +26,9 @@ DATA_ROOT_FIX = "data.root=/path/to/datasets"
 
 def _local_ray(engine: Any) -> bool:
     """Whether the run would start its own Ray on this machine (not a cluster, not a Ray this process holds)."""
-    from raysim.raysight import cluster_in_sight
+    from raysim.raysight import cluster_in_sight, ray_initialized
 
-    if cluster_in_sight(engine):
-        return False
-    ray = sys.modules.get("ray")
-    return not (ray is not None and getattr(ray, "is_initialized", lambda: False)())
+    return not (cluster_in_sight(engine) or ray_initialized())
 
 
 def _local_gpus() -> int:

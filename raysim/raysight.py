@@ -5,6 +5,7 @@ and the engine (which picks the executor from it, ``raysim.engine.backend``)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 RAY_WORKERS = 2  # engine.num_workers unset where Ray is wanted (a cluster, GPUs, engine.backend=ray)
@@ -16,6 +17,13 @@ def recorded_ray_cluster() -> bool:
     (as ``ray._common.utils.get_ray_address_file``)."""
     tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or os.path.join(os.sep, "tmp")
     return os.path.isfile(os.path.join(tmp, "ray", "ray_current_cluster"))
+
+
+def ray_initialized() -> bool:
+    """Whether this process already holds a Ray (a notebook's ``ray.init()``, a test session's, a Tune trial's),
+    found without importing Ray."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(getattr(ray, "is_initialized", lambda: False)())
 
 
 def cluster_in_sight(engine: Any) -> bool:

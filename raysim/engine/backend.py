@@ -3,10 +3,9 @@ what is in sight of this process, before anything slow starts (no Ray import). T
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from raysim.raysight import cluster_in_sight
+from raysim.raysight import cluster_in_sight, ray_initialized
 
 BACKENDS = ("auto", "ray", "inline")
 
@@ -23,7 +22,4 @@ def choose_backend(engine: Any) -> str:
         return engine.backend
     if (engine.num_workers or 1) > 1 or engine.gpus_per_worker > 0 or engine.state_memory_gb is not None:
         return "ray"
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
-        return "ray"
-    return "ray" if cluster_in_sight(engine) else "inline"
+    return "ray" if ray_initialized() or cluster_in_sight(engine) else "inline"
