@@ -23,6 +23,7 @@ import torch
 from raysim.algorithms.aggregation import UploadSum, combine, sum_in_groups
 from raysim.algorithms.base import ClientUpdate, RoundUpdates, SummedUpload
 from raysim.algorithms.central import reserved_jobs
+from raysim.config import to_flat_dict
 from raysim.data import build_federated_data
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, ProbeCall, ServerCall, ServerTrainJob,
@@ -123,9 +124,7 @@ def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
     seed, so that the driver's evaluation bookkeeping grows with the cohort, not with ``clients.num``."""
     if setting == "sampled":
         return None
-    if setting == "auto":
-        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_COHORT)
-    size = num if setting == "all" else min(int(setting), num)
+    size = eval_cohort_size(num, setting)
     if size == num:
         return list(range(num))
     rng = np.random.default_rng([seed, 15485863])
@@ -159,6 +158,7 @@ class Driver:
         torch.set_num_threads(1)
         import_plugins(cfg.plugins)
         self.cfg = cfg
+        self._config_record = to_flat_dict(cfg)  # what every checkpoint records it was made with (resume checks it)
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
         self.executor.start(workers)  # under Ray: the runner's workers (created when None), data to come
@@ -327,10 +327,11 @@ class Driver:
         states = [self.states.get(c) for c in sampled]
         if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
             self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
-        summed = self.cfg.engine.partial_sums and self._sum_group(sampled) > 0
+        group = self._sum_group(sampled)
+        summed = self.cfg.engine.partial_sums and group > 0
         per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(sampled),
                                     self.executor.slots)
-        calls = plan_round(jobs, states, sum_group=self._sum_group(sampled) if summed else 0,
+        calls = plan_round(jobs, states, sum_group=group if summed else 0,
                            cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
         done: dict[int, Any] = {}
         sums: list[UploadSum] = []
@@ -477,11 +478,9 @@ class Driver:
 
     def checkpoint(self) -> None:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
-        from raysim.config import to_flat_dict
-
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size, "config": to_flat_dict(self.cfg)},
+                          "vectorize": self.cohort_size, "config": self._config_record},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round
