@@ -36,6 +36,7 @@ import torch
 
 from raysim.errors import NotOnCPU, UserError
 from raysim.fsutil import atomic_writer
+from raysim.trees import tensor_leaves
 
 FORMAT_VERSION = 1
 _SAVE_CHUNK = 256  # client states fetched and written per batch (bounds the driver's memory at checkpoint time)
@@ -87,16 +88,11 @@ def history_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
 def require_cpu(tree: Any, what: str, path: str = "") -> None:
     """Raise :class:`~raysim.errors.NotOnCPU` naming the entry when a tensor of ``tree`` (nested dicts, lists,
     tuples) is not on the CPU: a checkpoint must load, and a stored object be read, where that device is not."""
-    if isinstance(tree, torch.Tensor):
-        if tree.device.type != "cpu":
-            raise NotOnCPU(f"{what}{path}: a {tree.device} tensor of shape {list(tree.shape)}, where only CPU "
+    for keys, t in tensor_leaves(tree):
+        if t.device.type != "cpu":
+            where = path + "".join(f"[{k!r}]" for k in keys)
+            raise NotOnCPU(f"{what}{where}: a {t.device} tensor of shape {list(t.shape)}, where only CPU "
                            f"tensors may go (a checkpoint, the object store)")
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            require_cpu(v, what, f"{path}[{k!r}]")
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            require_cpu(v, what, f"{path}[{i}]")
 
 
 class CheckpointCorrupt(UserError):
