@@ -37,7 +37,7 @@ import yaml
 from raysim.config import flatten_dict
 from raysim.errors import UserError
 from raysim.report_stats import MIN_SEEDS, extra_sections, final_table_rows, format_value, write_extra_csvs
-from raysim.runlog import human_bytes, read_metrics, warn_stderr
+from raysim.runlog import EPOCHS, human_bytes, read_metrics, warn_stderr
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
 from raysim.tables import mean_pm as _pm
@@ -188,7 +188,7 @@ def _kept_list(key: str, value: object) -> bool:
     """A list a report reads: the skipped clients, or a per-epoch curve (``p_epochs``) of finite numbers."""
     if not isinstance(value, list):
         return False
-    return key in _KEPT_LISTS or (key.endswith("_epochs") and all(_finite(v) for v in value))
+    return key in _KEPT_LISTS or (key.endswith(EPOCHS) and all(_finite(v) for v in value))
 
 
 def usable_rows(rows: list[dict], path: Path, warn: Callable[[str], None] = warn_stderr) -> list[dict]:
