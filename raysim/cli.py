@@ -265,8 +265,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
           f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     from raysim.config import load_config
-    from raysim.engine.backend import choose_backend
-    from raysim.raysight import cluster_in_sight
+    from raysim.engine.backend import starts_local_ray
     from raysim.engine.runner import already_complete, load_resume_config, run_experiment
     from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
@@ -335,7 +334,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"raysim: warning: round {m['round']}: dropped non-finite updates of clients {m['skipped']}",
                   file=sys.stderr, flush=True)
 
-    if choose_backend(cfg.engine) == "ray" and not cluster_in_sight(cfg.engine):
+    if starts_local_ray(cfg.engine):
         instead = ("engine.backend=auto with engine.num_workers=1" if cfg.engine.backend == "ray"
                    else "engine.num_workers=1")
         print(f"raysim: starting a local Ray for {_where(cfg)}: its start costs about 5 s before round 1 here "

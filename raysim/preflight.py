@@ -24,13 +24,6 @@ _EXPECTED = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "
 DATA_ROOT_FIX = "data.root=/path/to/datasets"
 
 
-def _local_ray(engine: Any) -> bool:
-    """Whether the run would start its own Ray on this machine (not a cluster, not a Ray this process holds)."""
-    from raysim.raysight import cluster_in_sight, ray_initialized
-
-    return not (cluster_in_sight(engine) or ray_initialized())
-
-
 def _local_gpus() -> int:
     try:
         import torch
@@ -44,11 +37,11 @@ def problems(cfg: Any, cpus: Optional[int] = None, gpus: Optional[int] = None,
              data: bool = True) -> list[tuple[str, str, str]]:
     """(key, what is wrong, the override that fixes it) for each problem; ``cpus`` / ``gpus``: this machine's
     (default: counted); ``data``: check ``data.root`` too (not on a resume, which cannot change it)."""
-    from raysim.engine.backend import choose_backend
+    from raysim.engine.backend import starts_local_ray
 
     out: list[tuple[str, str, str]] = []
     engine = cfg.engine
-    if choose_backend(engine) == "ray" and _local_ray(engine):
+    if starts_local_ray(engine):
         cpus = (os.cpu_count() or 1) if cpus is None else cpus
         workers = engine.num_workers
         if engine.gpus_per_worker > 0:

@@ -23,3 +23,9 @@ def choose_backend(engine: Any) -> str:
     if (engine.num_workers or 1) > 1 or engine.gpus_per_worker > 0 or engine.state_memory_gb is not None:
         return "ray"
     return "ray" if ray_initialized() or cluster_in_sight(engine) else "inline"
+
+
+def starts_local_ray(engine: Any) -> bool:
+    """Whether the run would start a Ray of its own on this machine: it runs on Ray, with no cluster in sight to
+    join and no Ray this process already holds (what costs Ray's start, and what a local machine must hold)."""
+    return choose_backend(engine) == "ray" and not (cluster_in_sight(engine) or ray_initialized())
