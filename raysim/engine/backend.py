@@ -7,8 +7,6 @@ from typing import Any
 
 from raysim.raysight import cluster_in_sight, ray_initialized
 
-BACKENDS = ("auto", "ray", "inline")
-
 
 def choose_backend(engine: Any) -> str:
     """``engine.backend`` resolved: ``ray`` or ``inline``.
