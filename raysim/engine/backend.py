@@ -1,5 +1,6 @@
-"""Which executor a run gets, and how many workers when the config leaves it open: decided from the config and
-what is in sight of this process, before anything slow starts (no Ray import). The numbers never depend on it."""
+"""Which executor a run gets, and whether it starts a Ray of its own: decided from the config and what is in sight
+of this process (``raysim.raysight``), before anything slow starts (no Ray import). The numbers never depend on
+it."""
 
 from __future__ import annotations
 
