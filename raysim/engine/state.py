@@ -110,7 +110,7 @@ def _feed(h: Any, obj: Any) -> None:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own buffer: the same bytes, no copy
     elif isinstance(obj, dict):
         h.update(f"D{len(obj)};".encode())
         for k, v in obj.items():
