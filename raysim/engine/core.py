@@ -25,6 +25,8 @@ from torch import nn
 from raysim.algorithms.aggregation import sum_results
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
 from raysim.algorithms.training import Trainee, epoch_batches, make_optimizer, run_phases
+from raysim.engine import vectorize_probe
+from raysim.engine.cohort import train_cohort
 from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
 from raysim.models import build_model, model_key
 from raysim.trees import all_finite, copy_tree, detached_cpu, nbytes, to_device
@@ -184,8 +186,6 @@ class ClientJobs:
         vectorised cohort; then each of its sum groups' finite uploads summed here, in id order. Returns (the
         call's result, each client's new state), in call order."""
         if call.stacked:
-            from raysim.engine.cohort import train_cohort
-
             self.busy = call.jobs[0].client_id  # for an error's message: the cohort's first client
             done = train_cohort(self, call.jobs, shared, owns, states)
         else:
@@ -204,9 +204,7 @@ class ClientJobs:
                           states: list[Optional[dict]]) -> tuple[int, dict]:
         """``engine.vectorize=auto``: the cohort size a probe on these clients chooses (nothing it trains is kept),
         and what it measured (``raysim.engine.vectorize_probe``)."""
-        from raysim.engine.vectorize_probe import choose_cohort_size
-
-        return choose_cohort_size(self, jobs, shared, owns, states)
+        return vectorize_probe.choose_cohort_size(self, jobs, shared, owns, states)
 
     def eval_model(self, client_id: int, round: int, shared: dict, own: Optional[dict],
                    state: Optional[dict]) -> tuple[nn.Module, ClientContext]:
