@@ -12,7 +12,7 @@ from typing import Any
 
 def config_warnings(cfg: Any) -> list[str]:
     """The warnings that ``cfg`` deserves (empty for a config that means what it says)."""
-    from raysim.registry import get_algorithm
+    from raysim.registry import loaded_algorithm
 
     out: list[str] = []
     data = cfg.data
@@ -20,7 +20,8 @@ def config_warnings(cfg: Any) -> list[str]:
         out.append("data.partition=niid2 with data.clients_per_domain=1 gives each domain whole to one client, so "
                    "the Dirichlet label redistribution has nobody to redistribute to: this is exactly niid1 "
                    "(raise data.clients_per_domain, or set data.label_skew=subsample)")
-    out += get_algorithm(cfg.algorithm.name).config_warnings(cfg)
+    algorithm = loaded_algorithm(cfg.algorithm.name)  # a built-in not imported yet: its Config's warnings are its own
+    out += algorithm.config_warnings(cfg) if algorithm is not None else cfg.algorithm.config_warnings(cfg)
     out += vectorize_notices(cfg)
     return out
 

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError, find_user_error
-from raysim.report import DEFAULT_COLUMNS
-from raysim.tables import counted
+from raysim.tables import DEFAULT_COLUMNS, counted
 
 if TYPE_CHECKING:
     from raysim.tune import SweepResult

@@ -241,6 +241,11 @@ class AlgorithmConfig:
     def validate(self) -> None:
         pass
 
+    def config_warnings(self, cfg: "ExperimentConfig") -> list[str]:
+        """Settings of these keys that run but mean less than they seem (what ``Algorithm.config_warnings`` returns
+        by default): here, so that loading a config warns without importing the algorithm (and torch)."""
+        return []
+
 
 @dataclass
 class EngineConfig:
@@ -476,10 +481,10 @@ def _algorithm_key_hint(exc: OmegaConfBaseException, algorithm: str) -> str:
     if not isinstance(exc, ConfigKeyError) or not key.startswith("algorithm.") or key.count(".") < 1:
         return ""
     field_name = key.split(".")[1]
-    from raysim.registry import get_algorithm, names
+    from raysim.registry import algorithm_config, algorithm_names
 
-    owners = [n for n in names("algorithm") if n != algorithm
-              and field_name in {f.name for f in dataclasses.fields(get_algorithm(n).Config)}]
+    owners = [n for n in algorithm_names() if n != algorithm
+              and field_name in {f.name for f in dataclasses.fields(algorithm_config(n))}]
     if not owners:
         return ""
     return (f"; {algorithm} has no key {field_name}, but {', '.join(owners)} "
@@ -487,9 +492,9 @@ def _algorithm_key_hint(exc: OmegaConfBaseException, algorithm: str) -> str:
 
 
 def algorithm_config_class(name: str) -> type:
-    from raysim.registry import get_algorithm
+    from raysim.registry import algorithm_config
 
-    return get_algorithm(name).Config
+    return algorithm_config(name)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -53,6 +53,34 @@ _BUILTINS: dict[str, dict[str, str]] = {
                 "synthetic": "raysim.data.synthetic", "femnist": "raysim.data.leaf",
                 "shakespeare": "raysim.data.leaf"},
 }
+# built-in algorithm -> its Config dataclass ("module:class"), kept apart from the hooks in a module without torch
+# (raysim/algorithms/configs/), so that loading a config (``raysim config show``, the checks before a run) imports no
+# algorithm; the algorithm's own ``Config`` is the same class (a test checks every name)
+_BUILTIN_CONFIGS: dict[str, str] = {
+    "fedavg": "raysim.config:AlgorithmConfig", "local": "raysim.config:AlgorithmConfig",
+    "partialavg": "raysim.config:AlgorithmConfig", "fedbn": "raysim.config:AlgorithmConfig",
+    "unideal": "raysim.algorithms.configs.unideal:UnidealConfig",
+    "partialkd": "raysim.algorithms.configs.unideal:PartialKDConfig",
+    "fedrep": "raysim.algorithms.configs.fedrep:FedRepConfig", "fapd": "raysim.algorithms.configs.fapd:FAPDConfig",
+    "fedprox": "raysim.algorithms.configs.fedprox:FedProxConfig", "moon": "raysim.algorithms.configs.moon:MOONConfig",
+    "fedproto": "raysim.algorithms.configs.fedproto:FedProtoConfig",
+    "fedpac": "raysim.algorithms.configs.fedpac:FedPACConfig",
+    "fedgen": "raysim.algorithms.configs.fedgen:FedGenConfig",
+    "fedgen-p": "raysim.algorithms.configs.fedgen:FedGenPConfig",
+    "fednh": "raysim.algorithms.configs.fednh:FedNHConfig",
+    "fedbabu": "raysim.algorithms.configs.fedbabu:FedBABUConfig",
+    "fedrod": "raysim.algorithms.configs.fedrod:FedRoDConfig",
+    "fedrcl": "raysim.algorithms.configs.fedrcl:FedRCLConfig",
+    "fedcda": "raysim.algorithms.configs.fedcda:FedCDAConfig", "fedkd": "raysim.algorithms.configs.fedkd:FedKDConfig",
+    "fedpcl": "raysim.algorithms.configs.fedpcl:FedPCLConfig",
+    "scaffold": "raysim.algorithms.configs.scaffold:SCAFFOLDConfig",
+    "feddyn": "raysim.algorithms.configs.feddyn:FedDynConfig",
+    "fedavgm": "raysim.algorithms.configs.fedopt:FedAvgMConfig",
+    "fedadam": "raysim.algorithms.configs.fedopt:FedAdamConfig",
+    "fedyogi": "raysim.algorithms.configs.fedopt:FedYogiConfig",
+    "fedadagrad": "raysim.algorithms.configs.fedopt:FedAdagradConfig",
+    "ditto": "raysim.algorithms.configs.ditto:DittoConfig",
+}
 _loaded: set[str] = set()
 
 
@@ -177,9 +205,13 @@ def _get(table: dict, kind: str, key: str, name: str) -> Any:
     if name not in table:
         _load_builtins(kind)
     if name not in table:
-        raise UserError(f"config key '{key}': unknown {kind} {name!r}{did_you_mean(str(name), table)}; "
-                        f"known: {', '.join(sorted(table))}")
+        raise _unknown(kind, key, name, table)
     return table[name]
+
+
+def _unknown(kind: str, key: str, name: str, known: Any) -> UserError:
+    return UserError(f"config key '{key}': unknown {kind} {name!r}{did_you_mean(str(name), known)}; "
+                     f"known: {', '.join(sorted(known))}")
 
 
 def did_you_mean(word: str, known: Any) -> str:
@@ -192,6 +224,28 @@ def did_you_mean(word: str, known: Any) -> str:
 
 def get_algorithm(name: str) -> type:
     return _get(_ALGORITHMS, "algorithm", "algorithm.name", name)
+
+
+def algorithm_config(name: str) -> type:
+    """The ``Config`` dataclass of algorithm ``name``. A built-in's comes from its module under
+    raysim/algorithms/configs/, without importing the algorithm (torch, ~1-2 s); a plugin's from its class."""
+    if name not in _ALGORITHMS:
+        if name in _BUILTIN_CONFIGS:
+            module, _, attr = _BUILTIN_CONFIGS[name].partition(":")
+            return getattr(importlib.import_module(module), attr)
+        raise _unknown("algorithm", "algorithm.name", name, set(_BUILTINS["algorithm"]) | set(_ALGORITHMS))
+    return _ALGORITHMS[name].Config
+
+
+def algorithm_names() -> list[str]:
+    """Every algorithm name, built-ins and registered plugins, sorted, without importing any algorithm."""
+    return sorted(set(_BUILTINS["algorithm"]) | set(_ALGORITHMS))
+
+
+def loaded_algorithm(name: str) -> Optional[type]:
+    """The class registered as ``name`` if its module has been imported (every plugin's is, by ``load_config``),
+    else None: then a built-in's Config speaks for it (``algorithm_config``)."""
+    return _ALGORITHMS.get(name)
 
 
 def get_model(name: str) -> Callable[..., Any]:

@@ -38,6 +38,7 @@ from raysim.config import flatten_dict
 from raysim.errors import UserError
 from raysim.report_stats import MIN_SEEDS, extra_sections, final_table_rows, format_value, write_extra_csvs
 from raysim.runlog import EPOCHS, human_bytes, read_metrics, warn_stderr
+from raysim.tables import DEFAULT_COLUMNS
 from raysim.tables import csv_number as _num
 from raysim.tables import markdown_table
 from raysim.tables import mean_pm as _pm
@@ -49,7 +50,6 @@ RUN_LENGTH_KEYS = ("rounds",)
 # metrics where less is better (``--mode auto``); every other metric is best at its maximum
 LOWER_IS_BETTER = ("loss", "bytes_", "wall_s")
 LAYOUTS = ("auto", "name", "keys")
-DEFAULT_COLUMNS = ("data.", "clients.", "model.")
 ALPHA = 0.01
 MB = 1e6
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+# the config-key prefixes whose varying keys make a report table's columns (settings); the rest make its rows
+# (methods). Here, not in raysim.report (numpy), so that the CLI's parser is built without importing it
+DEFAULT_COLUMNS = ("data.", "clients.", "model.")
+
 
 def counted(n: int, word: str, plural: Optional[str] = None) -> str:
     """``1 trial``, ``2 trials``: a count and its noun, singular for one (``plural`` where it is not word + s)."""

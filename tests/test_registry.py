@@ -33,3 +33,31 @@ def test_looking_up_a_small_model_does_not_import_torchvision():
 def test_unknown_name_lists_every_builtin():
     with pytest.raises(UserError, match=r"config key 'model.name': unknown model 'nope'; known: .*cnn.*resnet18"):
         registry.get_model("nope")
+
+
+def test_every_builtin_config_is_its_algorithms_own_and_loads_without_it():
+    """``algorithm_config`` (what loading a config uses) gives each built-in's Config without importing the
+    algorithm; it must be the very class the algorithm declares, for every built-in name."""
+    assert set(registry._BUILTIN_CONFIGS) == set(registry._BUILTINS["algorithm"])
+    for name in registry.builtin_names("algorithm"):
+        assert registry.algorithm_config(name) is registry.get_algorithm(name).Config, name
+
+
+def test_a_builtins_warnings_are_its_configs():
+    """Loading a config warns from the Config alone while a built-in is not imported (checks.config_warnings), which
+    says the same only while no built-in algorithm overrides ``Algorithm.config_warnings``."""
+    from raysim.algorithms.base import Algorithm
+
+    overriding = [n for n in registry.builtin_names("algorithm")
+                  if registry.get_algorithm(n).config_warnings.__func__ is not Algorithm.config_warnings.__func__]
+    assert overriding == []
+
+
+def test_an_unknown_algorithm_is_refused_alike_with_or_without_importing_the_builtins():
+    with pytest.raises(UserError) as light:
+        registry.algorithm_config("fedavgg")
+    with pytest.raises(UserError) as full:
+        registry.get_algorithm("fedavgg")
+    assert str(light.value) == str(full.value)
+    assert "did you mean 'fedavg'" in str(light.value) and "scaffold" in str(light.value)
+    assert registry.algorithm_names() == registry.names("algorithm")

@@ -1,7 +1,22 @@
-"""Federated algorithms as small sets of hooks; see ``base.Algorithm``."""
+"""Federated algorithms as small sets of hooks; see ``base.Algorithm``.
 
-from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, average_updates,
-                                    split_state, weighted_average)
+The hooks' names are loaded on first use (``base`` imports torch): the algorithms' config keys under
+``raysim.algorithms.configs`` load without it, for ``raysim config show`` and every config check.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, average_updates,
+                                        split_state, weighted_average)
 
 __all__ = ["Algorithm", "ClientContext", "ClientUpdate", "ServerContext", "average_updates", "split_state",
            "weighted_average"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from raysim.algorithms import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'raysim.algorithms' has no attribute {name!r}")

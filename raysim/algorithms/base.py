@@ -261,8 +261,10 @@ class Algorithm:
     @classmethod
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
         """Settings this algorithm runs but that mean less than they seem (UNIDEAL: a p-schedule that cannot move):
-        one message each, printed as a ``raysim: warning:`` line whenever such a config is loaded to run."""
-        return []
+        one message each, printed as a ``raysim: warning:`` line whenever such a config is loaded to run. By default
+        the algorithm's Config says (``AlgorithmConfig.config_warnings``): the built-ins' warnings live there, so that
+        a config loads without importing its algorithm."""
+        return cfg.algorithm.config_warnings(cfg)
 
     # ----------------------------------------------------------------- which tensors cross the network
     @property

@@ -51,7 +51,6 @@ Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the pers
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -59,35 +58,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
+from raysim.algorithms.configs.ditto import DittoConfig
 from raysim.algorithms.fedprox import proximal_term
-from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 PERSONAL = "personal"
 PERSONAL_PREFIX = PERSONAL + "."
-PREDICTS = ("personal", "global")
 VALIDATION = "ditto_validation"  # ctx.scratch: the held-out (x, y) of select_lam
 MIN_VALIDATION = 4  # fewer held-out samples: the fixed λ (the paper's experimental setup)
-
-
-@dataclass
-class DittoConfig(AlgorithmConfig):
-    name: str = "ditto"
-    lam: float = 1.0  # λ, the pull of the personal model towards the global one (authors' scripts: 1)
-    predict: str = "personal"  # personal: v_k (acc_mean) | global: the averaged model (acc_global too)
-    select_lam: bool = False  # λ per client and step by validation loss (the paper's procedure, --dynamic_lam)
-    lam_candidates: list[float] = field(default_factory=lambda: [0.1, 1.0, 2.0])  # the authors' candidates
-    val_fraction: float = 0.1  # with select_lam: the tail of each client's training data held out (authors: 10 %)
-
-    def validate(self) -> None:
-        require(is_finite(self.lam, 0.0), "algorithm.lam", f"must be a number >= 0, got {self.lam}")
-        require(len(self.lam_candidates) > 0 and all(is_finite(v, 0.0) for v in self.lam_candidates),
-                "algorithm.lam_candidates", f"must be a non-empty list of numbers >= 0, got {self.lam_candidates}")
-        require(is_finite(self.val_fraction, 0.0, strict=True) and self.val_fraction < 1, "algorithm.val_fraction",
-                f"must be a number in (0, 1), got {self.val_fraction}")
-        require(self.predict in PREDICTS, "algorithm.predict",
-                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
 
 
 def select_lam(params: dict[str, torch.Tensor], grads: Sequence[torch.Tensor], anchor: dict[str, torch.Tensor],

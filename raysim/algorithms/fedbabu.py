@@ -41,28 +41,14 @@ authors' learning-rate decay (×0.1 at 1/2 and 3/4 of the rounds) and FedBABU+ (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
+from raysim.algorithms.configs.fedbabu import FedBABUConfig
 from raysim.algorithms.training import fit_classifier
-from raysim.config import AlgorithmConfig, is_finite, is_whole, require
 from raysim.registry import register_algorithm
-
-
-@dataclass
-class FedBABUConfig(AlgorithmConfig):
-    name: str = "fedbabu"
-    finetune_epochs: int = 5  # τ_f: epochs of whole-model fine-tuning before personalised evaluation (--ft_ep)
-    finetune_lr: float = 0.001  # fine-tuning SGD learning rate (analysis.ipynb)
-
-    def validate(self) -> None:
-        require(is_whole(self.finetune_epochs), "algorithm.finetune_epochs",
-                f"must be an integer >= 0, got {self.finetune_epochs}")
-        require(is_finite(self.finetune_lr, 0, strict=True), "algorithm.finetune_lr",
-                f"must be a finite number > 0, got {self.finetune_lr}")
 
 
 def fine_tune(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, lr: float, momentum: float,

@@ -58,7 +58,6 @@ Logged loss parts: ``loss_ce``, ``loss_linear`` (α_k·⟨λ_k, θ⟩, negative 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import torch
@@ -66,31 +65,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, TensorDict, is_parameter, weighted_average
+from raysim.algorithms.configs.feddyn import FedDynConfig
 from raysim.algorithms.fedprox import proximal_term
-from raysim.config import AlgorithmConfig, is_finite, require
 from raysim.data.base import is_indexed
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
 MEAN_SIZE = "feddyn_mean_train_size"  # data.meta key: n̄, the mean training-set size over all clients
 ALPHA = "alpha"  # ctx.state key during a job: α_k as a float32 scalar (client_setup), never kept
-EVALUATES = ("mean", "server")  # algorithm.evaluate
-
-
-@dataclass
-class FedDynConfig(AlgorithmConfig):
-    name: str = "feddyn"
-    alpha: float = 0.01  # α, the regulariser's weight (authors' alpha_coef)
-    scale_alpha: bool = True  # α_k = α·n̄/n_k (the authors' code); false: α for every client (the paper)
-    max_grad_norm: Optional[float] = 10.0  # the authors' gradient clip; null: none
-    evaluate: str = "mean"  # mean: the plain mean of the round's models (the authors' avg_model) | server: θ^t
-
-    def validate(self) -> None:
-        require(self.evaluate in EVALUATES, "algorithm.evaluate",
-                f"must be one of {', '.join(EVALUATES)}, got {self.evaluate!r}")
-        require(is_finite(self.alpha, 0.0, strict=True), "algorithm.alpha", f"must be a number > 0, got {self.alpha}")
-        require(self.max_grad_norm is None or is_finite(self.max_grad_norm, 0.0, strict=True),
-                "algorithm.max_grad_norm", f"must be a number > 0 or null, got {self.max_grad_norm}")
 
 
 # ---------------------------------------------------------------------------------------------- the math

@@ -48,12 +48,12 @@ differ only in the server's step in raysim's tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
 from raysim.algorithms.base import Algorithm, TensorDict, is_parameter
-from raysim.config import AlgorithmConfig, is_finite, require
+from raysim.algorithms.configs.fedopt import (AdaptiveConfig, FedAdagradConfig, FedAdamConfig, FedAvgMConfig,
+                                             FedOptConfig, FedYogiConfig)
 from raysim.registry import register_algorithm
 
 Moments = dict[str, torch.Tensor]
@@ -85,20 +85,6 @@ def adaptive_step(x: torch.Tensor, average: torch.Tensor, moments: Moments, lr: 
 
 
 # ---------------------------------------------------------------------------------------------- the shared hook
-@dataclass
-class FedOptConfig(AlgorithmConfig):
-    name: str = "fedopt"
-    server_lr: float = 1.0  # η, the server learning rate
-
-    def validate(self) -> None:
-        require(is_finite(self.server_lr, 0.0, strict=True), "algorithm.server_lr",
-                f"must be a number > 0, got {self.server_lr}")
-
-
-def _decay(key: str, value: float) -> None:
-    require(is_finite(value, 0.0) and value < 1.0, f"algorithm.{key}", f"must be in [0, 1), got {value}")
-
-
 class FedOpt(Algorithm):
     """FedAvg whose server steps the model along the clients' average update with its own optimiser (the shared hook
     of FedAvgM, FedAdam, FedYogi and FedAdagrad: override ``init_moments`` and ``server_step``)."""
@@ -131,17 +117,6 @@ class FedOpt(Algorithm):
 
 
 # ---------------------------------------------------------------------------------------------- the built-ins
-@dataclass
-class FedAvgMConfig(FedOptConfig):
-    name: str = "fedavgm"
-    server_lr: float = 1.0
-    server_momentum: float = 0.9  # β; 0 with server_lr 1 is FedAvg exactly
-
-    def validate(self) -> None:
-        super().validate()
-        _decay("server_momentum", self.server_momentum)
-
-
 @register_algorithm("fedavgm")
 class FedAvgM(FedOpt):
     """FedAvg with server momentum (Hsu et al., 2019): v ← β·v + (x − x̄), x ← x − η·v."""
@@ -153,21 +128,6 @@ class FedAvgM(FedOpt):
 
     def server_step(self, x: torch.Tensor, average: torch.Tensor, moments: Moments) -> torch.Tensor:
         return momentum_step(x, average, moments.get("v"), self.config.server_lr, self.config.server_momentum)
-
-
-@dataclass
-class AdaptiveConfig(FedOptConfig):
-    name: str = "fedadam"
-    server_lr: float = 0.01
-    beta1: float = 0.9  # first-moment decay
-    beta2: float = 0.99  # second-moment decay (FedAdam, FedYogi)
-    tau: float = 1e-3  # adaptivity τ: added to √v, and v starts at τ²
-
-    def validate(self) -> None:
-        super().validate()
-        _decay("beta1", self.beta1)
-        _decay("beta2", self.beta2)
-        require(is_finite(self.tau, 0.0, strict=True), "algorithm.tau", f"must be a number > 0, got {self.tau}")
 
 
 class AdaptiveFedOpt(FedOpt):
@@ -186,11 +146,6 @@ class AdaptiveFedOpt(FedOpt):
         return adaptive_step(x, average, moments, c.server_lr, c.beta1, c.tau, self.second_moment)
 
 
-@dataclass
-class FedAdamConfig(AdaptiveConfig):
-    name: str = "fedadam"
-
-
 @register_algorithm("fedadam")
 class FedAdam(AdaptiveFedOpt):
     """FedOpt with Adam on the server (Reddi et al., ICLR 2021): v ← β2·v + (1 − β2)·Δ²."""
@@ -202,11 +157,6 @@ class FedAdam(AdaptiveFedOpt):
         return b2 * v + (1.0 - b2) * delta.square()
 
 
-@dataclass
-class FedYogiConfig(AdaptiveConfig):
-    name: str = "fedyogi"
-
-
 @register_algorithm("fedyogi")
 class FedYogi(AdaptiveFedOpt):
     """FedOpt with Yogi on the server (Reddi et al., ICLR 2021): v ← v − (1 − β2)·Δ²·sign(v − Δ²)."""
@@ -216,13 +166,6 @@ class FedYogi(AdaptiveFedOpt):
     def second_moment(self, v: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         d2 = delta.square()
         return v - (1.0 - self.config.beta2) * d2 * torch.sign(v - d2)
-
-
-@dataclass
-class FedAdagradConfig(AdaptiveConfig):
-    name: str = "fedadagrad"
-    server_lr: float = 0.1
-    beta1: float = 0.0  # the authors ran Keras' Adagrad: no first moment
 
 
 @register_algorithm("fedadagrad")

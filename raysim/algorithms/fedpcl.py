@@ -62,10 +62,8 @@ data, so FedPCL's numbers with it are not the paper's regime; say so wherever th
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -76,9 +74,10 @@ from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
-from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, require
+from raysim.config import ExperimentConfig
 from raysim.data.base import FederatedData, is_indexed
 from raysim.algorithms.central import cached, derived_seed, recipe_key, require_finite, train_classifier
+from raysim.algorithms.configs.fedpcl import FedPCLConfig
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -88,44 +87,6 @@ GROUP_KEY = "fedpcl.client_group"  # data.meta: client id -> group name (None: m
 # raysim.algorithms.central.recipe_key (dtypes and shapes hashed too), without the device
 CACHE_VERSION = 3
 _CHUNK = 1024
-
-
-@dataclass
-class PretrainConfig:
-    """The offline stand-in for pretrained backbones (used where ``model.weights`` gives none)."""
-
-    epochs: int = 30  # central pre-training epochs (SGD with momentum 0.9, as FAPD's offline teacher)
-    lr: float = 0.05
-    batch_size: int = 32
-    cache_dir: Optional[str] = None  # null: data.cache_dir, $RAYSIM_CACHE or ~/.cache/raysim (+ fedpcl-backbone)
-
-    def validate(self) -> None:
-        key = "algorithm.pretrain."
-        require(self.epochs >= 1, f"{key}epochs", f"must be >= 1, got {self.epochs}")
-        require(is_finite(self.lr, 0, strict=True), f"{key}lr", f"must be a finite number > 0, got {self.lr}")
-        require(self.batch_size >= 2, f"{key}batch_size", f"must be >= 2, got {self.batch_size}")
-        if self.cache_dir is not None:
-            self.cache_dir = os.path.abspath(os.path.expanduser(str(self.cache_dir)))
-
-
-@dataclass
-class FedPCLConfig(AlgorithmConfig):
-    name: str = "fedpcl"
-    tau: float = 0.07  # ConLoss(temperature=0.07)
-    base_tau: float = 0.07  # ConLoss's base_temperature (the loss is scaled by tau / base_tau)
-    proj_dim: int = 256  # ProjandDeci(in_d, 256, classes)
-    global_weight: float = 0.0  # > 0: add this times the contrast with the global prototypes alone (not in the code)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-
-    def validate(self) -> None:
-        for name in ("tau", "base_tau"):
-            value = getattr(self, name)
-            require(is_finite(value, 0, strict=True), f"algorithm.{name}",
-                    f"must be a finite number > 0, got {value}")
-        require(self.proj_dim >= 1, "algorithm.proj_dim", f"must be >= 1, got {self.proj_dim}")
-        require(is_finite(self.global_weight, 0), "algorithm.global_weight",
-                f"must be a finite number >= 0, got {self.global_weight}")
-        self.pretrain.validate()
 
 
 # ---------------------------------------------------------------------------------------------- the math

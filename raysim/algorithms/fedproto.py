@@ -36,7 +36,6 @@ With f_i the backbone of client i (``model.features``, the layer before the clas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -44,29 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate
-from raysim.config import AlgorithmConfig, is_finite, require
+from raysim.algorithms.configs.fedproto import FedProtoConfig
 from raysim.registry import register_algorithm
 
-PREDICTS = ("classifier", "prototype")
-AGGREGATIONS = ("count_weighted", "mean")
 _CHUNK = 1024  # samples per forward pass when computing prototypes
-
-
-@dataclass
-class FedProtoConfig(AlgorithmConfig):
-    name: str = "fedproto"
-    ld: float = 1.0  # λ, weight of the prototype regulariser (authors' lib/options.py: --ld default 1)
-    predict: str = "classifier"  # classifier (own head) | prototype (nearest global prototype, the paper's inference)
-    # count_weighted: C̄^j = Σ_i n_ij C_i^j / Σ_i n_ij | mean: each client holding class j weighs 1 (the authors'
-    # lib/utils.py proto_aggregation)
-    aggregation: str = "count_weighted"
-
-    def validate(self) -> None:
-        require(is_finite(self.ld, 0), "algorithm.ld", f"must be a finite number >= 0, got {self.ld}")
-        require(self.predict in PREDICTS, "algorithm.predict",
-                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
-        require(self.aggregation in AGGREGATIONS, "algorithm.aggregation",
-                f"must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math

@@ -28,7 +28,6 @@ Logged loss parts (mu > 0): ``loss_ce`` and ``loss_prox`` (the (mu/2)·||w − w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -36,17 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, require
+from raysim.algorithms.configs.fedprox import FedProxConfig
 from raysim.registry import register_algorithm
-
-
-@dataclass
-class FedProxConfig(AlgorithmConfig):
-    name: str = "fedprox"
-    mu: float = 0.01  # proximal weight (authors' flearn/optimizer/pgd.py default); 0 is FedAvg
-
-    def validate(self) -> None:
-        require(self.mu >= 0, "algorithm.mu", f"must be >= 0, got {self.mu}")  # also refuses NaN
 
 
 def proximal_term(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]], mu: float | torch.Tensor) -> torch.Tensor:

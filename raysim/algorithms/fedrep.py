@@ -6,22 +6,12 @@ trains the backbone with the head frozen (``train.local_epochs``), as in FedRep'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, require
+from raysim.algorithms.configs.fedrep import FedRepConfig
 from raysim.registry import register_algorithm
-
-
-@dataclass
-class FedRepConfig(AlgorithmConfig):
-    name: str = "fedrep"
-    head_epochs: int = 1  # local epochs on the head before the body's train.local_epochs (FedRep's paper: 10)
-
-    def validate(self) -> None:
-        require(self.head_epochs >= 0, "algorithm.head_epochs", f"must be >= 0, got {self.head_epochs}")
 
 
 @register_algorithm("fedrep")

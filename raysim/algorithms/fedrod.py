@@ -40,29 +40,17 @@ Bytes: up and down = body + generic head; the personal head stays on the client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext
-from raysim.config import AlgorithmConfig, require
+from raysim.algorithms.configs.fedrod import FedRoDConfig
 from raysim.registry import register_algorithm
 
 PHEAD_PREFIX = "phead."
-PREDICTS = ("personal", "generic")
 _PRIOR = "_fedrod_prior"  # this job's label prior, cached in the job's private payload copy
-
-
-@dataclass
-class FedRoDConfig(AlgorithmConfig):
-    name: str = "fedrod"
-    predict: str = "personal"  # personal: generic + personal logits (acc_mean); generic: the global model (acc_global)
-
-    def validate(self) -> None:
-        require(self.predict in PREDICTS, "algorithm.predict",
-                f"must be one of {', '.join(PREDICTS)}, got {self.predict!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math

@@ -54,7 +54,6 @@ Defaults: ``control: 2`` (the paper: option II is cheaper and is what its experi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -62,24 +61,10 @@ from torch import nn
 
 from raysim.algorithms.base import (ClientContext, ClientUpdate, TensorDict, average_updates, split_state,
                                     weighted_average)
-from raysim.algorithms.fedopt import FedOpt, FedOptConfig, Moments, momentum_step
-from raysim.config import ExperimentConfig, require
+from raysim.algorithms.configs.scaffold import SCAFFOLDConfig
+from raysim.algorithms.fedopt import FedOpt, Moments, momentum_step
 from raysim.algorithms.training import batch_bounds
 from raysim.registry import register_algorithm
-
-CONTROLS = (1, 2)
-
-
-@dataclass
-class SCAFFOLDConfig(FedOptConfig):
-    name: str = "scaffold"
-    server_lr: float = 1.0  # η_g, the global step size
-    control: int = 2  # which update of c_i: 2 (option II, from the model's move) or 1 (the full local gradient at x)
-
-    def validate(self) -> None:
-        super().validate()
-        require(self.control in CONTROLS, "algorithm.control", f"must be 1 or 2 (the paper's options), got "
-                f"{self.control!r}")
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -126,17 +111,6 @@ class SCAFFOLD(FedOpt):
     # with like); the paper's uniform mean is algorithm.weighting=uniform
     honours_weighting = True
     vectorizable = True  # engine.vectorize: its own client_setup and client_loss, declared here (not FedOpt's)
-
-    @classmethod
-    def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:
-        """Option II reads the average corrected gradient off the model's move as if every step were plain SGD."""
-        t = cfg.train
-        if getattr(cfg.algorithm, "control", 2) != 2 or (t.optimizer == "sgd" and t.momentum == 0):
-            return []
-        how = "train.optimizer=adam" if t.optimizer == "adam" else f"train.momentum={t.momentum}"
-        return [f"scaffold's option II sets c_i = c_i - c + (x - y_i)/(K·train.lr), which assumes plain SGD steps; "
-                f"with {how} the model moves further than K plain steps would, so the control variates overstate the "
-                f"gradient (set train.momentum=0, or algorithm.control=1)"]
 
     # ------------------------------------------------------------------ server
     def init_server_state(self, initial_state: TensorDict) -> dict:

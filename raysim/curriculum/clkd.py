@@ -13,10 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-METRICS = ("cosine", "l1", "l2")
-SHAPES = ("linear", "constant", "step")
-OVERS = ("local_epochs", "rounds")
-NORMS = ("batch", "kept")
+from raysim.algorithms.configs.unideal import METRICS, NORMS, OVERS, SHAPES
+
 _EPS = 1e-8
 
 
