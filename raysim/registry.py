@@ -234,7 +234,7 @@ def algorithm_config(name: str) -> type:
             module, _, attr = _BUILTIN_CONFIGS[name].partition(":")
             return getattr(importlib.import_module(module), attr)
         raise _unknown("algorithm", "algorithm.name", name, set(_BUILTINS["algorithm"]) | set(_ALGORITHMS))
-    return _ALGORITHMS[name].Config
+    return _ALGORITHMS[name].Config  # type: ignore[attr-defined]  # every Algorithm has one (AlgorithmConfig)
 
 
 def algorithm_names() -> list[str]:

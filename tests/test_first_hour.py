@@ -4,8 +4,10 @@ discovery, arguments, console lines). In process and tiny: each run here is the 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
-from conftest import tiny_overrides
+from conftest import ROOT, tiny_overrides
 
 import raysim
 from raysim.runlog import format_round, read_metrics, summary_table
@@ -160,6 +162,53 @@ def test_a_mistyped_name_gets_a_suggestion(override, suggestion):
         load_config(None, [override])
 
 
+def test_config_show_and_keys_import_no_torch():
+    """`raysim config show` (every built-in algorithm's section) and `config keys` as a fresh process runs them: no
+    torch, Ray or data/engine package imported (torch alone took 1.5-4 s of the 2.2-4.4 s)."""
+    import subprocess
+
+    code = ("import contextlib, io, sys\n"
+            "from raysim.cli import main\n"
+            "from raysim.registry import builtin_names\n"
+            "names = builtin_names('algorithm')\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    codes = [main(['config', 'show', 'smoke', f'algorithm.name={n}']) for n in names]\n"
+            "    codes += [main(['config', 'keys']), main(['config', 'keys', '--algorithm', 'fapd'])]\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'torchvision')\n"
+            "               or m.startswith(('raysim.engine', 'raysim.data', 'raysim.models')))\n"
+            "print(set(codes), 'algorithm.lam' in out.getvalue(), heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[0] == "{0} True []"
+
+
+def test_a_local_ray_start_is_announced_with_its_cost(capsys, monkeypatch, tmp_path):
+    """The shipped small configs run in this process (no Ray to start); where a run starts a Ray of its own, one
+    line says so and what it costs, before it starts."""
+    from raysim.config import load_config
+    from raysim.engine import runner
+    from raysim.engine.backend import choose_backend
+    from raysim.errors import UserError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # no `ray start` cluster in sight
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    shipped = ["smoke", "default", *(f"beyond/{p.stem}" for p in (ROOT / "experiments" / "beyond").glob("tiny-*.yaml"))]
+    assert len(shipped) > 5
+    for name in shipped:
+        assert choose_backend(load_config(name, [], warn=False).engine) == "inline", name
+
+    def stop(*_, **__):
+        raise UserError("stopped where the run would start")
+
+    monkeypatch.setattr(runner, "run_experiment", stop)
+    code, out, err = _cli(capsys, "run", "smoke", "engine.num_workers=2", f"log.dir={tmp_path / 'run'}")
+    assert code == 2 and "stopped where the run would start" in err
+    (line,) = [line for line in out.splitlines() if "local Ray" in line]
+    assert "its start costs about" in line and "engine.num_workers=1 runs in this process" in line
+    code, out, _ = _cli(capsys, "run", "smoke", f"log.dir={tmp_path / 'run2'}")
+    assert code == 2 and "local Ray" not in out
+
+
 # ---------------------------------------------------------------------------------------------- --resume overrides
 def test_resume_applies_an_override_or_refuses_it_in_one_line_for_runs_seed_sets_and_sweeps(tmp_path, capsys):
     run, seeds, sweep = tmp_path / "run", tmp_path / "seeds", tmp_path / "sweep"
@@ -249,8 +298,6 @@ def test_every_problem_in_one_message_before_anything_starts(capsys, monkeypatch
 
 # ---------------------------------------------------------------------------------------------- the README
 def test_readme_opens_with_a_first_hour_and_links_the_reference():
-    from conftest import ROOT
-
     readme = (ROOT / "README.md").read_text().splitlines()
     assert len(readme) <= 60
     text = "\n".join(readme)

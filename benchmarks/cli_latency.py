@@ -1,0 +1,57 @@
+"""Wall time of the quick commands (`raysim config show`, `config keys`, `list`, `--help`), and whether they import
+torch.
+
+    .venv/bin/python benchmarks/cli_latency.py [--repeats 5] [--source DIR]
+
+Each command runs as a fresh ``python -X importtime -m raysim.cli ...`` subprocess (what a user's shell pays: the
+interpreter's start included); the figure is the median (min-max) of the repeats. ``--source`` times another checkout
+(its folder goes first on PYTHONPATH), for a before/after pair with the same interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = (["config", "show"], ["config", "show", "smoke", "algorithm.name=unideal"], ["config", "keys"],
+            ["config", "keys", "--algorithm", "fapd"], ["list"], ["--help"])
+HEAVY = ("torch", "ray", "torchvision")  # what a command that only reads configs should never import
+
+
+def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[float], set[str]]:
+    """Seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    times, heavy = [], set()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raysim.cli", *args], cwd=source, env=env,
+                              capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"raysim {' '.join(args)} exited {proc.returncode}: {proc.stderr[-500:]}")
+        for line in proc.stderr.splitlines():  # "import time: self | cumulative | <indent>module"
+            if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() in HEAVY:
+                heavy.add(line.rsplit("|", 1)[-1].strip())
+    return times, heavy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--source", type=Path, default=ROOT, help="the checkout to time (default: this one)")
+    args = parser.parse_args()
+    print(f"source {args.source.resolve()}, {args.repeats} runs each, load average {os.getloadavg()[0]:.1f}")
+    for command in COMMANDS:
+        times, heavy = time_command(command, args.source.resolve(), args.repeats)
+        print(f"raysim {' '.join(command):<45} {statistics.median(times):6.2f} s ({min(times):.2f}-{max(times):.2f})"
+              f"  imports: {', '.join(sorted(heavy)) or 'no torch, no ray'}")
+
+
+if __name__ == "__main__":
+    main()
