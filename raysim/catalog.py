@@ -68,7 +68,9 @@ def _merged(path: Path, cache: dict) -> dict:
     if path not in cache:
         cache[path] = {}  # a cycle reads as empty
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            # libyaml's loader where PyYAML has it: `raysim list` reads every shipped file (~240)
+            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+            raw = yaml.load(path.read_text(encoding="utf-8"), Loader=loader) or {}
         except (OSError, yaml.YAMLError):
             raw = {}
         raw = raw if isinstance(raw, dict) else {}
