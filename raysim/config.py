@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from raysim.errors import UserError
+from raysim.system.config import SystemConfig
 
 
 class ConfigError(UserError):
@@ -386,6 +387,7 @@ class ExperimentConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)  # clients' speeds, availability, deadline (issue 36)
 
     def validate(self) -> "ExperimentConfig":
         name = str(self.name)
