@@ -138,7 +138,7 @@ class ClientJobs:
         chosen. The one-client loop (:meth:`train`) and the cohort trainer (``raysim.engine.cohort``) share it."""
         clock = time.perf_counter()
         alg, cid, rnd = self.algorithm, job.client_id, job.round
-        seed = job_seed(self.cfg.seed, cid, rnd)
+        seed = job_seed(self.cfg.seed, cid, rnd, *job.stream)
         model = self.model(cid)  # first: building a model reseeds torch's global RNG (deterministic weights)
         seed_torch(seed, self.device)  # so that a hook drawing from the global RNG gets the same numbers anywhere
         gen = torch.Generator().manual_seed(seed)
@@ -149,7 +149,8 @@ class ClientJobs:
         phases = alg.local_phases(model, ctx)
         ctx.num_epochs = sum(phase[1] for phase in phases)
         augment = _augment(self.cfg, self.data, cid)
-        aug_gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM)) if augment else None
+        aug_gen = (torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM, *job.stream))
+                   if augment else None)
         return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock)
 
     def finish(self, started: StartedJob, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: int,

@@ -302,16 +302,25 @@ class Driver:
     def _downloads(self, clients: list[int], rnd: int) -> tuple[Any, dict[int, Any], int]:
         """(shared payload ref, per-client payload refs, bytes_down): the shared payload is put once; a client's
         own payload (``client_payload``) only where the algorithm sends one, and counted for that client."""
-        shared = (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
-                  else self.algorithm.eval_payload(self.server_state))
+        shared = self._shared_payload(rnd)
+        own, own_bytes = self._own_payloads(clients, rnd)
+        return self.executor.put(shared), own, int(nbytes(shared) * len(clients) + own_bytes)
+
+    def _shared_payload(self, rnd: int) -> dict:
+        """What every client of round ``rnd`` downloads (``rnd`` <= 0: the evaluation's)."""
+        return (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
+                else self.algorithm.eval_payload(self.server_state))
+
+    def _own_payloads(self, clients: list[int], rnd: int) -> tuple[dict[int, Any], int]:
+        """Each client's own payload ref (``client_payload``, where the algorithm sends one) and their bytes."""
         own: dict[int, Any] = {}
-        total = nbytes(shared) * len(clients)
+        total = 0
         for cid in clients:
             personal = self.algorithm.client_payload(self.server_state, cid, rnd)
             if personal is not None:
                 own[cid] = self.executor.put(personal)
                 total += nbytes(personal)
-        return self.executor.put(shared), own, int(total)
+        return own, total
 
     def _sum_group(self, sampled: list[int]) -> int:
         """Clients per group of this round's sum (``engine.sum_group``); 0: the algorithm needs every upload."""
@@ -324,15 +333,25 @@ class Driver:
         uploads were summed where they trained, else None)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
         jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c)) for c in sampled]
-        states = [self.states.get(c) for c in sampled]
-        if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
-            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
         group = self._sum_group(sampled)
         summed = self.cfg.engine.partial_sums and group > 0
-        per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(sampled),
+        done, sums = self._run_training(jobs, group if summed else 0)
+        return bytes_down, done, (sums if summed else None)
+
+    def _run_training(self, jobs: list[TrainJob], sum_group: int) -> tuple[dict[int, Any], list[UploadSum]]:
+        """Run training ``jobs`` (distinct clients) as the plan cuts them, one plan per round's payload (the
+        asynchronous modes train jobs of several server versions at once); returns ({client: (TrainResult, state
+        handle)}, the groups' upload sums in group order, none when ``sum_group`` is 0)."""
+        states = [self.states.get(j.client_id) for j in jobs]
+        if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
+            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+        per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(jobs),
                                     self.executor.slots)
-        calls = plan_round(jobs, states, sum_group=group if summed else 0,
-                           cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
+        calls = []
+        for rnd in sorted({j.round for j in jobs}):
+            members = [i for i, j in enumerate(jobs) if j.round == rnd]
+            calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
+                                cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
         done: dict[int, Any] = {}
         sums: list[UploadSum] = []
         for result, state_refs in self.executor.run(calls):
@@ -342,7 +361,7 @@ class Driver:
             if result.seconds > 0:
                 self._client_s = result.seconds if self._client_s is None else \
                     0.7 * self._client_s + 0.3 * result.seconds
-        return bytes_down, done, (sums if summed else None)
+        return done, sums
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -385,7 +404,11 @@ class Driver:
             total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, size, weighting)
             return total.mean()
 
-        round_updates = RoundUpdates(updates, mean)
+        self._server_step(RoundUpdates(updates, mean), rnd)
+
+    def _server_step(self, round_updates: RoundUpdates, rnd: int) -> None:
+        """The algorithm's ``server_aggregate`` on the round's updates, then its ``server_train`` (if any)."""
+        updates = list(round_updates)
         self.server_state = detached_cpu(self.algorithm.server_aggregate(round_updates, self.server_state, rnd))
         if self.algorithm.trains_on_server:
             put = self.executor.put
@@ -480,7 +503,11 @@ class Driver:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size, "config": self._config_record},
+                          "vectorize": self.cohort_size, "config": self._config_record, **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round
+
+    def _checkpoint_extra(self) -> dict:
+        """More of the run's state for ``server.pt`` (the asynchronous modes' event queue); none here."""
+        return {}

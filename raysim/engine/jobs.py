@@ -31,6 +31,9 @@ class TrainJob:
     round: int
     payload_ref: Any  # handle of the round's shared payload (a worker fetches it once per round)
     own_payload_ref: Optional[Any] = None  # handle of this client's own payload (``client_payload``)
+    # more tags for the job's seed, job_seed(seed, client, round, *stream): () in synchronous rounds; the
+    # asynchronous modes' (ASYNC_STREAM, job sequence), since a client may train twice on one server version
+    stream: tuple[int, ...] = ()
 
 
 @dataclass
