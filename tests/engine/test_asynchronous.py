@@ -150,13 +150,9 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(tmp_path, cli_env):
 
 
 @pytest.mark.slow
-def test_the_same_numbers_in_process_and_on_one_or_two_ray_workers_with_one_killed(ray_cluster, tmp_path):
-    """In process, then on two Ray workers with one SIGKILLed mid-job (``killed_worker_matches_inline``), then on
-    one Ray worker: FedBuff's metrics are the same three times."""
+def test_the_same_numbers_in_process_and_on_two_ray_workers_with_one_killed(ray_cluster, tmp_path):
+    """In process (one worker), then on two Ray workers with one SIGKILLed mid-job (``killed_worker_matches_inline``:
+    the killed job runs again elsewhere): FedBuff's metrics are the same."""
     extra = {k: v for k, v in ASYNC.items() if k not in ("clients__num", "train__local_epochs", "data__partition")}
-    one = killed_worker_matches_inline(tmp_path, log__tensorboard="false", **extra)
-    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "ray1"), log__tensorboard="false",
-                                           engine__backend="ray", engine__num_workers=1, rounds=3, clients__num=6,
-                                           clients__fraction=0.5, train__local_epochs=2,
-                                           data__partition="dirichlet", **extra))
-    assert strip_timing(run_experiment(cfg)[1]) == strip_timing(one)
+    rows = killed_worker_matches_inline(tmp_path, log__tensorboard="false", **extra)
+    assert [r["clients"] for r in rows] == [2, 2, 2]
