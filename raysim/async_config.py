@@ -74,8 +74,8 @@ def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> N
     from raysim.registry import get_algorithm
 
     name = cfg.algorithm.name
-    cls = get_algorithm(name)
-    why = cls.async_refusal()
+    algorithm: Any = get_algorithm(name)
+    why = algorithm.async_refusal()
     require(why is None, "asynchronous.mode", f"{section.mode} needs a method whose server step is a model average "
             f"(fedavg, fedprox, the FedOpt family, partialavg, unideal): {name} {why}")
     deadline = getattr(getattr(cfg, "system", None), "deadline_s", None)

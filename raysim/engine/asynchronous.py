@@ -256,9 +256,10 @@ class AsyncDriver(Driver):
             for cid, ok in zip(batch.tolist(), self.system.available_many(batch, t).tolist()):
                 if ok and cid not in busy:
                     return int(cid)
-        eligible = [int(c) for a in range(0, num, CHUNK)
-                    for c in np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
-                    if int(c) not in busy]
+        eligible: list[int] = []
+        for a in range(0, num, CHUNK):
+            found: Any = np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
+            eligible += [int(c) for c in found.tolist() if int(c) not in busy]
         return int(rng.choice(eligible)) if eligible else None
 
     def _start_job(self, t: float, seq: Optional[int] = None, attempt: int = 0) -> None:
