@@ -298,7 +298,7 @@ class Driver:
         start = time.perf_counter()
         sampled, dropouts = self._sample(rnd)
         bytes_down, results, sums = self._train_clients(sampled, rnd)
-        results, settled = self._meet_deadline(results, rnd)
+        results, settled = self._meet_deadline(results, rnd, len(sampled) + len(dropouts))
         finished, kept, skipped = self._collect(results, rnd)
         updates = [_update(r, sums is not None) for r in finished]
         self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
@@ -322,14 +322,15 @@ class Driver:
             return sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
         return self.clock.sample(rnd, self.totals["sim_time_s"], draw_clients)
 
-    def _meet_deadline(self, done: dict[int, Any], rnd: int) -> tuple[dict[int, Any], Optional[Settlement]]:
+    def _meet_deadline(self, done: dict[int, Any], rnd: int,
+                       started: int) -> tuple[dict[int, Any], Optional[Settlement]]:
         """``system.enabled``: who of the trained clients reports in simulated time; the partial clients
         (``system.late=partial``) trained again with their step budgets. Off: everything as it came."""
         if self.clock is None:
             return done, None
         shared_bytes, own_bytes = self._download_bytes
         settled = self.clock.settle({c: r for c, (r, _) in done.items()},
-                                    {c: shared_bytes + own_bytes.get(c, 0) for c in done})
+                                    {c: shared_bytes + own_bytes.get(c, 0) for c in done}, started)
         kept = {c: done[c] for c in settled.reporters if c not in settled.budgets}
         if settled.budgets:
             _, partial, _ = self._train_clients(sorted(settled.budgets), rnd, settled.budgets)

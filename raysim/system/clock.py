@@ -66,20 +66,20 @@ class Settlement:
 
 def settle(full_s: dict[int, float], partial_s: dict[int, tuple[float, int]], target: int,
            deadline_s: Optional[float], idle_s: float) -> Settlement:
-    """The round's outcome from each trained client's full job time (``full_s``) and, for late clients that can do
-    partial work, (its partial job's time, its sample budget) (``partial_s``); ``target`` is K. Ties go to the lower
-    client id; a round with nobody to wait for lasts ``idle_s``."""
+    """The round's outcome from each trained client's full job time (``full_s``) and, for a late client that can do
+    partial work, (its partial job's time, its sample budget) (``partial_s``); ``target`` is K. Ties go to the
+    lower client id; a round in which nobody reports lasts ``idle_s``."""
     if deadline_s is None:
         return Settlement(round_s=max(full_s.values(), default=idle_s), reporters=sorted(full_s))
     in_time = [(s, c, None) for c, s in full_s.items() if s <= deadline_s]
     in_time += [(s, c, budget) for c, (s, budget) in partial_s.items() if s <= deadline_s]
-    in_time.sort()
+    in_time.sort(key=lambda entry: (entry[0], entry[1]))
     kept = in_time[:target]
-    round_s = kept[-1][0] if len(kept) == target and kept else (deadline_s if full_s else idle_s)
-    reporters = {c for _, c, _ in kept}
-    return Settlement(round_s=float(round_s), reporters=sorted(reporters),
+    round_s = kept[-1][0] if kept and len(kept) == target else (deadline_s if kept else idle_s)
+    can_report = {c for _, c, _ in in_time}
+    return Settlement(round_s=float(round_s), reporters=sorted(c for _, c, _ in kept),
                       budgets={c: b for _, c, b in kept if b is not None},
-                      late=sorted(c for c, s in full_s.items() if s > deadline_s and c not in reporters),
+                      late=sorted(c for c in full_s if c not in can_report),
                       surplus=sorted(c for _, c, _ in in_time[target:]))
 
 
@@ -112,8 +112,10 @@ class RoundClock:
         gone = set(dropped)
         return [c for c in started if c not in gone], dropped
 
-    def settle(self, results: dict[int, Any], bytes_down: dict[int, int]) -> Settlement:
-        """The round's outcome for its trained clients' ``results`` (client -> TrainResult)."""
+    def settle(self, results: dict[int, Any], bytes_down: dict[int, int], started: int) -> Settlement:
+        """The round's outcome for its trained clients' ``results`` (client -> TrainResult), of ``started``
+        clients (dropouts included): a round that started clients of which none reports waits for its deadline;
+        one that started none waits ``system.wait_s`` before the next samples again."""
         deadline = self.system.deadline_s
         full_s, partial_s = {}, {}
         for cid, r in results.items():
@@ -125,7 +127,8 @@ class RoundClock:
                 budget = samples_in_budget(r.num_samples, self.cfg.train.batch_size, epochs, fit)
                 if budget > 0:
                     partial_s[cid] = (job_duration(traits, bytes_down[cid], r.upload_bytes, budget), budget)
-        return settle(full_s, partial_s, self.target, deadline, self.system.wait_s)
+        idle = deadline if deadline is not None and started else self.system.wait_s
+        return settle(full_s, partial_s, self.target, deadline, idle)
 
     def check_deadline(self, samples: Callable[[int], int], bytes_each_way: int) -> None:
         """Refuse, before round 1, a deadline that no client can meet: one line naming the fastest possible client
