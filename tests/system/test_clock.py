@@ -115,30 +115,36 @@ def traits_csv(tmp_path, speeds: list[float]) -> str:
 
 
 def test_a_round_with_a_deadline_keeps_the_first_k_and_trains_partial_work(tmp_path):
-    """Six clients, K = 3, rho = 0.5: ceil(4.5) = 5 start. The durations follow from the CSV's traits, each
-    client's samples and the model's bytes; the round ends at the third report and the slow clients' partial work
-    is what fits before the deadline."""
-    speeds = [400.0, 20.0, 300.0, 250.0, 15.0, 350.0]
+    """Six clients, K = 3, rho = 0.5: ceil(4.5) = 5 start, three of them slow. Each job: 0.5 s latency, the model's
+    bytes at 1 MB/s down and 0.5 MB/s up, 2 epochs of its samples at its speed; a slow client's partial work is the
+    whole steps (batches of 32) that fit in what the 4 s deadline leaves after latency and transfers. The round
+    keeps the first three reports and ends at the third."""
+    speeds = [400.0, 20.0, 15.0, 300.0, 15.0, 18.0]
     extra = dict(clients__num=6, clients__fraction=0.5, rounds=2, train__local_epochs=2, system__enabled="true",
                  system__traits="csv", system__csv=traits_csv(tmp_path, speeds), system__deadline_s=4.0,
                  system__over_selection=0.5, system__late="partial")
     rows = run(tmp_path, "dl", **extra)
     cfg = load_config(None, tiny_overrides(tmp_path, **extra))
     data = build_federated_data(cfg)
-    model = SystemModel(cfg.system, cfg.seed, 6)
     for r in rows:
-        started = draw_clients(cfg.seed, r["round"], 6, 5)  # ceil(3 x 1.5) = 5 of the 6
+        started = draw_clients(cfg.seed, r["round"], 6, 5)
         assert r["clients"] == 5
-        per_client = r["bytes_down"] // 5  # FedAvg sends every client the same model
-        full = {c: model.duration(c, per_client, per_client, 2 * data.num_train(c)) for c in started}
-        in_time = sorted((s, c) for c, s in full.items() if s <= 4.0)
-        late = [c for c in started if full[c] > 4.0]
-        assert all(speeds[c] <= 20 for c in late)  # the slow ones: 0.5 + 2 x ~0.05 s + ~300 samples at 20/s
-        if len(in_time) >= 3:
-            assert r["round_sim_s"] == pytest.approx(in_time[2][0]) and r["partial"] == 0
-        else:  # the partial clients report at the end of the last step that fits
-            assert r["partial"] == 3 - len(in_time) and 3.0 < r["round_sim_s"] <= 4.0
-        assert r["bytes_up"] == 3 * per_client  # the first three reports
+        size = r["bytes_down"] // 5  # FedAvg sends every client the model, and each uploads one as big
+        transfers = 0.5 + size / 1e6 + size / 5e5
+        reports = []  # (time, client, partial)
+        for c in started:
+            n = data.num_train(c)
+            if transfers + 2 * n / speeds[c] <= 4.0:
+                reports.append((transfers + 2 * n / speeds[c], c, False))
+            else:
+                fit = int((4.0 - transfers) * speeds[c])  # samples that fit before the deadline
+                budget = samples_in_budget(n, 32, 2, fit)
+                assert budget == 32 * (fit // 32) and budget < n  # these slow clients fit part of an epoch
+                reports.append((transfers + budget / speeds[c], c, True))
+        reports.sort()
+        assert r["round_sim_s"] == pytest.approx(reports[2][0])
+        assert r["partial"] == sum(p for _, _, p in reports[:3]) >= 1 and r["surplus"] == 2
+        assert r["bytes_up"] == 3 * size  # the first three reports
     assert rows[1]["sim_time_s"] == pytest.approx(rows[0]["round_sim_s"] + rows[1]["round_sim_s"])
 
 
