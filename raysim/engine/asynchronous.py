@@ -38,11 +38,12 @@ always available and never drops.
 
 **Rounds.** One server step is one logical round: ``metrics.jsonl`` gets one row per step with the usual keys
 (``clients``: the updates applied, ``bytes_down``: the downloads of the jobs started since the last step,
-``bytes_up``: the applied uploads) and ``sim_time_s``, ``round_sim_s``, ``staleness_mean``, ``staleness_max``
-(and ``dropped``, the jobs that dropped since the last step). The checkpoint after a step holds the queue (every
-job in flight or waiting, with its times, client and the server version it downloaded) and each of those versions'
-payloads, so ``--resume`` re-trains the jobs in flight from exactly what they downloaded and continues with the
-metrics of a run that was never interrupted.
+``bytes_up``: the applied uploads), ``sim_time_s`` (with the totals, as synchronous rounds log it with
+``system.enabled``), ``round_sim_s``, ``staleness_mean``, ``staleness_max`` and ``dropouts`` (the jobs that dropped
+since the last step). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
+client and the server version it downloaded) and each of those versions' payloads, so ``--resume`` re-trains the
+jobs in flight from exactly what they downloaded and continues with the metrics of a run that was never
+interrupted.
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ class AsyncDriver(Driver):
         super()._setup(cfg, run_dir, resume, workers)
         self.mode = cfg.asynchronous
         self.concurrency = self.mode.concurrency or cohort_size(cfg.clients.num, cfg.clients.fraction)
-        self.system = SystemModel(cfg.system if cfg.system.enabled else SystemConfig(), cfg.seed, cfg.clients.num)
+        self.system = self.clock.model if self.clock is not None else SystemModel(SystemConfig(), cfg.seed,
+                                                                                     cfg.clients.num)
         self.wait_s = float(cfg.system.wait_s)
         self.queue = EventQueue()
         self.sim_time = 0.0
@@ -217,6 +219,7 @@ class AsyncDriver(Driver):
         self.versions: dict[int, Version] = {}
         self.results: dict[int, tuple[TrainResult, Any]] = {}  # job sequence -> its computed (result, state handle)
         self.buffer: list[tuple[Flight, TrainResult]] = []  # FedBuff's arrivals since the last step
+        self.totals.setdefault("sim_time_s", 0.0)  # simulated seconds at the last server step (logged with totals)
         if resume:
             self._restore(read_checkpoint(self.run_dir).get("asynchronous"))
 
@@ -335,10 +338,9 @@ class AsyncDriver(Driver):
         self._server_step(RoundUpdates(updates, lambda: target), rnd)
         clients = [f.client for f, _ in arrivals]
         metrics = self._round_metrics(rnd, clients, [r for _, r in arrivals], skipped, self.pending_down)
-        metrics.update(sim_time_s=self.sim_time, round_sim_s=self.sim_time - self.last_step_time,
-                       staleness_mean=float(np.mean(staleness)), staleness_max=int(max(staleness)))
-        if self.pending_dropped:
-            metrics["dropped"] = self.pending_dropped
+        self.totals["sim_time_s"] = self.sim_time
+        metrics.update(round_sim_s=self.sim_time - self.last_step_time, staleness_mean=float(np.mean(staleness)),
+                       staleness_max=int(max(staleness)), dropouts=self.pending_dropped)
         client_counts = self._evaluate_round(rnd, clients, metrics)
         metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
         self.last_step_time, self.pending_down, self.pending_dropped = self.sim_time, 0, 0

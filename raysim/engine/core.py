@@ -169,7 +169,7 @@ class ClientJobs:
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
                              seconds=time.perf_counter() - started.clock if seconds is None else seconds,
-                             has_state=bool(keep), upload_bytes=nbytes(upload))
+                             has_state=bool(keep), upload_bytes=nbytes(upload), samples_seen=int(seen))
         return result, (keep or None)
 
     def train(self, job: TrainJob, shared: dict, own: Optional[dict],
@@ -265,6 +265,7 @@ class _OneClient(Trainee):
         self.part_sums: dict[str, torch.Tensor] = {}
         self.seen = 0
         self.finite = True
+        self.budget = started.job.max_samples  # system.late=partial: the samples that fit before the deadline
 
     def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
         active = {id(p) for p in params}
@@ -291,6 +292,9 @@ class _OneClient(Trainee):
         if self.alg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.alg.clip_grad_norm)
         optimizer.step()
+
+    def fits(self, step: Any) -> bool:
+        return self.budget is None or self.seen + len(step) <= self.budget
 
     def end_epoch(self) -> bool:
         self.ctx.epoch += 1

@@ -1,7 +1,7 @@
 """The ``system`` config section: client speeds, bandwidths, latency, availability, dropout and the round deadline.
 
 Off by default (``system.enabled: false``): then no key here changes any number a run computes. Every mistake is a
-:class:`raysim.config.ConfigError` whose one-line message names the key. Files (``system.csv``,
+:class:`SystemConfigError` whose one-line message names the key. Files (``system.csv``,
 ``system.availability.trace``) are checked when the run builds its :class:`raysim.system.model.SystemModel`, before
 its first round, with the same one-line errors.
 """
@@ -12,21 +12,32 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from raysim.errors import UserError
+
 TRAIT_SOURCES = ("lognormal", "tiers", "csv")
 AVAILABILITY_MODES = ("always", "onoff", "diurnal", "trace")
 LATE_POLICIES = ("drop", "partial")
 
 
-def _require(ok: bool, key: str, why: str) -> None:
-    from raysim.config import require
+class SystemConfigError(UserError):
+    """A ``system.*`` key holds an impossible value: raysim.config's ConfigError for this section, which cannot
+    import raysim.config (raysim.config imports it); the CLI gives both one line and exit 2."""
 
-    require(ok, key, why)
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise SystemConfigError(f"config key '{key}': {why}")
+
+
+def _finite(value: Any, low: float, *, strict: bool = False) -> bool:
+    """A finite number (not a bool) >= ``low`` (> with ``strict``), as raysim.config.is_finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
 
 
 def _positive(value: Any) -> bool:
-    from raysim.config import is_finite
-
-    return is_finite(value, 0.0, strict=True)
+    return _finite(value, 0.0, strict=True)
 
 
 @dataclass
@@ -34,15 +45,13 @@ class TraitConfig:
     """One client trait drawn from a lognormal distribution: ``median``, and ``spread`` = the ratio of its 90th to
     its 10th percentile (1: every client gets the median; 10: the fastest tenth is 10x the slowest tenth)."""
 
-    median: float = 1.0
-    spread: float = 1.0
+    median: float = 1.0  # the trait's median over clients (units: see system.speed, down, up, latency)
+    spread: float = 1.0  # 90th / 10th percentile ratio of the trait over clients (1: every client the median)
 
     def check(self, key: str, *, zero_ok: bool = False) -> None:
-        from raysim.config import is_finite
-
-        ok = is_finite(self.median, 0.0) if zero_ok else _positive(self.median)
+        ok = _finite(self.median, 0.0) if zero_ok else _positive(self.median)
         _require(ok, f"{key}.median", f"must be a finite number {'>=' if zero_ok else '>'} 0, got {self.median!r}")
-        _require(is_finite(self.spread, 1.0), f"{key}.spread",
+        _require(_finite(self.spread, 1.0), f"{key}.spread",
                  f"must be a finite ratio >= 1 (90th over 10th percentile), got {self.spread!r}")
 
 
@@ -50,11 +59,11 @@ class TraitConfig:
 class TierConfig:
     """A device tier: its share of the clients and its traits (units as in :class:`SystemConfig`)."""
 
-    share: float = 1.0
-    speed: float = 100.0
-    down: float = 1.25e6
-    up: float = 6.25e5
-    latency: float = 0.05
+    share: float = 1.0  # the tier's share of the clients (shares are normalised to sum 1)
+    speed: float = 100.0  # samples trained per second
+    down: float = 1.25e6  # download bandwidth, bytes per second
+    up: float = 6.25e5  # upload bandwidth, bytes per second
+    latency: float = 0.05  # seconds per job before any byte moves
 
 
 @dataclass
@@ -101,8 +110,6 @@ class SystemConfig:
     wait_s: float = 60.0  # when no client is available, the server waits this long before it samples again
 
     def validate(self) -> None:
-        from raysim.config import is_finite
-
         _require(self.traits in TRAIT_SOURCES, "system.traits",
                  f"must be one of {', '.join(TRAIT_SOURCES)}, got {self.traits!r}")
         for name in ("speed", "down", "up"):
@@ -116,16 +123,16 @@ class SystemConfig:
                 for name in ("speed", "down", "up"):
                     _require(_positive(getattr(tier, name)), f"{key}.{name}",
                              f"must be a finite number > 0, got {getattr(tier, name)!r}")
-                _require(is_finite(tier.latency, 0.0), f"{key}.latency", f"must be >= 0, got {tier.latency!r}")
+                _require(_finite(tier.latency, 0.0), f"{key}.latency", f"must be >= 0, got {tier.latency!r}")
         _require(self.traits != "csv" or bool(self.csv), "system.csv",
                  "traits=csv needs a CSV file (system.csv=PATH, header client_id,speed,down,up,latency)")
         self.availability.validate()
-        _require(is_finite(self.dropout, 0.0) and self.dropout < 1, "system.dropout",
+        _require(_finite(self.dropout, 0.0) and self.dropout < 1, "system.dropout",
                  f"must be a probability in [0, 1), got {self.dropout!r}")
         if self.deadline_s is not None:
             _require(_positive(self.deadline_s), "system.deadline_s",
                      f"must be a number of seconds > 0 (or null), got {self.deadline_s!r}")
-        _require(is_finite(self.over_selection, 0.0), "system.over_selection",
+        _require(_finite(self.over_selection, 0.0), "system.over_selection",
                  f"must be a finite number >= 0, got {self.over_selection!r}")
         _require(self.over_selection == 0 or self.deadline_s is not None, "system.over_selection",
                  "over-selection keeps the first K clients to report before system.deadline_s: set a deadline")
