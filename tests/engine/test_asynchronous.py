@@ -109,6 +109,32 @@ def test_fedbuff_run_steps_every_k_arrivals_in_time_order_and_resumes(tmp_path):
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(rows)
 
 
+def test_with_a_system_model_jobs_start_on_available_clients_and_some_drop(tmp_path):
+    """Diurnal availability (each client on for half of a 30 s day), lognormal speeds with a 10x spread, dropout
+    0.3: every job in flight started on a client available at its start, not already in flight, and the dropped
+    jobs are counted; the simulated clock runs on the system model's durations."""
+    from raysim.system.model import SystemModel
+
+    system = dict(system__enabled="true", system__availability__mode="diurnal", system__availability__period_s=30,
+                  system__speed__median=50, system__speed__spread=10, system__dropout=0.3, system__wait_s=1)
+    rows = _run(tmp_path, "sys", rounds=4, **system)
+    assert sum(r["dropouts"] for r in rows) > 0 and all(r["clients"] == 2 for r in rows)
+    cfg = load_config(None, tiny_overrides(tmp_path, **{**ASYNC, **system}))
+    model = SystemModel(cfg.system, cfg.seed, cfg.clients.num)
+    queue = read_checkpoint(tmp_path / "sys")["asynchronous"]["queue"]
+    flights = [e for e in queue if e[0] == "flight"]
+    assert len(queue) == 3 and len({e[2] for e in flights}) == len(flights)  # 3 slots (some may wait); distinct
+    for _, seq, client, start, finish, version, down, up, dropped in flights:
+        assert model.available(client, start) and dropped == model.dropped(client, seq)
+        assert finish - start == pytest.approx(model.duration(client, down, up, 2 * _train_count(cfg, client)))
+
+
+def _train_count(cfg, client):
+    from raysim.data import build_federated_data
+
+    return build_federated_data(cfg).num_train(client)
+
+
 def test_fedasync_mixes_every_arrival(tmp_path):
     rows = _run(tmp_path, "fa", rounds=6, asynchronous__mode="fedasync", asynchronous__staleness="hinge")
     assert [r["clients"] for r in rows] == [1] * 6 and rows[-1]["loss"] < rows[0]["loss"]
