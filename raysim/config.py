@@ -17,7 +17,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from raysim.async_config import AsynchronousConfig, check_asynchronous
 from raysim.errors import UserError
+from raysim.system.config import SystemConfig
 
 
 class ConfigError(UserError):
@@ -391,6 +393,9 @@ class ExperimentConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)  # clients' speeds, availability, deadline (issue 36)
+    # FedAsync / FedBuff on a simulated-time event queue (off: synchronous rounds)
+    asynchronous: AsynchronousConfig = field(default_factory=AsynchronousConfig)
 
     def validate(self) -> "ExperimentConfig":
         name = str(self.name)
@@ -409,6 +414,7 @@ class ExperimentConfig:
                 if dataclasses.is_dataclass(sub) and hasattr(sub, "validate"):
                     sub.validate()
         _check_weighting(self.algorithm)
+        check_asynchronous(self, require)
         names = self.model.names()
         require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")

@@ -37,7 +37,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
                   "feddyn": "raysim.algorithms.feddyn", "fedavgm": "raysim.algorithms.fedopt",
                   "fedadam": "raysim.algorithms.fedopt", "fedyogi": "raysim.algorithms.fedopt",
                   "fedadagrad": "raysim.algorithms.fedopt", "fedbn": "raysim.algorithms.fedbn",
-                  "ditto": "raysim.algorithms.ditto"},
+                  "ditto": "raysim.algorithms.ditto", "fednova": "raysim.algorithms.fednova"},
     "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
               "cnn_bn": "raysim.models.small",
               "resnet18": "raysim.models.zoo",

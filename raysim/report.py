@@ -74,7 +74,8 @@ class Run:
         for r in self.rows:
             value = r.get(metric)
             if isinstance(value, (int, float)) and (value >= target if mode == "max" else value <= target):
-                return {"round": r["round"], "mb": _x_value(r, "mb"), "wall_s": r.get("wall_s_total", math.nan)}
+                return {"round": r["round"], "mb": _x_value(r, "mb"), "wall_s": r.get("wall_s_total", math.nan),
+                        "sim_h": _x_value(r, "sim_h")}
         return None
 
 
@@ -546,7 +547,13 @@ def comm_stats(g: Group, metric: str, target: float, mode: str = "max") -> dict[
         "rounds_to_target": ms([t["round"] for t in reached]),
         "mb_to_target": ms([t["mb"] for t in reached]),
         "wall_s_to_target": ms([t["wall_s"] for t in reached]),
+        "sim_h_to_target": ms([t["sim_h"] for t in reached if _finite(t["sim_h"])]),  # system.enabled runs
     }
+
+
+def has_sim_time(report: Report) -> bool:
+    """Whether some run kept a simulated clock (``system.enabled``: ``sim_time_s`` in its metrics)."""
+    return any("sim_time_s" in r for g in report.groups for run in g.runs for r in run.rows)
 
 
 def _write_comm_csv(report: Report, path: Path) -> Path:
@@ -555,13 +562,15 @@ def _write_comm_csv(report: Report, path: Path) -> Path:
         w.writerow(["method", "setting", "runs", "bytes_up_per_round", "bytes_down_per_round",
                     "wall_s_per_round_median",
                     "target", "reached", "rounds_to_target_mean", "rounds_to_target_std", "mb_to_target_mean",
-                    "mb_to_target_std", "wall_s_to_target_mean", "wall_s_to_target_std"])
+                    "mb_to_target_std", "wall_s_to_target_mean", "wall_s_to_target_std"]
+                   + (["sim_h_to_target_mean", "sim_h_to_target_std"] if has_sim_time(report) else []))
+        keys = ("rounds_to_target", "mb_to_target", "wall_s_to_target") + \
+            (("sim_h_to_target",) if has_sim_time(report) else ())
         for g in _ordered(report):
             c = comm_stats(g, report.metric, report.target, report.mode)
             w.writerow([c["method"], c["setting"], c["runs"], f"{c['bytes_up_per_round']:.0f}",
                         f"{c['bytes_down_per_round']:.0f}", f"{c['wall_s_per_round']:.4g}", report.target,
-                        c["reached"], *(_num(x) for key in ("rounds_to_target", "mb_to_target", "wall_s_to_target")
-                                        for x in c[key])])
+                        c["reached"], *(_num(x) for key in keys for x in c[key])])
     return path
 
 
@@ -599,14 +608,16 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
              *extra_sections(report),
              f"## Communication and speed (target: {report.metric} {target_sign(report)} {report.target:g})", ""]
     rows = []
+    simulated = has_sim_time(report)
     for g in _ordered(report):
         c = comm_stats(g, report.metric, report.target, report.mode)
         rows.append([g.method, g.setting, human_bytes(c["bytes_up_per_round"]),
                      human_bytes(c["bytes_down_per_round"]), f"{c['wall_s_per_round']:.2f}",
                      f"{c['reached']}/{c['runs']}", _pm(c["rounds_to_target"], ".1f"), _pm_bytes(c["mb_to_target"]),
-                     _pm(c["wall_s_to_target"], ".1f")])
+                     _pm(c["wall_s_to_target"], ".1f")] + ([_pm(c["sim_h_to_target"], ".3g")] if simulated else []))
     lines += [markdown_table(["method", "setting", "up / round", "down / round", "s / round (median)",
-                              "reached", "rounds to target", "bytes to target", "s to target"], rows), "",
+                              "reached", "rounds to target", "bytes to target", "s to target"]
+                             + (["simulated h to target"] if simulated else []), rows), "",
               "Up/down: bytes crossing the network per round (all sampled clients together); bytes to target: "
               "cumulative up + down until the first round at or above the target, over the seeds that reached it; "
               "s to target includes the first round's start-up.", ""]
@@ -617,6 +628,7 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k"),
                         ("p_vs_round.png", "UNIDEAL curriculum share p"),
+                        ("acc_vs_sim_h.png", "Accuracy against simulated time"),
                         ("to_target.png",
                          f"Traffic and time to {report.metric} {target_sign(report)} {report.target:g}")):
         if name in report.files:
@@ -636,6 +648,8 @@ def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray
             if r.get(y) is None:
                 continue
             xv = r["round"] if x is None else _x_value(r, x)
+            if not math.isfinite(xv):  # a run without that axis (no simulated clock)
+                continue
             by_round.setdefault(r["round"], []).append((xv, r[y]))
     rounds = sorted(by_round)
     xs = np.array([np.mean([p[0] for p in by_round[k]]) for k in rounds])
@@ -665,6 +679,8 @@ def _epoch_curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.n
 def _x_value(row: dict, x: str) -> float:
     if x == "mb":
         return (row.get("bytes_up_total", math.nan) + row.get("bytes_down_total", math.nan)) / MB
+    if x == "sim_h":  # system.enabled: the simulated clock at the end of the round, in hours
+        return row.get("sim_time_s", math.nan) / 3600.0
     return row.get(x, math.nan)
 
 
@@ -727,6 +743,8 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
              ("acc_vs_mb.png", report.metric, "mb", "cumulative MB (up + down)", report.metric),
              ("k_vs_round.png", "k", None, "round", "curriculum dimension k"),
              ("p_vs_round.png", "p", None, "round", "distilled share p (mean over local epochs)")]
+    if has_sim_time(report):
+        plots.append(("acc_vs_sim_h.png", report.metric, "sim_h", "simulated hours", report.metric))
     if any(isinstance(r.get("p_epochs"), list) for g in report.groups for run in g.runs for r in run.rows):
         plots[-1] = ("p_vs_round.png", "p_epochs", None, "round (one point per local epoch)",
                      "distilled share p")  # the curriculum's course inside each round

@@ -30,7 +30,15 @@ TB_TAGS = {
     "wall_s_total": "time/total_s",
     "k": "curriculum/k",
     "p": "curriculum/p",
+    "round_sim_s": "time/round_sim_s",  # system.enabled: the simulated clock
+    "sim_time_s": "time/sim_s",
+    "dropouts": "system/dropouts",
+    "late": "system/late",
+    "partial": "system/partial",
+    "surplus": "system/surplus",
 }
+# system.enabled: these metrics also go to TensorBoard under sim_time/<name>, at steps of simulated seconds
+SIM_TIME_CURVES = ("acc_mean", "acc_global", "acc_weighted", "loss")
 
 
 def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) -> list[dict]:
@@ -130,6 +138,7 @@ class RunLog:
             if resume_round:  # the purge also hid the kept rounds' per-epoch points at steps from resume_round + 1
                 for m in read_metrics(self.metrics_path):  # (their steps run further): write those again, after it
                     self._write_epochs(m, from_step=resume_round + 1)
+                    self._write_sim_time(m, from_step=resume_round + 1)
                 self.tb.flush()
 
     def write(self, metrics: dict, client_counts: Optional[dict[int, tuple[int, int]]] = None) -> None:
@@ -146,6 +155,7 @@ class RunLog:
             return
         step = metrics["round"]
         self._write_epochs(metrics)
+        self._write_sim_time(metrics)
         for key, value in metrics.items():
             if key == "round" or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
@@ -180,6 +190,19 @@ class RunLog:
                 if (first + e >= from_step and isinstance(value, (int, float)) and not isinstance(value, bool)
                         and math.isfinite(value)):
                     self.tb.add_scalar(tag, value, first + e)
+
+    def _write_sim_time(self, metrics: dict, from_step: int = 0) -> None:
+        """``system.enabled``: the accuracy and loss curves again under ``sim_time/<name>``, at the step of the
+        round's ``sim_time_s`` in whole simulated seconds (TensorBoard's steps are integers)."""
+        if self.tb is None or not isinstance(metrics.get("sim_time_s"), (int, float)):
+            return
+        step = int(round(metrics["sim_time_s"]))
+        if step < from_step:
+            return
+        for key in SIM_TIME_CURVES:
+            value = metrics.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self.tb.add_scalar(f"sim_time/{key}", value, step)
 
     def close(self) -> None:
         """Close both writers; an error from either (a full disk) is raised after both are closed."""

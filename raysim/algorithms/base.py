@@ -43,6 +43,9 @@ from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 TensorDict = dict[str, torch.Tensor]
 # the client hooks a vectorised cohort (engine.vectorize) relies on: overriding one needs a new declaration
 VECTOR_HOOKS = ("adapt_model", "init_client_state", "client_setup", "local_phases", "client_loss")
+# the hooks that make a server step a model average (asynchronous.mode): overriding one needs a new declaration
+AVERAGE_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload", "server_aggregate",
+                 "server_aggregate_mean", "server_train", "server_keep")
 
 
 @dataclass
@@ -240,6 +243,11 @@ class Algorithm:
     # engine.vectorize: the client hooks can train many clients as one batched computation (docs/hooks.md); a
     # subclass that overrides one of VECTOR_HOOKS must declare it again (``vectorizes``)
     vectorizable: ClassVar[bool] = False
+    # asynchronous.mode (FedAsync, FedBuff): the server step is a model average: every client downloads the shared
+    # model (``server_payload``'s "model"), uploads its own copy of those entries, and ``server_aggregate_mean``
+    # takes the mean as a model to move to (FedAvg sets it, FedOpt steps towards it); a subclass that overrides one
+    # of AVERAGE_HOOKS must declare it again (``averages_models``)
+    averages_models: ClassVar[bool] = False
     # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
     tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
@@ -257,6 +265,26 @@ class Algorithm:
             return False
         hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in VECTOR_HOOKS)), None)
         return hooks is None or issubclass(declared, hooks)
+
+    @classmethod
+    def async_refusal(cls) -> Optional[str]:
+        """Why the asynchronous modes cannot run this algorithm (None: they can): its server step must be a model
+        average, declared with ``averages_models`` in a class at least as derived as every class that defines one
+        of ``AVERAGE_HOOKS``, summed as ``samples`` or ``uniform``."""
+        declared = next((c for c in cls.__mro__ if "averages_models" in c.__dict__), None)
+        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in AVERAGE_HOOKS)), None)
+        if cls.aggregation not in WEIGHTINGS:
+            return f"needs every upload of a round at once (aggregation = {cls.aggregation!r})"
+        if cls.server_history > 0:
+            return "keeps per-client history on the server"
+        if cls.shared == "none":
+            return "shares no model"
+        if declared is None or not declared.__dict__["averages_models"]:
+            return "does not declare its server step a model average (Algorithm.averages_models)"
+        if hooks is not None and not issubclass(declared, hooks):
+            own = [h for h in AVERAGE_HOOKS if h in hooks.__dict__]
+            return f"has a server step of its own ({hooks.__name__} overrides {', '.join(own)})"
+        return None
 
     @classmethod
     def config_warnings(cls, cfg: ExperimentConfig) -> list[str]:

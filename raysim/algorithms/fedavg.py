@@ -10,3 +10,4 @@ class FedAvg(Algorithm):
 
     shared = "all"
     vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients
+    averages_models = True  # asynchronous.mode: the server step is the model average

@@ -92,6 +92,7 @@ class FedOpt(Algorithm):
     Config = FedOptConfig
     shared = "all"
     vectorizable = True  # engine.vectorize: FedAvg's client hooks (SCAFFOLD, which has its own, declares it again)
+    averages_models = True  # asynchronous.mode: the optimiser steps towards the mean model
 
     def init_moments(self, x: torch.Tensor) -> Moments:
         """The optimiser state of one tensor before the first round (zeros of its shape, or nothing)."""

@@ -14,3 +14,4 @@ class PartialAvg(Algorithm):
 
     shared = "head"
     vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients
+    averages_models = True  # asynchronous.mode: the server step is the head average

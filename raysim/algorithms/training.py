@@ -88,6 +88,11 @@ class Trainee:
         """After the backward pass: the optimiser's step (clipping first, where the trainee clips)."""
         optimizer.step()
 
+    def fits(self, step: Any) -> bool:
+        """Whether ``step`` still fits the job's budget; False ends the training before it (``system.late=partial``:
+        the local steps that fit before the deadline)."""
+        return True
+
     def end_epoch(self) -> bool:
         """Bookkeeping after an epoch; False ends the training (a loss that is no longer finite)."""
         return True
@@ -95,11 +100,14 @@ class Trainee:
 
 def run_phases(phases: Iterable[tuple], trainee: Trainee) -> None:
     """The local-training loop: for each phase (parameters, epochs[, learning rate]) a fresh optimiser, then its
-    epochs, each a sequence of steps of zeroed gradients, a loss, its backward pass and an optimiser step."""
+    epochs, each a sequence of steps of zeroed gradients, a loss, its backward pass and an optimiser step; it ends
+    early at the first step that no longer :meth:`Trainee.fits`."""
     for params, epochs, *lr in phases:
         optimizer = trainee.begin_phase(params, lr[0] if lr else None)
         for _ in range(epochs):
             for step in trainee.steps():
+                if not trainee.fits(step):
+                    return
                 loss = trainee.loss(step)
                 optimizer.zero_grad(set_to_none=True)
                 if loss is None:

@@ -32,6 +32,7 @@ class Unideal(Algorithm):
     # engine.vectorize: CLKD ranks each client's batch on its own (topk per client under vmap); p depends on the
     # epoch and round only, which a cohort shares
     vectorizable = True
+    averages_models = True  # asynchronous.mode: the server step is the head average (FedAvg's, on the head)
     # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)
     tensorboard_charts = {"curriculum p per local epoch": [r"^curriculum/p_epoch$"],
                           "curriculum p per round (mean)": [r"^curriculum/p$"]}

@@ -138,7 +138,7 @@ class ClientJobs:
         chosen. The one-client loop (:meth:`train`) and the cohort trainer (``raysim.engine.cohort``) share it."""
         clock = time.perf_counter()
         alg, cid, rnd = self.algorithm, job.client_id, job.round
-        seed = job_seed(self.cfg.seed, cid, rnd)
+        seed = job_seed(self.cfg.seed, cid, rnd, *job.stream)
         model = self.model(cid)  # first: building a model reseeds torch's global RNG (deterministic weights)
         seed_torch(seed, self.device)  # so that a hook drawing from the global RNG gets the same numbers anywhere
         gen = torch.Generator().manual_seed(seed)
@@ -149,7 +149,8 @@ class ClientJobs:
         phases = alg.local_phases(model, ctx)
         ctx.num_epochs = sum(phase[1] for phase in phases)
         augment = _augment(self.cfg, self.data, cid)
-        aug_gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM)) if augment else None
+        aug_gen = (torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM, *job.stream))
+                   if augment else None)
         return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock)
 
     def finish(self, started: StartedJob, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: int,
@@ -168,7 +169,7 @@ class ClientJobs:
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
                              seconds=time.perf_counter() - started.clock if seconds is None else seconds,
-                             has_state=bool(keep), upload_bytes=nbytes(upload))
+                             has_state=bool(keep), upload_bytes=nbytes(upload), samples_seen=int(seen))
         return result, (keep or None)
 
     def train(self, job: TrainJob, shared: dict, own: Optional[dict],
@@ -264,6 +265,7 @@ class _OneClient(Trainee):
         self.part_sums: dict[str, torch.Tensor] = {}
         self.seen = 0
         self.finite = True
+        self.budget = started.job.max_samples  # system.late=partial: the samples that fit before the deadline
 
     def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
         active = {id(p) for p in params}
@@ -290,6 +292,9 @@ class _OneClient(Trainee):
         if self.alg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.alg.clip_grad_norm)
         optimizer.step()
+
+    def fits(self, step: Any) -> bool:
+        return self.budget is None or self.seen + len(step) <= self.budget
 
     def end_epoch(self) -> bool:
         self.ctx.epoch += 1

@@ -36,6 +36,7 @@ from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
+from raysim.system.clock import RoundClock, Settlement
 from raysim.trees import detached_cpu, nbytes
 
 if TYPE_CHECKING:
@@ -58,7 +59,12 @@ def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int
     ``num > 10_000`` and ``m > num // 50``, where it shuffles the tail of ``arange(num)`` (8 bytes a client of the
     population). The draw is the same as ever; the whole population (``m == num``) needs no draw, since its sorted
     sample is every client; the sort is numpy's, not Python's over a list of ints."""
-    m = cohort_size(num, fraction)
+    return draw_clients(seed, round, num, cohort_size(num, fraction))
+
+
+def draw_clients(seed: int, round: int, num: int, m: int) -> list[int]:
+    """``m`` of ``num`` clients, sorted, a pure function of (seed, round): :func:`sample_clients`'s draw for a
+    given count (a round with over-selection, ``system.over_selection``, draws more)."""
     if m >= num:
         return list(range(num))
     rng = np.random.default_rng([seed, round, 104729])
@@ -161,6 +167,9 @@ class Driver:
         self._config_record = to_flat_dict(cfg)  # what every checkpoint records it was made with (resume checks it)
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
+        # system.enabled: the simulated clock (its files are read here, before any work starts)
+        self.clock = RoundClock(cfg, cohort_size(cfg.clients.num, cfg.clients.fraction)) \
+            if cfg.system.enabled else None
         self.executor.start(workers)  # under Ray: the runner's workers (created when None), data to come
         with reserved_jobs(lambda train: self.executor.run([CentralCall(train)])[0]):
             self.data = self.algorithm.prepare_data(build_federated_data(cfg))
@@ -173,10 +182,14 @@ class Driver:
         self.totals = {"bytes_up_total": 0, "bytes_down_total": 0, "wall_s_total": 0.0}
         self.round = 0
         self._client_s: Optional[float] = None  # running mean of one client update's time (calls' sizes)
+        self._download_bytes: tuple[int, dict[int, int]] = (0, {})  # the round's shared and own payload bytes
         self._checkpointed = 0  # the round of the checkpoint on disk
         initial = build_model(cfg, cfg.model.for_client(0), self.data.input_shape(0), self.data.num_classes, 0,
                               self.algorithm)
         self.server_state = self.algorithm.init_server_state(initial.state_dict())
+        if self.clock is not None:
+            self.totals["sim_time_s"] = 0.0  # simulated seconds at the end of the last aggregation
+            self.clock.check_deadline(self.data.num_train, nbytes(initial.state_dict()))
         # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
         self.cohort_size = run_cohort_size(cfg, self.algorithm, initial)
         if resume:
@@ -283,8 +296,9 @@ class Driver:
     def run_round(self, rnd: int) -> dict:
         """One round, as named steps."""
         start = time.perf_counter()
-        sampled = sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction)
+        sampled, dropouts = self._sample(rnd)
         bytes_down, results, sums = self._train_clients(sampled, rnd)
+        results, settled = self._meet_deadline(results, rnd, len(sampled) + len(dropouts))
         finished, kept, skipped = self._collect(results, rnd)
         updates = [_update(r, sums is not None) for r in finished]
         self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
@@ -293,46 +307,101 @@ class Driver:
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
+        if settled is not None:
+            metrics.update(self._advance_clock(settled, dropouts))
         client_counts = self._evaluate_round(rnd, sampled, metrics)
         metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
         self._finish_round(rnd, metrics, client_counts, start)
         return metrics
 
     # ------------------------------------------------------------------ the round's steps
+    def _sample(self, rnd: int) -> tuple[list[int], list[int]]:
+        """(the round's clients to train, the clients that started and dropped out): ``sample_clients``, or with
+        ``system.enabled`` those of the available clients that the clock starts (``raysim.system.clock``)."""
+        if self.clock is None:
+            return sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
+        return self.clock.sample(rnd, self.totals["sim_time_s"], draw_clients)
+
+    def _meet_deadline(self, done: dict[int, Any], rnd: int,
+                       started: int) -> tuple[dict[int, Any], Optional[Settlement]]:
+        """``system.enabled``: who of the trained clients reports in simulated time; the partial clients
+        (``system.late=partial``) trained again with their step budgets. Off: everything as it came."""
+        if self.clock is None:
+            return done, None
+        shared_bytes, own_bytes = self._download_bytes
+        settled = self.clock.settle({c: r for c, (r, _) in done.items()},
+                                    {c: shared_bytes + own_bytes.get(c, 0) for c in done}, started)
+        kept = {c: done[c] for c in settled.reporters if c not in settled.budgets}
+        if settled.budgets:
+            _, partial, _ = self._train_clients(sorted(settled.budgets), rnd, settled.budgets)
+            kept.update(partial)
+        return kept, settled
+
+    def _advance_clock(self, settled: Settlement, dropouts: list[int]) -> dict[str, Any]:
+        """The round's simulated seconds onto the clock (``sim_time_s`` goes to the metrics with the totals)."""
+        self.totals["sim_time_s"] += settled.round_s
+        return {"round_sim_s": settled.round_s, "dropouts": len(dropouts), "late": len(settled.late),
+                "partial": len(settled.budgets), "surplus": len(settled.surplus)}
+
     def _downloads(self, clients: list[int], rnd: int) -> tuple[Any, dict[int, Any], int]:
         """(shared payload ref, per-client payload refs, bytes_down): the shared payload is put once; a client's
         own payload (``client_payload``) only where the algorithm sends one, and counted for that client."""
-        shared = (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
-                  else self.algorithm.eval_payload(self.server_state))
+        shared = self._shared_payload(rnd)
+        own, own_bytes = self._own_payloads(clients, rnd)
+        if rnd > 0:  # each trained client's bytes down, for the simulated clock
+            self._download_bytes = (nbytes(shared), own_bytes)
+        return self.executor.put(shared), own, int(nbytes(shared) * len(clients) + sum(own_bytes.values()))
+
+    def _shared_payload(self, rnd: int) -> dict:
+        """What every client of round ``rnd`` downloads (``rnd`` <= 0: the evaluation's)."""
+        return (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
+                else self.algorithm.eval_payload(self.server_state))
+
+    def _own_payloads(self, clients: list[int], rnd: int) -> tuple[dict[int, Any], dict[int, int]]:
+        """Each client's own payload ref (``client_payload``, where the algorithm sends one) and its bytes."""
         own: dict[int, Any] = {}
-        total = nbytes(shared) * len(clients)
+        own_bytes: dict[int, int] = {}
         for cid in clients:
             personal = self.algorithm.client_payload(self.server_state, cid, rnd)
             if personal is not None:
                 own[cid] = self.executor.put(personal)
-                total += nbytes(personal)
-        return self.executor.put(shared), own, int(total)
+                own_bytes[cid] = nbytes(personal)
+        return own, own_bytes
 
     def _sum_group(self, sampled: list[int]) -> int:
         """Clients per group of this round's sum (``engine.sum_group``); 0: the algorithm needs every upload."""
         return group_size(self.cfg.engine.sum_group, len(sampled)) if self.algorithm.sums_uploads else 0
 
-    def _train_clients(self, sampled: list[int],
-                       rnd: int) -> tuple[int, dict[int, Any], Optional[list[UploadSum]]]:
+    def _train_clients(self, sampled: list[int], rnd: int, budgets: Optional[dict[int, int]] = None,
+                       ) -> tuple[int, dict[int, Any], Optional[list[UploadSum]]]:
         """Run the sampled clients' training calls, as the round's plan cuts them (``raysim.engine.plan``); returns
         (bytes_down, {client: (TrainResult, state handle)}, and the groups' upload sums in group order where the
-        uploads were summed where they trained, else None)."""
+        uploads were summed where they trained, else None). ``budgets``: client -> the samples its steps may take
+        (``system.late=partial``)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
-        jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c)) for c in sampled]
-        states = [self.states.get(c) for c in sampled]
-        if self.cohort_size is None:  # engine.vectorize=auto: a probe on this round's clients, once a run
-            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+        budgets = budgets or {}
+        jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c),
+                         max_samples=budgets.get(c)) for c in sampled]
         group = self._sum_group(sampled)
-        summed = self.cfg.engine.partial_sums and group > 0
-        per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(sampled),
+        # with a deadline (system.deadline_s), who reports is known only from the uploads: every upload travels
+        summed = self.cfg.engine.partial_sums and group > 0 and not (self.clock and self.clock.needs_every_upload)
+        done, sums = self._run_training(jobs, group if summed else 0)
+        return bytes_down, done, (sums if summed else None)
+
+    def _run_training(self, jobs: list[TrainJob], sum_group: int) -> tuple[dict[int, Any], list[UploadSum]]:
+        """Run training ``jobs`` (distinct clients) as the plan cuts them, one plan per round's payload (the
+        asynchronous modes train jobs of several server versions at once); returns ({client: (TrainResult, state
+        handle)}, the groups' upload sums in group order, none when ``sum_group`` is 0)."""
+        states = [self.states.get(j.client_id) for j in jobs]
+        if self.cohort_size is None and jobs:  # engine.vectorize=auto: a probe on this round's clients, once a run
+            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+        per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(jobs),
                                     self.executor.slots)
-        calls = plan_round(jobs, states, sum_group=group if summed else 0,
-                           cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
+        calls = []
+        for rnd in sorted({j.round for j in jobs}):
+            members = [i for i, j in enumerate(jobs) if j.round == rnd]
+            calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
+                                cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
         done: dict[int, Any] = {}
         sums: list[UploadSum] = []
         for result, state_refs in self.executor.run(calls):
@@ -342,7 +411,7 @@ class Driver:
             if result.seconds > 0:
                 self._client_s = result.seconds if self._client_s is None else \
                     0.7 * self._client_s + 0.3 * result.seconds
-        return bytes_down, done, (sums if summed else None)
+        return done, sums
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -385,7 +454,11 @@ class Driver:
             total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, size, weighting)
             return total.mean()
 
-        round_updates = RoundUpdates(updates, mean)
+        self._server_step(RoundUpdates(updates, mean), rnd)
+
+    def _server_step(self, round_updates: RoundUpdates, rnd: int) -> None:
+        """The algorithm's ``server_aggregate`` on the round's updates, then its ``server_train`` (if any)."""
+        updates = list(round_updates)
         self.server_state = detached_cpu(self.algorithm.server_aggregate(round_updates, self.server_state, rnd))
         if self.algorithm.trains_on_server:
             put = self.executor.put
@@ -480,7 +553,11 @@ class Driver:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size, "config": self._config_record},
+                          "vectorize": self.cohort_size, "config": self._config_record, **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round
+
+    def _checkpoint_extra(self) -> dict:
+        """More of the run's state for ``server.pt`` (the asynchronous modes' event queue); none here."""
+        return {}

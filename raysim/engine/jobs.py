@@ -31,6 +31,10 @@ class TrainJob:
     round: int
     payload_ref: Any  # handle of the round's shared payload (a worker fetches it once per round)
     own_payload_ref: Optional[Any] = None  # handle of this client's own payload (``client_payload``)
+    max_samples: Optional[int] = None  # stop before the step that would pass this many samples (None: no limit)
+    # more tags for the job's seed, job_seed(seed, client, round, *stream): () in synchronous rounds; the
+    # asynchronous modes' (ASYNC_STREAM, job sequence), since a client may train twice on one server version
+    stream: tuple[int, ...] = ()
 
 
 @dataclass
@@ -47,6 +51,7 @@ class TrainResult:
     seconds: float = 0.0
     has_state: bool = False
     upload_bytes: int = 0  # bytes of every tensor of the upload (``bytes_up``), counted even when it was summed
+    samples_seen: int = 0  # samples its local steps took, all epochs (the simulated clock's samples x epochs)
 
 
 @dataclass

@@ -71,7 +71,7 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
     position = {jobs[i].client_id: i for i in order}
     clients = [jobs[i].client_id for i in order]
     units = fixed_groups(clients, sum_group) if sum_group > 0 else [[c] for c in clients]
-    stacked = cohort > 1
+    stacked = cohort > 1 and all(j.max_samples is None for j in jobs)  # a step budget trains one client at a time
     calls = []
     for packed in _pack(units, cohort if stacked else per_call):
         members = [position[c] for unit in packed for c in unit]

@@ -1,0 +1,83 @@
+"""The ``asynchronous`` config section: FedAsync and FedBuff in simulated time (``raysim.engine.asynchronous``).
+
+Off by default (``asynchronous.mode: off``): then no key here changes any number a run computes. The section is
+checked by :func:`check_asynchronous`, which ``raysim.config`` calls with its ``require`` (this module imports
+nothing of raysim's config, so the two stay free of an import circle).
+
+Defaults are the papers': FedAsync (Xie, Koyejo, Gupta, arXiv:1903.03934) mixes with α = 0.6 and the polynomial
+staleness function s(t − τ) = (t − τ + 1)^−a with a = 0.5 (its experiments' FedAsync+Poly; FedAsync+Hinge uses
+a = 10, b = 4); FedBuff (Nguyen et al., AISTATS 2022, arXiv:2106.06639) steps every K = 10 arrivals with server
+learning rate η_g = 1 and scales each update by 1/√(1 + staleness).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+MODES = ("off", "fedasync", "fedbuff")
+STALENESS = ("constant", "polynomial", "hinge")
+DEFAULT_A = {"constant": 0.0, "polynomial": 0.5, "hinge": 10.0}  # FedAsync's experiments: Poly a=0.5, Hinge a=10
+
+
+@dataclass
+class AsynchronousConfig:
+    # off (synchronous rounds) | fedasync (every arrival is mixed into the server's model) | fedbuff (the server
+    # steps once every buffer_size arrivals). One server step is one logical round (``rounds`` of them)
+    mode: str = "off"
+    # clients training at once (null: the synchronous cohort, clients.num x clients.fraction)
+    concurrency: Optional[int] = None
+    alpha: float = 0.6  # fedasync: the mixing weight α, in (0, 1]
+    staleness: str = "polynomial"  # fedasync: s(t − τ): constant | polynomial | hinge
+    a: Optional[float] = None  # fedasync: the staleness function's a (null: 0.5 for polynomial, 10 for hinge)
+    b: float = 4.0  # fedasync: hinge's b, the staleness up to which s is 1
+    buffer_size: int = 10  # fedbuff: K, arrivals per server step
+    server_lr: float = 1.0  # fedbuff: η_g, the server's step along the buffered mean update
+    staleness_scaling: bool = True  # fedbuff: weigh each buffered update by 1/√(1 + staleness)
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+
+def _finite(value: Any, low: float, strict: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
+    """Check (and normalise) ``cfg.asynchronous`` against the whole config; ``require(ok, key, why)`` refuses."""
+    section: AsynchronousConfig = cfg.asynchronous
+    if str(section.mode) in ("False", "false"):  # YAML reads a bare off as false
+        section.mode = "off"
+    require(section.mode in MODES, "asynchronous.mode", f"must be one of {', '.join(MODES)}, got {section.mode!r}")
+    if section.concurrency is not None:
+        require(isinstance(section.concurrency, int) and 1 <= section.concurrency <= cfg.clients.num,
+                "asynchronous.concurrency", f"must be a whole number of clients in [1, clients.num={cfg.clients.num}]"
+                f" (or null: the synchronous cohort), got {section.concurrency!r}")
+    require(_finite(section.alpha, 0.0, strict=True) and section.alpha <= 1, "asynchronous.alpha",
+            f"must be in (0, 1], got {section.alpha!r}")
+    require(section.staleness in STALENESS, "asynchronous.staleness",
+            f"must be one of {', '.join(STALENESS)}, got {section.staleness!r}")
+    if section.a is None:
+        section.a = DEFAULT_A[section.staleness]
+    require(_finite(section.a, 0.0), "asynchronous.a", f"must be a finite number >= 0, got {section.a!r}")
+    require(_finite(section.b, 0.0), "asynchronous.b", f"must be a finite number >= 0, got {section.b!r}")
+    require(isinstance(section.buffer_size, int) and section.buffer_size >= 1, "asynchronous.buffer_size",
+            f"must be a whole number >= 1, got {section.buffer_size!r}")
+    require(_finite(section.server_lr, 0.0, strict=True), "asynchronous.server_lr",
+            f"must be a finite number > 0, got {section.server_lr!r}")
+    if not section.on:
+        return
+    from raysim.registry import get_algorithm
+
+    name = cfg.algorithm.name
+    algorithm: Any = get_algorithm(name)
+    why = algorithm.async_refusal()
+    require(why is None, "asynchronous.mode", f"{section.mode} needs a method whose server step is a model average "
+            f"(fedavg, fedprox, the FedOpt family, partialavg, unideal): {name} {why}")
+    deadline = getattr(getattr(cfg, "system", None), "deadline_s", None)
+    require(deadline is None, "asynchronous.mode", f"{section.mode} has no rounds to cut short: drop "
+            f"system.deadline_s (a deadline and over-selection are synchronous policies)")

@@ -1,0 +1,364 @@
+"""Asynchronous aggregation in simulated time: FedAsync and FedBuff, driven by one event queue.
+
+``asynchronous.mode: fedasync | fedbuff`` replaces the synchronous round with a server that never waits for a
+cohort. ``concurrency`` clients train at once; when one finishes (in simulated time) its update is applied and
+the freed slot starts a new client on the server's newest model:
+
+- **FedAsync** (C. Xie, S. Koyejo, I. Gupta, "Asynchronous Federated Optimization", arXiv:1903.03934, Algorithm 1):
+  every arrival is a server step, x ← (1 − α_t)·x + α_t·x_new with α_t = α·s(t − τ), where t − τ is the update's
+  staleness (server steps since the client downloaded) and s the paper's constant, polynomial (t − τ + 1)^−a or
+  hinge (1 when t − τ ≤ b, else 1/(a(t − τ − b) + 1)) function (:func:`staleness_weight`).
+- **FedBuff** (J. Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022,
+  arXiv:2106.06639, Algorithm 1): arrivals are buffered; every K-th the server steps
+  x ← x + η_g·(1/K)·Σ_i s_i·Δ_i, with Δ_i = y_i − x_{τ_i} the client's change from the model it downloaded and
+  s_i = 1/√(1 + staleness) (or 1 without ``staleness_scaling``) (:func:`buffered_target`).
+
+Either way the server's new value x̄ goes through the algorithm's own step, ``server_aggregate`` with the round's
+mean being x̄: FedAvg, FedProx and UNIDEAL's head averaging take it as the model; the FedOpt family steps its
+optimiser towards it (so FedBuff with ``asynchronous.server_lr: 1`` and FedAdam is FedBuff with a server Adam).
+Only algorithms whose server step is such a model average (``Algorithm.averages_models``) run here.
+
+**The event queue** (:class:`EventQueue`) orders the jobs in flight by (simulated finish time, client id, job
+sequence). A job's duration is known when it starts (``raysim.system.model.SystemModel.duration`` of the real
+bytes it downloads and uploads, its training samples times ``train.local_epochs``), so the queue needs no result
+to order it. Results are computed lazily: when the earliest job has none yet, every job in flight without one (all
+of their inputs, the model version each downloaded, are known) is trained at once, through the driver's one plan
+and executor (``Driver._run_training``), concurrently on the workers; results are then applied strictly in queue
+order. The numbers depend only on the config and the seed: never on real timing, on ``engine.num_workers``, or on
+a worker that died (its calls are re-run with the same inputs).
+
+**Clients.** Each new job (sequence number q) draws its client uniformly among those available at its start time
+(``SystemModel.available``) and not already in flight, from a generator seeded with (seed, q, attempt); when none
+is, the slot waits ``system.wait_s`` and draws again. A job trains with ``job_seed(seed, client, round,
+ASYNC_STREAM, q)``, where its round (``ctx.round``) is the server step its update aims at (the downloaded version
++ 1). A job that drops (``SystemModel.dropped(client, q)``) frees its slot at its finish time and never reports.
+Without ``system.enabled``, every client has the system section's default traits (100 samples/s, 1.25 MB/s down,
+0.625 MB/s up, 50 ms latency: a job takes 0.05 s + its bytes over those bandwidths + samples x epochs / 100), is
+always available and never drops.
+
+**Rounds.** One server step is one logical round: ``metrics.jsonl`` gets one row per step with the usual keys
+(``clients``: the updates applied, ``bytes_down``: the downloads of the jobs started since the last step,
+``bytes_up``: the applied uploads), ``sim_time_s`` (with the totals, as synchronous rounds log it with
+``system.enabled``), ``round_sim_s``, ``staleness_mean``, ``staleness_max`` and ``dropouts`` (the jobs that dropped
+since the last step). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
+client and the server version it downloaded) and each of those versions' payloads, so ``--resume`` re-trains the
+jobs in flight from exactly what they downloaded and continues with the metrics of a run that was never
+interrupted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import astuple, dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from raysim.algorithms.aggregation import UploadSum, flatten, unflatten
+from raysim.algorithms.base import ClientUpdate, RoundUpdates
+from raysim.engine.driver import Driver, cohort_size
+from raysim.engine.jobs import TrainJob, TrainResult
+from raysim.engine.state import read_checkpoint
+from raysim.errors import UserError
+from raysim.system.config import SystemConfig
+from raysim.system.model import CHUNK, SystemModel
+from raysim.trees import copy_tree, nbytes
+
+ASYNC_STREAM = 4  # job_seed's tag for an asynchronous job (with its sequence number), beside core's 1-3
+SAMPLING_TAG = 7919  # the client draw's generator: (seed, job sequence, attempt, SAMPLING_TAG)
+DRAW_BATCH, DRAW_BATCHES = 64, 8  # candidates drawn per batch, batches before the whole population is scanned
+MAX_WAITS = 100_000  # a slot that found no available client this many times in a row stops the run
+
+
+# ---------------------------------------------------------------------------------------------- the math
+def staleness_weight(kind: str, staleness: int, a: float, b: float) -> float:
+    """FedAsync's s(t − τ): ``constant`` 1, ``polynomial`` (t − τ + 1)^−a, ``hinge`` 1 if t − τ ≤ b else
+    1/(a(t − τ − b) + 1)."""
+    if kind == "constant":
+        return 1.0
+    if kind == "polynomial":
+        return float((staleness + 1.0) ** (-a))
+    return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
+
+
+def buffer_weight(staleness: int, scaling: bool) -> float:
+    """FedBuff's staleness scaling of one buffered update: 1/√(1 + staleness) (1 when off)."""
+    return 1.0 / math.sqrt(1.0 + staleness) if scaling else 1.0
+
+
+def _flat(tree: dict, like: Any = None) -> tuple[Any, Any]:
+    layout, flat = flatten(tree)
+    if like is not None and layout != like:
+        raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+    return layout, flat
+
+
+def mix(x: dict, new: dict, alpha: float) -> dict:
+    """FedAsync's x̄ = (1 − α)·x + α·x_new, in float64, cast back to each tensor's dtype (integers rounded)."""
+    layout, xf = _flat(x)
+    _, nf = _flat(new, layout)
+    return unflatten(layout, xf * (1.0 - alpha) + nf * alpha)
+
+
+def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
+    """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
+    started from, weight w_i), K = ``size``: the weighted sum by the one :class:`UploadSum` (in arrival order),
+    then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
+    layout, xf = _flat(x)
+    total = UploadSum()
+    for i, (upload, start, weight) in enumerate(buffered):
+        total.add(i, {"delta": _flat(upload, layout)[1] - _flat(start, layout)[1]}, weight)
+    if not total.clients or total.weight == 0:
+        return unflatten(layout, xf)
+    step = total.mean()["delta"] * (server_lr * total.weight / size)
+    return unflatten(layout, xf + step)
+
+
+# ---------------------------------------------------------------------------------------------- the queue
+@dataclass
+class Flight:
+    """A job in flight: client ``client`` started at ``start`` on server version ``version`` (its download), done
+    at ``finish``; ``dropped``: it never reports."""
+
+    seq: int
+    client: int
+    start: float
+    finish: float
+    version: int
+    bytes_down: int
+    bytes_up: int
+    dropped: bool
+
+
+@dataclass
+class Wait:
+    """A slot with no client to start: it draws again at ``time`` (job ``seq``'s ``attempt``-th draw)."""
+
+    seq: int
+    time: float
+    attempt: int
+
+
+class EventQueue:
+    """Jobs in flight and waiting slots, earliest first: ordered by (simulated time, client id, job sequence); a
+    waiting slot counts as client -1. Job sequences are unique, so the order is total."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, item: Flight | Wait) -> None:
+        key = (item.finish, item.client, item.seq) if isinstance(item, Flight) else (item.time, -1, item.seq)
+        heapq.heappush(self._heap, (*key, item))
+
+    def peek(self) -> Flight | Wait:
+        return self._heap[0][3]
+
+    def pop(self) -> Flight | Wait:
+        return heapq.heappop(self._heap)[3]
+
+    def flights(self) -> list[Flight]:
+        """The jobs in flight, in queue order."""
+        return [entry[3] for entry in sorted(self._heap) if isinstance(entry[3], Flight)]
+
+    def clients(self) -> set[int]:
+        return {entry[3].client for entry in self._heap if isinstance(entry[3], Flight)}
+
+    def record(self) -> list[list]:
+        """What a checkpoint keeps: each entry as a list of plain values, in queue order."""
+        return [["flight", *astuple(e[3])] if isinstance(e[3], Flight) else ["wait", *astuple(e[3])]
+                for e in sorted(self._heap)]
+
+    @classmethod
+    def from_record(cls, rows: list[list]) -> EventQueue:
+        queue = cls()
+        for kind, *values in rows:
+            if kind == "flight":
+                seq, client, start, finish, version, down, up, dropped = values
+                queue.push(Flight(int(seq), int(client), float(start), float(finish), int(version), int(down),
+                                  int(up), bool(dropped)))
+            else:
+                seq, at, attempt = values
+                queue.push(Wait(int(seq), float(at), int(attempt)))
+        return queue
+
+
+@dataclass
+class Version:
+    """A server model version that jobs in flight downloaded: its payload's handle, the payload (for FedBuff's
+    Δ = y − x_τ and the checkpoint) and its bytes."""
+
+    ref: Any
+    payload: dict
+    bytes: int
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+class AsyncDriver(Driver):
+    """The driver with the event queue instead of synchronous rounds: one server step per ``run_round``, the same
+    named steps as a synchronous round (training through the plan, collect, the algorithm's server step, metrics,
+    evaluation, ``on_round_end``, log, checkpoint)."""
+
+    def _setup(self, cfg: Any, run_dir: str, resume: bool, workers: Optional[list[Any]]) -> None:
+        super()._setup(cfg, run_dir, resume, workers)
+        self.mode = cfg.asynchronous
+        self.concurrency = self.mode.concurrency or cohort_size(cfg.clients.num, cfg.clients.fraction)
+        self.system = self.clock.model if self.clock is not None else SystemModel(SystemConfig(), cfg.seed,
+                                                                                     cfg.clients.num)
+        self.wait_s = float(cfg.system.wait_s)
+        self.queue = EventQueue()
+        self.sim_time = 0.0
+        self.last_step_time = 0.0
+        self.next_seq = 1
+        self.pending_down = 0  # bytes downloaded by the jobs started since the last server step
+        self.pending_dropped = 0  # jobs that dropped since the last server step
+        self.versions: dict[int, Version] = {}
+        self.results: dict[int, tuple[TrainResult, Any]] = {}  # job sequence -> its computed (result, state handle)
+        self.buffer: list[tuple[Flight, TrainResult]] = []  # FedBuff's arrivals since the last step
+        self.totals.setdefault("sim_time_s", 0.0)  # simulated seconds at the last server step (logged with totals)
+        if resume:
+            self._restore(read_checkpoint(self.run_dir).get("asynchronous"))
+
+    # ------------------------------------------------------------------ checkpoint
+    def _checkpoint_extra(self) -> dict:
+        """The queue and the payloads its jobs downloaded (the buffer is empty after every server step)."""
+        return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
+                                 "next_seq": self.next_seq, "pending_down": self.pending_down,
+                                 "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
+                                 "versions": {v: self.versions[v].payload for v in sorted(self.versions)}}}
+
+    def _restore(self, record: Optional[dict]) -> None:
+        if record is None:
+            raise UserError(f"{self.run_dir}: its checkpoint was made by synchronous rounds, so it cannot resume "
+                            f"with asynchronous.mode={self.mode.mode}")
+        self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
+        self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
+        self.pending_dropped = int(record["pending_dropped"])
+        self.queue = EventQueue.from_record(record["queue"])
+        self.versions = {int(v): Version(self.executor.put(p), p, nbytes(p)) for v, p in record["versions"].items()}
+
+    # ------------------------------------------------------------------ jobs
+    def _current_version(self) -> Version:
+        """The payload of the server's newest model (version = server steps so far), put once."""
+        v = self.round
+        if v not in self.versions:
+            shared = copy_tree(self._shared_payload(v + 1))
+            self.versions[v] = Version(self.executor.put(shared), shared, nbytes(shared))
+        return self.versions[v]
+
+    def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:
+        """A client available at ``t`` and not in flight, uniformly, from (seed, seq, attempt); None when none is."""
+        busy, num = self.queue.clients(), self.cfg.clients.num
+        rng = np.random.default_rng([self.cfg.seed, seq, attempt, SAMPLING_TAG])
+        for _ in range(DRAW_BATCHES):
+            batch = rng.integers(0, num, size=DRAW_BATCH)
+            for cid, ok in zip(batch.tolist(), self.system.available_many(batch, t).tolist()):
+                if ok and cid not in busy:
+                    return int(cid)
+        eligible: list[int] = []
+        for a in range(0, num, CHUNK):
+            found: Any = np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
+            eligible += [int(c) for c in found.tolist() if int(c) not in busy]
+        return int(rng.choice(eligible)) if eligible else None
+
+    def _start_job(self, t: float, seq: Optional[int] = None, attempt: int = 0) -> None:
+        """Start job ``seq`` (a new one when None) at simulated time ``t`` on the newest model, or let its slot
+        wait ``system.wait_s`` when no client can take it."""
+        if seq is None:
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
+        client = self._draw_client(seq, attempt, t)
+        if client is None:
+            self.queue.push(Wait(seq, t + self.wait_s, attempt + 1))
+            return
+        version = self._current_version()
+        down, up = version.bytes, nbytes(version.payload.get("model", {}))  # the upload: the model's shared entries
+        samples = self.data.num_train(client) * self.cfg.train.local_epochs
+        finish = t + self.system.duration(client, down, up, samples)
+        self.queue.push(Flight(seq, client, t, finish, self.round, down, up, self.system.dropped(client, seq)))
+        self.pending_down += down
+
+    def _train_in_flight(self) -> None:
+        """Train every job in flight that has no result yet, at once (their downloads are all known)."""
+        todo = [f for f in self.queue.flights() if not f.dropped and f.seq not in self.results]
+        jobs = [TrainJob(client_id=f.client, round=f.version + 1, payload_ref=self.versions[f.version].ref,
+                         stream=(ASYNC_STREAM, f.seq)) for f in todo]
+        done, _ = self._run_training(jobs, 0)
+        for f in todo:
+            result, state_ref = done[f.client]
+            if result.upload_bytes != f.bytes_up:
+                raise UserError(f"algorithm {self.cfg.algorithm.name} declares its server step a model average "
+                                f"(averages_models), but client {f.client} uploaded {result.upload_bytes} bytes, not "
+                                f"the {f.bytes_up} bytes of the shared model it downloaded")
+            self.results[f.seq] = (result, state_ref)
+
+    # ------------------------------------------------------------------ the logical round
+    def run_round(self, rnd: int) -> dict:
+        """Events in simulated-time order up to the next server step, then that step as a synchronous round's."""
+        start = time.perf_counter()
+        self._changing = True  # the queue changes from here on: until the step is logged, no checkpoint
+        if not len(self.queue):
+            for _ in range(self.concurrency):
+                self._start_job(self.sim_time)
+        wanted = 1 if self.mode.mode == "fedasync" else self.mode.buffer_size
+        skipped: list[int] = []
+        while len(self.buffer) < wanted:
+            head = self.queue.peek()
+            if isinstance(head, Flight) and not head.dropped and head.seq not in self.results:
+                self._train_in_flight()
+            event = self.queue.pop()
+            if isinstance(event, Wait):
+                if event.attempt > MAX_WAITS:
+                    raise UserError(f"no client was available to train for {event.attempt} waits of system.wait_s="
+                                    f"{self.wait_s:g} simulated seconds (check system.availability)")
+                self.sim_time = event.time
+                self._start_job(event.time, event.seq, event.attempt)
+                continue
+            self.sim_time = event.finish
+            if event.dropped:
+                self.pending_dropped += 1
+            else:
+                result, state_ref = self.results.pop(event.seq)
+                finished, kept, bad = self._collect({event.client: (result, state_ref)}, rnd)
+                for cid, ref in kept:
+                    self.states.put(cid, ref)
+                skipped += bad
+                self.buffer += [(event, r) for r in finished]
+            if len(self.buffer) < wanted:
+                self._start_job(self.sim_time)
+        arrivals, self.buffer = self.buffer, []
+        staleness = [self.round - f.version for f, _ in arrivals]
+        updates = [ClientUpdate(client_id=r.client_id, upload=r.upload, num_samples=r.num_samples, loss=r.loss)
+                   for _, r in arrivals]
+        target = self._target(arrivals, staleness)
+        self._keep_history(updates, rnd)
+        self._server_step(RoundUpdates(updates, lambda: target), rnd)
+        clients = [f.client for f, _ in arrivals]
+        metrics = self._round_metrics(rnd, clients, [r for _, r in arrivals], skipped, self.pending_down)
+        self.totals["sim_time_s"] = self.sim_time
+        metrics.update(round_sim_s=self.sim_time - self.last_step_time, staleness_mean=float(np.mean(staleness)),
+                       staleness_max=int(max(staleness)), dropouts=self.pending_dropped)
+        client_counts = self._evaluate_round(rnd, clients, metrics)
+        metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
+        self.last_step_time, self.pending_down, self.pending_dropped = self.sim_time, 0, 0
+        self.round = rnd  # the new model is version rnd: the freed slot downloads it
+        self._start_job(self.sim_time)
+        live = {f.version for f in self.queue.flights()}
+        self.versions = {v: p for v, p in self.versions.items() if v in live}
+        self._finish_round(rnd, metrics, client_counts, start)
+        return metrics
+
+    def _target(self, arrivals: list[tuple[Flight, TrainResult]], staleness: list[int]) -> dict:
+        """The server's new model before the algorithm's step: FedAsync's mix or FedBuff's buffered step."""
+        x = self.server_state["model"]
+        m = self.mode
+        if m.mode == "fedasync":
+            (_, result), = arrivals
+            alpha = m.alpha * staleness_weight(m.staleness, staleness[0], float(m.a), m.b)
+            return mix(x, result.upload, alpha)
+        buffered = [(r.upload, self.versions[f.version].payload["model"], buffer_weight(s, m.staleness_scaling))
+                    for (f, r), s in zip(arrivals, staleness)]
+        return buffered_target(x, buffered, m.server_lr, m.buffer_size)

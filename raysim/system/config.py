@@ -1,0 +1,146 @@
+"""The ``system`` config section: client speeds, bandwidths, latency, availability, dropout and the round deadline.
+
+Off by default (``system.enabled: false``): then no key here changes any number a run computes. Every mistake is a
+:class:`SystemConfigError` whose one-line message names the key. Files (``system.csv``,
+``system.availability.trace``) are checked when the run builds its :class:`raysim.system.model.SystemModel`, before
+its first round, with the same one-line errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from raysim.errors import UserError
+
+TRAIT_SOURCES = ("lognormal", "tiers", "csv")
+AVAILABILITY_MODES = ("always", "onoff", "diurnal", "trace")
+LATE_POLICIES = ("drop", "partial")
+
+
+class SystemConfigError(UserError):
+    """A ``system.*`` key holds an impossible value: raysim.config's ConfigError for this section, which cannot
+    import raysim.config (raysim.config imports it); the CLI gives both one line and exit 2."""
+
+
+def _require(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise SystemConfigError(f"config key '{key}': {why}")
+
+
+def _finite(value: Any, low: float, *, strict: bool = False) -> bool:
+    """A finite number (not a bool) >= ``low`` (> with ``strict``), as raysim.config.is_finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+def _positive(value: Any) -> bool:
+    return _finite(value, 0.0, strict=True)
+
+
+@dataclass
+class TraitConfig:
+    """One client trait drawn from a lognormal distribution: ``median``, and ``spread`` = the ratio of its 90th to
+    its 10th percentile (1: every client gets the median; 10: the fastest tenth is 10x the slowest tenth)."""
+
+    median: float = 1.0  # the trait's median over clients (units: see system.speed, down, up, latency)
+    spread: float = 1.0  # 90th / 10th percentile ratio of the trait over clients (1: every client the median)
+
+    def check(self, key: str, *, zero_ok: bool = False) -> None:
+        ok = _finite(self.median, 0.0) if zero_ok else _positive(self.median)
+        _require(ok, f"{key}.median", f"must be a finite number {'>=' if zero_ok else '>'} 0, got {self.median!r}")
+        _require(_finite(self.spread, 1.0), f"{key}.spread",
+                 f"must be a finite ratio >= 1 (90th over 10th percentile), got {self.spread!r}")
+
+
+@dataclass
+class TierConfig:
+    """A device tier: its share of the clients and its traits (units as in :class:`SystemConfig`)."""
+
+    share: float = 1.0  # the tier's share of the clients (shares are normalised to sum 1)
+    speed: float = 100.0  # samples trained per second
+    down: float = 1.25e6  # download bandwidth, bytes per second
+    up: float = 6.25e5  # upload bandwidth, bytes per second
+    latency: float = 0.05  # seconds per job before any byte moves
+
+
+@dataclass
+class AvailabilityConfig:
+    # always | onoff (a seeded two-state process with exponential on and off durations) | diurnal (each client on
+    # for on_share of every period_s, at a phase drawn from the seed) | trace (intervals read from a file)
+    mode: str = "always"
+    mean_on_s: float = 3600.0  # onoff: mean length of an available stretch, seconds
+    mean_off_s: float = 3600.0  # onoff: mean length of an unavailable stretch, seconds
+    period_s: float = 86400.0  # diurnal: the day; trace (CSV): the trace repeats every period_s
+    on_share: float = 0.5  # diurnal: share of each period a client is available
+    # trace: a CSV of client_id,start_s,end_s rows (a client is available in [start_s, end_s]), or FedScale's
+    # client-behaviour trace (.pkl or .json: {client_id: {active: [...], inactive: [...], finish_time: T}})
+    trace: Optional[str] = None
+
+    def validate(self) -> None:
+        key = "system.availability"
+        _require(self.mode in AVAILABILITY_MODES, f"{key}.mode",
+                 f"must be one of {', '.join(AVAILABILITY_MODES)}, got {self.mode!r}")
+        for name in ("mean_on_s", "mean_off_s", "period_s"):
+            _require(_positive(getattr(self, name)), f"{key}.{name}",
+                     f"must be a finite number of seconds > 0, got {getattr(self, name)!r}")
+        _require(_positive(self.on_share) and self.on_share <= 1, f"{key}.on_share",
+                 f"must be in (0, 1], got {self.on_share!r}")
+        _require(self.mode != "trace" or bool(self.trace), f"{key}.trace",
+                 "availability.mode=trace needs a trace file (system.availability.trace=PATH)")
+
+
+@dataclass
+class SystemConfig:
+    enabled: bool = False  # simulate the clients' systems side and a simulated clock (off: nothing here counts)
+    traits: str = "lognormal"  # where speed, bandwidths and latency come from: lognormal | tiers | csv
+    speed: TraitConfig = field(default_factory=lambda: TraitConfig(100.0, 1.0))  # samples trained per second
+    down: TraitConfig = field(default_factory=lambda: TraitConfig(1.25e6, 1.0))  # download, bytes per second
+    up: TraitConfig = field(default_factory=lambda: TraitConfig(6.25e5, 1.0))  # upload, bytes per second
+    latency: TraitConfig = field(default_factory=lambda: TraitConfig(0.05, 1.0))  # seconds per job
+    tiers: list[TierConfig] = field(default_factory=list)  # traits=tiers: device tiers with their shares
+    csv: Optional[str] = None  # traits=csv: a CSV with the header client_id,speed,down,up,latency, every client once
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
+    dropout: float = 0.0  # probability that a client which started a round never reports, per (client, round)
+    deadline_s: Optional[float] = None  # the round's deadline in simulated seconds (null: wait for every client)
+    over_selection: float = 0.0  # rho: a round with a deadline starts ceil(K (1 + rho)) clients, keeps the first K
+    late: str = "drop"  # a client that misses the deadline: drop | partial (the local steps that fit)
+    wait_s: float = 60.0  # when no client is available, the server waits this long before it samples again
+
+    def validate(self) -> None:
+        _require(self.traits in TRAIT_SOURCES, "system.traits",
+                 f"must be one of {', '.join(TRAIT_SOURCES)}, got {self.traits!r}")
+        for name in ("speed", "down", "up"):
+            getattr(self, name).check(f"system.{name}")
+        self.latency.check("system.latency", zero_ok=True)
+        if self.traits == "tiers":
+            _require(len(self.tiers) >= 1, "system.tiers", "traits=tiers needs at least one tier")
+            for i, tier in enumerate(self.tiers):
+                key = f"system.tiers[{i}]"
+                _require(_positive(tier.share), f"{key}.share", f"must be > 0, got {tier.share!r}")
+                for name in ("speed", "down", "up"):
+                    _require(_positive(getattr(tier, name)), f"{key}.{name}",
+                             f"must be a finite number > 0, got {getattr(tier, name)!r}")
+                _require(_finite(tier.latency, 0.0), f"{key}.latency", f"must be >= 0, got {tier.latency!r}")
+        _require(self.traits != "csv" or bool(self.csv), "system.csv",
+                 "traits=csv needs a CSV file (system.csv=PATH, header client_id,speed,down,up,latency)")
+        self.availability.validate()
+        _require(_finite(self.dropout, 0.0) and self.dropout < 1, "system.dropout",
+                 f"must be a probability in [0, 1), got {self.dropout!r}")
+        if self.deadline_s is not None:
+            _require(_positive(self.deadline_s), "system.deadline_s",
+                     f"must be a number of seconds > 0 (or null), got {self.deadline_s!r}")
+        _require(_finite(self.over_selection, 0.0), "system.over_selection",
+                 f"must be a finite number >= 0, got {self.over_selection!r}")
+        _require(self.over_selection == 0 or self.deadline_s is not None, "system.over_selection",
+                 "over-selection keeps the first K clients to report before system.deadline_s: set a deadline")
+        _require(self.late in LATE_POLICIES, "system.late",
+                 f"must be one of {', '.join(LATE_POLICIES)}, got {self.late!r}")
+        _require(_positive(self.wait_s), "system.wait_s", f"must be a number of seconds > 0, got {self.wait_s!r}")
+
+
+def selected_count(cohort: int, over_selection: float) -> int:
+    """How many clients a round with over-selection rho starts: ceil(K (1 + rho)) (Bonawitz et al. 2019)."""
+    return int(math.ceil(cohort * (1.0 + over_selection) - 1e-9))

@@ -1,0 +1,371 @@
+"""Each client's systems side, computed on demand: nothing is stored per client (a million clients cost what ten
+do), except what the user's own files list (``system.csv``, an availability trace).
+
+Every random draw is a counter-based hash: a uniform in (0, 1) from (seed, stream, client[, round or time slot]) by
+splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014), in numpy's
+unsigned 64-bit arithmetic, so one client or a million at once give the same numbers, in any order.
+
+- traits: lognormal (a median and a spread), device tiers with shares, or a CSV row;
+- availability ``onoff``: the two-state Markov process (on -> off at rate 1/mean_on, off -> on at 1/mean_off),
+  sampled exactly by uniformisation: at the events of a Poisson process of rate q = 1/mean_on + 1/mean_off the state
+  is redrawn, on with probability mean_on / (mean_on + mean_off) whatever it was, so the state at time t is the one
+  drawn at the last event before t. The events of each time slot of length 1/q come from the slot's own hash; the
+  state at t needs only the slots back to the last event (1.6 on average). The start is the stationary law;
+- availability ``diurnal``: on for ``on_share`` of every period, at a phase drawn per client (a time zone);
+- availability ``trace``: intervals from a CSV or FedScale's client-behaviour trace, which repeats every
+  ``finish_time`` as FedScale's ``ClientMetadata.is_active`` does (github.com/SymbioticLab/FedScale,
+  fedscale/cloud/internal/client_metadata.py);
+- dropout: a Bernoulli per (client, round).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from raysim.config import ConfigError
+from raysim.system.config import SystemConfig
+
+# stream tags: each kind of draw has its own
+SPEED, DOWN, UP, LATENCY, TIER, ONOFF_COUNT, ONOFF_AT, ONOFF_STATE, PHASE, DROPOUT, SAMPLING = range(1, 12)
+Z90 = 1.2815515655446004  # the standard normal's 90th percentile: spread = exp(2 * Z90 * sigma)
+MAX_EVENTS = 16  # onoff: events per slot kept (a slot holds more with probability < 1e-14)
+CHUNK = 1 << 16  # clients per vectorised batch where a whole population is scanned
+
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+_S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+def uniforms(key: int, *counters: np.ndarray | int) -> np.ndarray:
+    """Uniforms in (0, 1), one per element of the broadcast ``counters``, a pure function of (key, counters)."""
+    parts = np.broadcast_arrays(*[np.asarray(c, dtype=np.int64) for c in counters])
+    with np.errstate(over="ignore"):
+        h = np.full(parts[0].shape, np.uint64(key), dtype=np.uint64)
+        for part in parts:
+            h = _mix(h ^ _mix(part.astype(np.uint64) + _GOLDEN))
+    return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+
+
+def stream_key(seed: int, stream: int) -> int:
+    return int(np.random.SeedSequence([seed, 36, stream]).generate_state(1, dtype=np.uint64)[0])
+
+
+def lognormal_sigma(spread: float) -> float:
+    """The log-scale standard deviation whose 90th / 10th percentile ratio is ``spread``."""
+    return math.log(spread) / (2.0 * Z90)
+
+
+@dataclass(frozen=True)
+class ClientTraits:
+    speed: float  # samples trained per second
+    down: float  # download bandwidth, bytes per second
+    up: float  # upload bandwidth, bytes per second
+    latency: float  # seconds a job spends before any byte moves
+
+
+def job_duration(traits: ClientTraits, bytes_down: float, bytes_up: float, samples_times_epochs: float) -> float:
+    """latency + bytes_down / down + samples x epochs / speed + bytes_up / up (simulated seconds)."""
+    return (traits.latency + bytes_down / traits.down + samples_times_epochs / traits.speed
+            + bytes_up / traits.up)
+
+
+def _fail(key: str, path: str, why: str) -> ConfigError:
+    return ConfigError(f"config key '{key}': {path}: {why}")
+
+
+def _read_rows(key: str, path: str, header: tuple[str, ...]) -> list[list[str]]:
+    """The data rows of a CSV whose first row is ``header`` (cells stripped)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise _fail(key, path, "no such file")
+    try:
+        with open(file, newline="") as fh:
+            rows = [[cell.strip() for cell in row] for row in csv.reader(fh) if row and any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise _fail(key, path, f"cannot be read as CSV ({exc})") from None
+    if not rows or tuple(c.lower() for c in rows[0]) != header:
+        raise _fail(key, path, f"the first row must be the header {','.join(header)}")
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise _fail(key, path, f"line {i} has {len(row)} fields, the header {len(header)}")
+    return rows[1:]
+
+
+def _number(key: str, path: str, line: int, name: str, text: str, *, whole: bool = False) -> float:
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        raise _fail(key, path, f"line {line}: {name} must be a {'whole number' if whole else 'number'}, "
+                               f"got {text!r}") from None
+    if not math.isfinite(value):
+        raise _fail(key, path, f"line {line}: {name} must be finite, got {text!r}")
+    return value
+
+
+def _client_id(key: str, path: str, line: int, value: object, num_clients: int) -> int:
+    if isinstance(value, str):
+        value = _number(key, path, line, "client_id", value, whole=True)
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= int(value) < num_clients:
+        where = f"line {line}: " if line else ""
+        raise _fail(key, path, f"{where}client id {value!r} is not a client of this federation (ids 0 to "
+                               f"{num_clients - 1})")
+    return int(value)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """A FedScale trace is plain dicts, lists and numbers: anything else in the pickle is refused, never built."""
+
+    def find_class(self, module: str, name: str) -> type:
+        raise pickle.UnpicklingError(f"it names {module}.{name}, while a trace holds only dicts, lists and numbers")
+
+
+class SystemModel:
+    """The systems side of ``num_clients`` clients under ``cfg`` (a :class:`SystemConfig`) and ``seed``: traits,
+    availability, dropout and job durations, each computed when asked."""
+
+    def __init__(self, cfg: SystemConfig, seed: int, num_clients: int):
+        self.cfg, self.seed, self.num_clients = cfg, int(seed), int(num_clients)
+        self._keys = {s: stream_key(self.seed, s) for s in range(1, 12)}
+        self._table: Optional[np.ndarray] = None  # traits=csv: (num_clients, 4) speed, down, up, latency
+        self._trace: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = None
+        if cfg.traits == "tiers":
+            shares = np.array([t.share for t in cfg.tiers], dtype=np.float64)
+            self._tier_edges = np.cumsum(shares) / shares.sum()
+            self._tier_values = np.array([[t.speed, t.down, t.up, t.latency] for t in cfg.tiers], dtype=np.float64)
+        if cfg.traits == "csv":
+            self._table = self._read_traits(str(cfg.csv))
+        if cfg.availability.mode == "trace":
+            self._trace = self._read_trace(str(cfg.availability.trace))
+
+    # ------------------------------------------------------------------ files
+    def _read_traits(self, path: str) -> np.ndarray:
+        key, header = "system.csv", ("client_id", "speed", "down", "up", "latency")
+        table = np.full((self.num_clients, 4), np.nan)
+        for line, row in enumerate(_read_rows(key, path, header), start=2):
+            cid = _client_id(key, path, line, row[0], self.num_clients)
+            if not np.isnan(table[cid, 0]):
+                raise _fail(key, path, f"line {line}: client {cid} is listed twice")
+            values = [_number(key, path, line, name, text) for name, text in zip(header[1:], row[1:])]
+            for name, value in zip(header[1:], values):
+                if value < 0 or (value == 0 and name != "latency"):
+                    raise _fail(key, path, f"line {line}: {name} must be {'>= 0' if name == 'latency' else '> 0'}, "
+                                           f"got {value:g}")
+            table[cid] = values
+        missing = np.flatnonzero(np.isnan(table[:, 0]))
+        if len(missing):
+            raise _fail(key, path, f"lists {self.num_clients - len(missing)} of the {self.num_clients} clients "
+                                   f"(client {int(missing[0])} is missing); it must list every client once")
+        return table
+
+    def _read_trace(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(client, start, end, period) per interval, sorted by client: a client is available at t when
+        start <= t mod period <= end for one of its rows."""
+        key = "system.availability.trace"
+        rows: list[tuple[int, float, float, float]] = []
+        if path.lower().endswith(".csv"):
+            period = float(self.cfg.availability.period_s)
+            for line, row in enumerate(_read_rows(key, path, ("client_id", "start_s", "end_s")), start=2):
+                cid = _client_id(key, path, line, row[0], self.num_clients)
+                start, end = (_number(key, path, line, n, t) for n, t in zip(("start_s", "end_s"), row[1:]))
+                if not 0 <= start <= end <= period:
+                    raise _fail(key, path, f"line {line}: an interval needs 0 <= start_s <= end_s <= "
+                                           f"system.availability.period_s ({period:g}), got {start:g}, {end:g}")
+                rows.append((cid, start, end, period))
+        else:
+            for cid, entry in self._fedscale_trace(key, path).items():
+                rows.extend((cid, s, e, p) for s, e, p in entry)
+        if not rows:
+            raise _fail(key, path, "holds no availability interval")
+        rows.sort()
+        arr = np.array(rows, dtype=np.float64)
+        return arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2], arr[:, 3]
+
+    def _fedscale_trace(self, key: str, path: str) -> dict[int, list[tuple[float, float, float]]]:
+        """FedScale's client-behaviour trace (its docs/Device Trace File Formats: ``{client_id: {'active': [INT],
+        'inactive': [INT], 'finish_time': INT, ...}}``), as a pickle or as JSON."""
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise _fail(key, path, "no such file")
+        try:
+            if path.lower().endswith(".json"):
+                raw = json.loads(file.read_text())
+            else:
+                with open(file, "rb") as fh:
+                    raw = _RestrictedUnpickler(fh).load()
+        except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
+            raise _fail(key, path, f"is not a trace (a CSV client_id,start_s,end_s, or FedScale's layout as .pkl "
+                                   f"or .json): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
+                from None
+        if not isinstance(raw, dict):
+            raise _fail(key, path, "must map client ids to {active, inactive, finish_time} (FedScale's layout)")
+        out: dict[int, list[tuple[float, float, float]]] = {}
+        for client, entry in raw.items():
+            cid = _client_id(key, path, 0, int(client) if str(client).lstrip("-").isdigit() else client,
+                             self.num_clients)
+            try:
+                active = [float(v) for v in entry["active"]]
+                inactive = [float(v) for v in entry["inactive"]]
+                period = float(entry["finish_time"])
+            except (KeyError, TypeError, ValueError):
+                raise _fail(key, path, f"client {cid}'s entry needs active and inactive lists and a finish_time "
+                                       f"(FedScale's layout)") from None
+            if len(active) != len(inactive) or not math.isfinite(period) or period <= 0 \
+                    or any(not (math.isfinite(a) and math.isfinite(b) and a <= b) for a, b in zip(active, inactive)):
+                raise _fail(key, path, f"client {cid}'s entry needs as many active as inactive times, each "
+                                       f"active <= inactive, and a finish_time > 0")
+            out[cid] = [(a, b, period) for a, b in zip(active, inactive)]
+        return out
+
+    # ------------------------------------------------------------------ traits
+    def traits_many(self, clients: np.ndarray) -> np.ndarray:
+        """(len(clients), 4): speed, down, up, latency of each client, vectorised."""
+        clients = np.asarray(clients, dtype=np.int64)
+        if self._table is not None:
+            return self._table[clients]
+        if self.cfg.traits == "tiers":
+            tier = np.searchsorted(self._tier_edges, uniforms(self._keys[TIER], clients), side="right")
+            return self._tier_values[np.minimum(tier, len(self._tier_values) - 1)]
+        from scipy.special import ndtri
+
+        out = np.empty((len(clients), 4), dtype=np.float64)
+        for col, (stream, trait) in enumerate(((SPEED, self.cfg.speed), (DOWN, self.cfg.down), (UP, self.cfg.up),
+                                               (LATENCY, self.cfg.latency))):
+            sigma = lognormal_sigma(float(trait.spread))
+            z = ndtri(uniforms(self._keys[stream], clients)) if sigma > 0 else 0.0
+            out[:, col] = float(trait.median) * np.exp(sigma * z)
+        return out
+
+    def traits(self, client_id: int) -> ClientTraits:
+        speed, down, up, latency = self.traits_many(np.array([client_id]))[0]
+        return ClientTraits(float(speed), float(down), float(up), float(latency))
+
+    def duration(self, client_id: int, bytes_down: float, bytes_up: float, samples_times_epochs: float) -> float:
+        """Simulated seconds of one job: latency + bytes_down / down + samples x epochs / speed + bytes_up / up."""
+        return job_duration(self.traits(client_id), bytes_down, bytes_up, samples_times_epochs)
+
+    def samples_within(self, client_id: int, bytes_down: float, bytes_up: float, seconds: float) -> int:
+        """How many samples the client trains in a job that must end within ``seconds`` (0: not even the
+        transfers fit): floor((seconds - latency - bytes_down / down - bytes_up / up) x speed)."""
+        t = self.traits(client_id)
+        left = seconds - t.latency - bytes_down / t.down - bytes_up / t.up
+        return max(0, int(math.floor(left * t.speed))) if left > 0 else 0
+
+    # ------------------------------------------------------------------ availability and dropout
+    def available_many(self, clients: np.ndarray, t: float) -> np.ndarray:
+        """Whether each of ``clients`` is available at simulated time ``t`` (seconds >= 0), vectorised."""
+        clients = np.asarray(clients, dtype=np.int64)
+        av = self.cfg.availability
+        if av.mode == "always":
+            return np.ones(len(clients), dtype=bool)
+        if av.mode == "diurnal":
+            period = float(av.period_s)
+            phase = uniforms(self._keys[PHASE], clients) * period
+            return np.mod(t + phase, period) < float(av.on_share) * period
+        if av.mode == "onoff":
+            return self._onoff(clients, float(t))
+        assert self._trace is not None
+        owner, start, end, period = self._trace
+        lo, hi = np.searchsorted(owner, clients, side="left"), np.searchsorted(owner, clients, side="right")
+        out = np.zeros(len(clients), dtype=bool)
+        for i in np.flatnonzero(hi > lo):
+            rows = slice(lo[i], hi[i])
+            at = np.mod(t, period[rows])
+            out[i] = bool(np.any((start[rows] <= at) & (at <= end[rows])))
+        return out
+
+    def available(self, client_id: int, t_seconds: float) -> bool:
+        return bool(self.available_many(np.array([client_id]), t_seconds)[0])
+
+    def _onoff(self, clients: np.ndarray, t: float) -> np.ndarray:
+        """The on/off process by uniformisation (module docstring): slot by slot back from t's slot, the state drawn
+        at the last event before t; before time 0, the stationary state."""
+        av = self.cfg.availability
+        on, off = float(av.mean_on_s), float(av.mean_off_s)
+        rate = 1.0 / on + 1.0 / off
+        p_on, width = on / (on + off), 1.0 / rate
+        slot = np.full(len(clients), int(math.floor(t / width)), dtype=np.int64)
+        cutoff = np.full(len(clients), t / width - math.floor(t / width))  # events before this point of the slot
+        state = np.zeros(len(clients), dtype=bool)
+        todo = np.arange(len(clients))
+        poisson_cdf = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(MAX_EVENTS + 1)])
+        j = np.arange(MAX_EVENTS)
+        while len(todo):
+            c, s = clients[todo], slot[todo]
+            before_start = s < 0
+            if before_start.any():
+                idx = todo[before_start]
+                state[idx] = uniforms(self._keys[ONOFF_STATE], clients[idx], -1, -1) < p_on
+            live = ~before_start
+            todo, c, s = todo[live], c[live], s[live]
+            if not len(todo):
+                break
+            count = np.minimum(np.searchsorted(poisson_cdf, uniforms(self._keys[ONOFF_COUNT], c, s),
+                                               side="right"), MAX_EVENTS)
+            at = uniforms(self._keys[ONOFF_AT], c[:, None], s[:, None], j[None, :])
+            usable = (j[None, :] < count[:, None]) & (at < cutoff[todo][:, None])
+            last = np.where(usable, at, -1.0).argmax(axis=1)
+            found = usable[np.arange(len(todo)), last]
+            idx = todo[found]
+            state[idx] = uniforms(self._keys[ONOFF_STATE], c[found], s[found], last[found]) < p_on
+            todo = todo[~found]
+            slot[todo] -= 1
+            cutoff[todo] = 1.0
+        return state
+
+    def dropped(self, client_id: int, round: int) -> bool:
+        """Whether the client, having started ``round``, never reports (probability ``system.dropout``)."""
+        p = float(self.cfg.dropout)
+        return p > 0 and bool(uniforms(self._keys[DROPOUT], client_id, round)[()] < p)
+
+    def sample_available(self, round: int, t: float, count: int) -> list[int]:
+        """``count`` clients drawn uniformly without replacement among those available at ``t`` (all of them when
+        fewer are), sorted; a pure function of (seed, round, t). Candidates come from a seeded stream in batches
+        and are kept in draw order while available; a population that yields too few this way is scanned."""
+        if self.cfg.availability.mode == "always":
+            raise ValueError("sample_available is for an availability process; always-available rounds sample as "
+                             "the driver always has")
+        rng = np.random.default_rng([self.seed, round, 104729, SAMPLING])
+        chosen: dict[int, None] = {}
+        drawn = 0
+        while len(chosen) < count and drawn < 4 * self.num_clients:
+            batch = rng.integers(0, self.num_clients, size=max(64, 4 * (count - len(chosen))))
+            drawn += len(batch)
+            for cid, ok in zip(batch.tolist(), self.available_many(batch, t).tolist()):
+                if ok and cid not in chosen:
+                    chosen[cid] = None
+                    if len(chosen) == count:
+                        break
+        if len(chosen) < count:  # few available: the whole population, in chunks
+            pool = np.concatenate([np.flatnonzero(self.available_many(np.arange(a, min(a + CHUNK, self.num_clients)),
+                                                                      t)) + a
+                                   for a in range(0, self.num_clients, CHUNK)])
+            if len(pool) <= count:
+                return pool.tolist()
+            return np.sort(rng.choice(pool, size=count, replace=False)).tolist()
+        return sorted(chosen)
+
+    def fastest(self, samples: np.ndarray, bytes_down: float, bytes_up: float) -> tuple[float, int]:
+        """(the shortest job any client can do, that client): ``samples[c]`` samples x epochs for client c."""
+        best, who = math.inf, -1
+        for a in range(0, self.num_clients, CHUNK):
+            ids = np.arange(a, min(a + CHUNK, self.num_clients))
+            tr = self.traits_many(ids)
+            d = tr[:, 3] + bytes_down / tr[:, 1] + samples[ids] / tr[:, 0] + bytes_up / tr[:, 2]
+            i = int(np.argmin(d))
+            if d[i] < best:
+                best, who = float(d[i]), int(ids[i])
+        return best, who

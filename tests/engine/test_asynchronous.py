@@ -1,0 +1,184 @@
+"""The asynchronous modes: FedAsync's and FedBuff's server updates and staleness functions by hand, the event
+queue's order, runs whose numbers are the config's and the seed's alone (resumed in process, after a SIGKILL, on
+one and two Ray workers with one killed), and the algorithms they refuse."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, killed_worker_matches_inline, read_rows, refused_config, strip_timing, tiny_overrides
+
+from raysim.cli import main
+from raysim.config import load_config
+from raysim.engine.asynchronous import (EventQueue, Flight, Wait, buffer_weight, buffered_target, mix,
+                                        staleness_weight)
+from raysim.engine.runner import run_experiment
+from raysim.engine.state import read_checkpoint
+
+ASYNC = dict(asynchronous__mode="fedbuff", asynchronous__buffer_size=2, asynchronous__concurrency=3,
+             clients__num=6, train__local_epochs=2, data__partition="dirichlet")
+
+
+# ---------------------------------------------------------------------------------------------- the math by hand
+def test_staleness_functions_by_hand():
+    assert staleness_weight("constant", 7, 0.5, 4) == 1.0
+    # polynomial, a = 0.5: (t − τ + 1)^−a; staleness 3: 4^−0.5 = 0.5; staleness 0: 1
+    assert staleness_weight("polynomial", 3, 0.5, 4) == 0.5 and staleness_weight("polynomial", 0, 0.5, 4) == 1.0
+    # hinge, a = 10, b = 4: 1 up to staleness 4; staleness 6: 1/(10·(6 − 4) + 1) = 1/21
+    assert staleness_weight("hinge", 4, 10, 4) == 1.0
+    assert staleness_weight("hinge", 6, 10, 4) == pytest.approx(1 / 21, abs=1e-15)
+    # FedBuff: 1/√(1 + staleness): staleness 3 gives 1/2; off: 1
+    assert buffer_weight(3, True) == 0.5 and buffer_weight(3, False) == 1.0
+
+
+def test_fedasync_mix_by_hand():
+    # x = (0, 4), x_new = (2, 0), α_t = 0.25: (1 − 0.25)·x + 0.25·x_new = (0.5, 3); an integer buffer is rounded:
+    # 2·0.5 + 5·0.5 = 3.5 -> 4 (round half to even)
+    x = {"w": torch.tensor([0.0, 4.0]), "n": torch.tensor(2)}
+    new = {"w": torch.tensor([2.0, 0.0]), "n": torch.tensor(5)}
+    out = mix(x, new, 0.25)
+    assert out["w"].tolist() == [0.5, 3.0] and out["w"].dtype == torch.float32
+    assert mix(x, new, 0.5)["n"].item() == 4 and out["n"].dtype == torch.int64
+
+
+def test_fedbuff_step_by_hand():
+    # x = (1, 1). Arrival 1: y = (3, 1) from x_τ = (1, 1), staleness 0 (w = 1): Δ = (2, 0).
+    #            Arrival 2: y = (0, 2) from x_τ = (0, 0), staleness 3 (w = 1/2): Δ = (0, 2).
+    # K = 2, η_g = 1: x + (1/2)·(1·(2, 0) + ½·(0, 2)) = (1, 1) + (1, 0.5) = (2, 1.5); η_g = 0.5: (1.5, 1.25)
+    x = {"w": torch.tensor([1.0, 1.0])}
+    buffered = [({"w": torch.tensor([3.0, 1.0])}, {"w": torch.tensor([1.0, 1.0])}, buffer_weight(0, True)),
+                ({"w": torch.tensor([0.0, 2.0])}, {"w": torch.tensor([0.0, 0.0])}, buffer_weight(3, True))]
+    assert buffered_target(x, buffered, 1.0, 2)["w"].tolist() == [2.0, 1.5]
+    assert buffered_target(x, buffered, 0.5, 2)["w"].tolist() == [1.5, 1.25]
+    # fresh updates and η_g = 1 from one model: the mean of the clients' models (FedAvg's, uniformly)
+    fresh = [({"w": torch.tensor([3.0, 1.0])}, x, 1.0), ({"w": torch.tensor([1.0, 5.0])}, x, 1.0)]
+    assert buffered_target(x, fresh, 1.0, 2)["w"].tolist() == [2.0, 3.0]
+
+
+def test_event_queue_orders_by_time_then_client_then_sequence():
+    q = EventQueue()
+    q.push(Flight(seq=5, client=3, start=0.0, finish=2.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
+    q.push(Flight(seq=2, client=7, start=0.0, finish=1.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
+    q.push(Flight(seq=4, client=3, start=0.5, finish=1.0, version=1, bytes_down=1, bytes_up=1, dropped=True))
+    q.push(Flight(seq=1, client=3, start=0.2, finish=1.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
+    q.push(Wait(seq=9, time=1.0, attempt=2))  # a waiting slot counts as client −1
+    assert q.clients() == {3, 7} and len(q) == 5
+    copy = EventQueue.from_record(json.loads(json.dumps(q.record())))  # what a checkpoint keeps gives it back
+    order = []
+    while len(q):
+        e = q.pop()
+        order.append((e.time, -1, e.seq) if isinstance(e, Wait) else (e.finish, e.client, e.seq))
+    # time 1.0: the wait (−1), client 3's jobs by sequence (1, then 4), client 7; then time 2.0
+    assert order == [(1.0, -1, 9), (1.0, 3, 1), (1.0, 3, 4), (1.0, 7, 2), (2.0, 3, 5)]
+    assert [e.seq for e in [copy.pop() for _ in range(5)]] == [9, 1, 4, 2, 5]
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _run(tmp_path, name, **extra):
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), log__tensorboard="false",
+                                           **{**ASYNC, **extra}))
+    return run_experiment(cfg)[1]
+
+
+def test_fedbuff_run_steps_every_k_arrivals_in_time_order_and_resumes(tmp_path):
+    rows = _run(tmp_path, "full", rounds=5)
+    assert [r["clients"] for r in rows] == [2] * 5  # K = 2 arrivals a step
+    times = [r["sim_time_s"] for r in rows]
+    assert times == sorted(times) and times[0] > 0
+    assert [r["round_sim_s"] for r in rows] == pytest.approx([times[0]] + [b - a for a, b in zip(times, times[1:])])
+    assert rows[0]["staleness_max"] == 0 and max(r["staleness_max"] for r in rows) >= 1  # 3 in flight, 2 a step
+    assert all(r["staleness_mean"] <= r["staleness_max"] for r in rows)
+    assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
+    # the checkpoint holds the queue: 3 jobs in flight, and the payload of every version they downloaded
+    record = read_checkpoint(tmp_path / "full")["asynchronous"]
+    flights = [e for e in record["queue"] if e[0] == "flight"]
+    assert len(flights) == 3 and {e[5] for e in flights} == set(record["versions"])
+    # 3 rounds, then --resume to 5: the same numbers as the run that was never stopped
+    first = _run(tmp_path, "part", rounds=3)
+    assert strip_timing(first) == strip_timing(rows[:3])
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), log__tensorboard="false",
+                                           **{**ASYNC, "rounds": 5}))
+    run_experiment(cfg, resume=True)
+    assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(rows)
+
+
+def test_with_a_system_model_jobs_start_on_available_clients_and_some_drop(tmp_path):
+    """Diurnal availability (each client on for half of a 30 s day), lognormal speeds with a 10x spread, dropout
+    0.3: every job in flight started on a client available at its start, not already in flight, and the dropped
+    jobs are counted; the simulated clock runs on the system model's durations."""
+    from raysim.system.model import SystemModel
+
+    system = dict(system__enabled="true", system__availability__mode="diurnal", system__availability__period_s=30,
+                  system__speed__median=50, system__speed__spread=10, system__dropout=0.3, system__wait_s=1)
+    rows = _run(tmp_path, "sys", rounds=4, **system)
+    assert sum(r["dropouts"] for r in rows) > 0 and all(r["clients"] == 2 for r in rows)
+    cfg = load_config(None, tiny_overrides(tmp_path, **{**ASYNC, **system}))
+    model = SystemModel(cfg.system, cfg.seed, cfg.clients.num)
+    queue = read_checkpoint(tmp_path / "sys")["asynchronous"]["queue"]
+    flights = [e for e in queue if e[0] == "flight"]
+    assert len(queue) == 3 and len({e[2] for e in flights}) == len(flights)  # 3 slots (some may wait); distinct
+    for _, seq, client, start, finish, version, down, up, dropped in flights:
+        assert model.available(client, start) and dropped == model.dropped(client, seq)
+        assert finish - start == pytest.approx(model.duration(client, down, up, 2 * _train_count(cfg, client)))
+
+
+def _train_count(cfg, client):
+    from raysim.data import build_federated_data
+
+    return build_federated_data(cfg).num_train(client)
+
+
+def test_fedasync_mixes_every_arrival(tmp_path):
+    rows = _run(tmp_path, "fa", rounds=6, asynchronous__mode="fedasync", asynchronous__staleness="hinge")
+    assert [r["clients"] for r in rows] == [1] * 6 and rows[-1]["loss"] < rows[0]["loss"]
+    assert [r["staleness_max"] for r in rows][:1] == [0] and max(r["staleness_max"] for r in rows) >= 2
+
+
+def test_an_algorithm_without_a_model_average_is_refused(tmp_path):
+    line = refused_config("asynchronous.mode", *tiny_overrides(tmp_path, algorithm__name="scaffold",
+                                                                asynchronous__mode="fedbuff"))
+    assert "scaffold needs every upload of a round at once" in line
+    assert not (tmp_path / "run").exists()  # nothing written
+    line = refused_config("asynchronous.mode", *tiny_overrides(tmp_path, algorithm__name="fednova",
+                                                                asynchronous__mode="fedasync"))
+    assert "fednova does not declare its server step a model average" in line
+    refused_config("asynchronous.concurrency", *tiny_overrides(tmp_path, asynchronous__mode="fedasync",
+                                                                asynchronous__concurrency=9))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_gives_the_uninterrupted_metrics(tmp_path, cli_env):
+    """``raysim run`` (in process, engine.backend=inline) SIGKILLed after round 3 of 6, then ``--resume``."""
+    args = tiny_overrides(tmp_path, log__dir=str(tmp_path / "killed"), log__tensorboard="false",
+                          **{**ASYNC, "rounds": 6})
+    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cli_env, cwd=ROOT, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "round 3/6" in line:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert any("round 3/6" in s for s in seen), "".join(seen[-20:])
+    assert main(["run", "--resume", str(tmp_path / "killed"), "--quiet"]) == 0
+    plain = _run(tmp_path, "plain", rounds=6)
+    assert strip_timing(read_rows(tmp_path / "killed")) == strip_timing(plain)
+
+
+@pytest.mark.slow
+def test_the_same_numbers_in_process_and_on_two_ray_workers_with_one_killed(ray_cluster, tmp_path):
+    """In process (one worker), then on two Ray workers with one SIGKILLed mid-job (``killed_worker_matches_inline``:
+    the killed job runs again elsewhere): FedBuff's metrics are the same."""
+    extra = {k: v for k, v in ASYNC.items() if k not in ("clients__num", "train__local_epochs", "data__partition")}
+    rows = killed_worker_matches_inline(tmp_path, log__tensorboard="false", **extra)
+    assert [r["clients"] for r in rows] == [2, 2, 2]
