@@ -124,7 +124,7 @@ def test_with_a_system_model_jobs_start_on_available_clients_and_some_drop(tmp_p
     queue = read_checkpoint(tmp_path / "sys")["asynchronous"]["queue"]
     flights = [e for e in queue if e[0] == "flight"]
     assert len(queue) == 3 and len({e[2] for e in flights}) == len(flights)  # 3 slots (some may wait); distinct
-    for _, seq, client, start, finish, version, down, up, dropped in flights:
+    for _, seq, client, start, finish, _version, down, up, dropped in flights:
         assert model.available(client, start) and dropped == model.dropped(client, seq)
         assert finish - start == pytest.approx(model.duration(client, down, up, 2 * _train_count(cfg, client)))
 
