@@ -15,7 +15,6 @@ from raysim.data import build_federated_data
 from raysim.engine.driver import draw_clients
 from raysim.engine.runner import run_experiment
 from raysim.system.clock import samples_in_budget, settle
-from raysim.system.model import SystemModel
 
 SYSTEM_KEYS = {"round_sim_s", "sim_time_s", "dropouts", "late", "partial", "surplus"}
 
