@@ -80,6 +80,7 @@ _BUILTIN_CONFIGS: dict[str, str] = {
     "fedyogi": "raysim.algorithms.configs.fedopt:FedYogiConfig",
     "fedadagrad": "raysim.algorithms.configs.fedopt:FedAdagradConfig",
     "ditto": "raysim.algorithms.configs.ditto:DittoConfig",
+    "fednova": "raysim.algorithms.configs.fednova:FedNovaConfig",
 }
 _loaded: set[str] = set()
 
@@ -233,7 +234,9 @@ def algorithm_config(name: str) -> type:
         if name in _BUILTIN_CONFIGS:
             module, _, attr = _BUILTIN_CONFIGS[name].partition(":")
             return getattr(importlib.import_module(module), attr)
-        raise _unknown("algorithm", "algorithm.name", name, set(_BUILTINS["algorithm"]) | set(_ALGORITHMS))
+        if name not in _BUILTINS["algorithm"]:
+            raise _unknown("algorithm", "algorithm.name", name, set(_BUILTINS["algorithm"]) | set(_ALGORITHMS))
+        _import_builtin(_BUILTINS["algorithm"][name])  # a built-in without a torch-free Config yet: right, but slow
     return _ALGORITHMS[name].Config  # type: ignore[attr-defined]  # every Algorithm has one (AlgorithmConfig)
 
 

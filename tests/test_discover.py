@@ -167,7 +167,7 @@ def test_list_experiments_and_run_them_by_name(capsys, tmp_path, monkeypatch):
 
 def test_unknown_algorithm_key_names_the_algorithms_that_have_it():
     err = refused_config("algorithm.mu", "algorithm.mu=0.1")
-    assert "fedavg has no key mu, but fedprox, moon do (set algorithm.name=fedprox)" in err
+    assert "fedavg has no key mu, but fednova, fedprox, moon do (set algorithm.name=fednova)" in err
 
 
 def test_plugin_off_the_path_gets_a_pythonpath_hint(tmp_path, monkeypatch, capsys):

@@ -61,3 +61,15 @@ def test_an_unknown_algorithm_is_refused_alike_with_or_without_importing_the_bui
     assert str(light.value) == str(full.value)
     assert "did you mean 'fedavg'" in str(light.value) and "scaffold" in str(light.value)
     assert registry.algorithm_names() == registry.names("algorithm")
+
+
+def test_a_builtin_without_a_torch_free_config_still_resolves(monkeypatch):
+    """A built-in added without an entry in ``_BUILTIN_CONFIGS`` is looked up through its algorithm (slower: torch),
+    never refused as unknown."""
+    from raysim.algorithms.configs.fedprox import FedProxConfig
+
+    monkeypatch.delitem(registry._BUILTIN_CONFIGS, "fedprox")
+    monkeypatch.delitem(registry._ALGORITHMS, "fedprox", raising=False)  # as if never imported (restored after)
+    monkeypatch.delitem(sys.modules, "raysim.algorithms.fedprox", raising=False)
+    assert registry.algorithm_config("fedprox") is FedProxConfig
+    assert "fedprox" in registry._ALGORITHMS  # through its algorithm

@@ -34,29 +34,16 @@ paper's a_i is SGD's. Defaults are the authors' (``train_LocalSGD.py``): mu 0, g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict, is_parameter, live_state
+from raysim.algorithms.configs.fednova import FedNovaConfig
 from raysim.algorithms.fedopt import momentum_step
 from raysim.algorithms.fedprox import proximal_term
-from raysim.config import AlgorithmConfig, ExperimentConfig, is_finite, require
+from raysim.config import ExperimentConfig
 from raysim.registry import register_algorithm
-
-
-@dataclass
-class FedNovaConfig(AlgorithmConfig):
-    name: str = "fednova"
-    mu: float = 0.0  # proximal weight (the authors' --mu, default 0: FedNova on plain local SGD)
-    server_momentum: float = 0.0  # the authors' gmf, the global (server) momentum factor (default 0)
-
-    def validate(self) -> None:
-        require(is_finite(self.mu, 0.0), "algorithm.mu", f"must be a number >= 0, got {self.mu}")
-        require(is_finite(self.server_momentum, 0.0) and self.server_momentum < 1.0, "algorithm.server_momentum",
-                f"must be in [0, 1), got {self.server_momentum}")
 
 
 def normalizing_vector(steps: int, momentum: float = 0.0, eta_mu: float = 0.0) -> float:
