@@ -3,8 +3,9 @@ torch.
 
     .venv/bin/python benchmarks/cli_latency.py [--repeats 5] [--source DIR]
 
-Each command runs as a fresh ``python -X importtime -m raysim.cli ...`` subprocess (what a user's shell pays: the
-interpreter's start included); the figure is the median (min-max) of the repeats. ``--source`` times another checkout
+Each command runs as a fresh ``python -m raysim.cli ...`` subprocess (what a user's shell pays: the interpreter's
+start included); the figure is the median (min-max) of the repeats. One more run with ``-X importtime`` says which
+heavy packages it imported. ``--source`` times another checkout
 (its folder goes first on PYTHONPATH), for a before/after pair with the same interpreter.
 """
 
@@ -28,14 +29,16 @@ def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[floa
     """Seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported."""
     env = {**os.environ, "PYTHONPATH": str(source)}
     times, heavy = [], set()
-    for _ in range(repeats):
+    for i in range(repeats + 1):
+        flags = ["-X", "importtime"] if i == repeats else []  # the last run only: importtime costs time itself
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "raysim.cli", *args], cwd=source, env=env,
+        proc = subprocess.run([sys.executable, *flags, "-m", "raysim.cli", *args], cwd=source, env=env,
                               capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
+        if not flags:
+            times.append(time.perf_counter() - t0)
         if proc.returncode != 0:
             raise RuntimeError(f"raysim {' '.join(args)} exited {proc.returncode}: {proc.stderr[-500:]}")
-        for line in proc.stderr.splitlines():  # "import time: self | cumulative | <indent>module"
+        for line in proc.stderr.splitlines() if flags else ():  # "import time: self | cumulative | <indent>module"
             if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() in HEAVY:
                 heavy.add(line.rsplit("|", 1)[-1].strip())
     return times, heavy
