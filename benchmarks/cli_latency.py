@@ -4,8 +4,9 @@ torch.
     .venv/bin/python benchmarks/cli_latency.py [--repeats 5] [--source DIR]
 
 Each command runs as a fresh ``python -m raysim.cli ...`` subprocess (what a user's shell pays: the interpreter's
-start included); the figure is the median (min-max) of the repeats. One more run with ``-X importtime`` says which
-heavy packages it imported. ``--source`` times another checkout
+start included); the figure is the median (min-max) of the repeats, with the median CPU time (user + system) beside
+it: on a loaded machine the wall time waits for a core, the CPU time much less. One more run with ``-X importtime``
+says which heavy packages it imported. ``--source`` times another checkout
 (its folder goes first on PYTHONPATH), for a before/after pair with the same interpreter.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,23 +27,29 @@ COMMANDS = (["config", "show"], ["config", "show", "smoke", "algorithm.name=unid
 HEAVY = ("torch", "ray", "torchvision")  # what a command that only reads configs should never import
 
 
-def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[float], set[str]]:
-    """Seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[float], list[float], set[str]]:
+    """Wall and CPU seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    times, heavy = [], set()
+    times, cpu, heavy = [], [], set()
     for i in range(repeats + 1):
         flags = ["-X", "importtime"] if i == repeats else []  # the last run only: importtime costs time itself
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         proc = subprocess.run([sys.executable, *flags, "-m", "raysim.cli", *args], cwd=source, env=env,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True)  # cwd: `-m` puts it first on sys.path
         if not flags:
             times.append(time.perf_counter() - t0)
+            cpu.append(_children_cpu() - c0)
         if proc.returncode != 0:
             raise RuntimeError(f"raysim {' '.join(args)} exited {proc.returncode}: {proc.stderr[-500:]}")
         for line in proc.stderr.splitlines() if flags else ():  # "import time: self | cumulative | <indent>module"
             if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() in HEAVY:
                 heavy.add(line.rsplit("|", 1)[-1].strip())
-    return times, heavy
+    return times, cpu, heavy
 
 
 def main() -> None:
@@ -51,9 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"source {args.source.resolve()}, {args.repeats} runs each, load average {os.getloadavg()[0]:.1f}")
     for command in COMMANDS:
-        times, heavy = time_command(command, args.source.resolve(), args.repeats)
-        print(f"raysim {' '.join(command):<45} {statistics.median(times):6.2f} s ({min(times):.2f}-{max(times):.2f})"
-              f"  imports: {', '.join(sorted(heavy)) or 'no torch, no ray'}")
+        times, cpu, heavy = time_command(command, args.source.resolve(), args.repeats)
+        print(f"raysim {' '.join(command):<45} {statistics.median(times):6.2f} s ({min(times):.2f}-{max(times):.2f}), "
+              f"CPU {statistics.median(cpu):.2f} s  imports: {', '.join(sorted(heavy)) or 'no torch, no ray'}")
 
 
 if __name__ == "__main__":
