@@ -50,6 +50,24 @@ def strip_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("wall_s")} for r in rows]
 
 
+def crash_after(cfg: object, round: int) -> None:
+    """Run ``cfg`` in process and stop it as a crash would, by an exception raised from ``on_round`` once round
+    ``round`` is logged (its checkpoint stays): the first half of every resume-equals-the-whole-run test."""
+    import pytest
+
+    from raysim.engine.runner import run_experiment
+
+    class Crash(Exception):
+        pass
+
+    def crash(metrics: dict) -> None:
+        if metrics["round"] == round:
+            raise Crash()
+
+    with pytest.raises(Crash):
+        run_experiment(cfg, on_round=crash)
+
+
 def refused_config(key: str, *args: str) -> str:
     """``raysim run ARGS`` through the CLI's entry point, which must refuse the config the way a user sees it: exit
     2, one stderr line ``raysim: error: config key 'KEY'...``, no traceback; returns that line.

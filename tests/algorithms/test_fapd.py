@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import crash_after, read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.algorithms.fapd import CALIBRATION_KEY, CLASSES_KEY, TEACHER_KEY, carve_calibration
 from raysim.config import ConfigError, load_config
 from raysim.curriculum.consensus import ConsensusController
@@ -223,16 +223,8 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(tmp_path):
     assert torch.allclose(saved["rotation"], fit_pca(teacher[calibration])[0])
 
     # interrupted after round 3 and resumed: the same k staircase and the same metrics as the whole run
-    class Crash(Exception):
-        pass
-
-    def crash_after_three(metrics: dict) -> None:
-        if metrics["round"] == 3:
-            raise Crash()
-
     part = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
-    with pytest.raises(Crash):
-        run_experiment(part, on_round=crash_after_three)
+    crash_after(part, 3)
     run_experiment(part, resume=True)
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(logged)
 

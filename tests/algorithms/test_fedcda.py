@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import crash_after, read_rows, refused_config, strip_timing, tiny_overrides
 
 from raysim.algorithms.base import ClientUpdate, ServerContext
 from raysim.algorithms.fedcda import objective, select_batch
@@ -196,16 +196,8 @@ def test_fedcda_on_ray_workers_resume_and_fedavg_equivalence(ray_cluster, shared
     assert sum(len(v) for v in ckpt["history"].values()) == len(files)
 
     # resume after round 2 (the cache comes back from the checkpoint) == the uninterrupted run
-    class Crash(Exception):
-        pass
-
-    def crash_after_two(metrics):
-        if metrics["round"] == 2:
-            raise Crash()
-
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **CDA))
-    with pytest.raises(Crash):
-        run_experiment(cfg, on_round=crash_after_two)
+    crash_after(cfg, 2)
     run_experiment(cfg, resume=True)
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(one)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import read_rows, strip_timing, tiny_overrides
+from conftest import crash_after, read_rows, strip_timing, tiny_overrides
 from raysim.cli import main as cli_main
 from raysim.config import load_config
 from raysim.engine.resources import check_resources
@@ -47,16 +47,8 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     extra = dict(rounds=4, algorithm__name="partialavg", clients__fraction=0.5, data__partition="dirichlet")
     _, full = _run(tmp_path, "full", **extra)
 
-    class Crash(Exception):
-        pass
-
-    def crash_after_two(metrics):
-        if metrics["round"] == 2:
-            raise Crash()
-
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
-    with pytest.raises(Crash):
-        run_experiment(cfg, on_round=crash_after_two)
+    crash_after(cfg, 2)
     assert [r["round"] for r in read_rows(tmp_path / "part")] == [1, 2]
     _, resumed = run_experiment(cfg, resume=True)[:2]
     assert resumed and resumed[-1]["round"] == 4

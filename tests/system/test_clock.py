@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import crash_after, read_rows, refused_config, strip_timing, tiny_overrides
 
 import raysim
 from raysim.config import load_config
@@ -162,16 +162,8 @@ def test_availability_limits_who_is_sampled_and_the_clock_resumes(tmp_path):
     full = run(tmp_path, "full", **extra)
     assert [r["round"] for r in full] == [1, 2, 3] and all(r["clients"] <= 6 for r in full)
 
-    class Crash(Exception):
-        pass
-
-    def crash_after_two(metrics):
-        if metrics["round"] == 2:
-            raise Crash()
-
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "part"), **extra))
-    with pytest.raises(Crash):
-        run_experiment(cfg, on_round=crash_after_two)
+    crash_after(cfg, 2)
     run_experiment(cfg, resume=True)
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(full)
 
