@@ -102,11 +102,15 @@ def check_no_links(run_dir: Path) -> None:
 def check_checkpoint_config(run_dir: Path, ckpt: dict, cfg: ExperimentConfig) -> None:
     """Refuse to continue a checkpoint with a config other than the one it was made with, but for the keys a
     resume may change (``engine.*``, ``log.*``, ``rounds``, ``eval.every``): ``config.yaml`` may have been edited or
-    damaged since, and compared only with itself it would pass. A checkpoint older than this record is trusted."""
+    damaged since, and compared only with itself it would pass. A checkpoint older than this record is trusted; a
+    key it lacks (a config section added since it was made) counts as that key's default."""
     made = ckpt.get("config")
     if not isinstance(made, dict):
         return
     now = to_flat_dict(cfg)
+    defaults = to_flat_dict(type(cfg)(algorithm=type(cfg.algorithm)(), model=type(cfg.model)(),
+                                      data=type(cfg.data)()))
+    made = {**{k: v for k, v in defaults.items() if k not in made}, **made}
     differ = [k for k in dict.fromkeys([*made, *now])
               if not k.startswith(_RESUMABLE_PREFIXES) and made.get(k, "<absent>") != now.get(k, "<absent>")]
     if differ:

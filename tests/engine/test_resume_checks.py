@@ -120,3 +120,18 @@ def test_a_checkpoint_folder_made_a_link_mid_run_is_not_written_through(tmp_path
     with pytest.raises(UserError, match="is a symbolic link"):
         store.save(tmp_path / "checkpoint", 1, {})
     assert list(outside.iterdir()) == []
+
+
+def test_a_key_the_checkpoint_lacks_counts_as_its_default(tmp_path):
+    """A checkpoint made before a config section existed (here: without the ``system.*`` keys) resumes while the
+    section is at its defaults, and is refused once the section is switched on."""
+    from raysim.config import load_config, to_flat_dict
+    from raysim.engine.runner import check_checkpoint_config
+    from raysim.errors import UserError
+
+    cfg = load_config(overrides=["algorithm.name=ditto"], warn=False)
+    older = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith("system.")}
+    check_checkpoint_config(tmp_path, {"config": older}, cfg)
+    with pytest.raises(UserError, match=r"system\.enabled \(False in the checkpoint, True now\)"):
+        check_checkpoint_config(tmp_path, {"config": older}, load_config(
+            overrides=["algorithm.name=ditto", "system.enabled=true"], warn=False))
