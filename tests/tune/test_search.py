@@ -44,19 +44,19 @@ def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch
 WEAK = 1e-6  # a learning rate at which nothing is learnt
 
 
-@pytest.mark.parametrize("scheduler, concurrent, lrs, rounds", [
-    ({"name": "asha", "grace_period": 1, "reduction_factor": 2}, 1, [0.3, WEAK], 4),
-    ({"name": "median", "grace_period": 1, "min_samples_required": 1}, 1, [0.3, WEAK], 4),
-], ids=["asha", "median"])
-def test_a_scheduler_stops_the_weak_trial(ray_cluster, tmp_path, scheduler, concurrent, lrs, rounds):
-    """A trial that learns (momentum 0.9) runs all its rounds; the one that cannot (lr 1e-6) is stopped early.
+def test_a_scheduler_stops_the_weak_trial(ray_cluster, tmp_path):
+    """A trial that learns (momentum 0.9) runs all its rounds; the one that cannot (lr 1e-6) is stopped early by
+    ASHA, counting raysim's rounds (``time_attr="round"``).
 
-    ASHA and median stopping decide as results come, so the trials run one after the other (max_concurrent 1, in
-    the grid's order): the weak one meets the recorded results of the strong one. (Ray's HyperBand runs its first
-    bracket to max_t without halving: with 4 trials of 2 rounds, both its brackets still ran every trial to the end,
-    so it is not here.) Through the Python API: the table as a DataFrame, the best trial and its config."""
+    ASHA decides as results come, so the trials run one after the other (max_concurrent 1, in the grid's order):
+    the weak one meets the recorded results of the strong one. Median stopping takes the same rounds from the same
+    reports; that its settings reach Ray's MedianStoppingRule is checked without a sweep below. (Ray's HyperBand
+    runs its first bracket to max_t without halving: with 4 trials of 2 rounds, both its brackets still ran every
+    trial to the end, so it is not here.) Through the Python API: the table as a DataFrame, the best trial and its
+    config."""
     from raysim.config import load_config
 
+    scheduler, concurrent, lrs, rounds = {"name": "asha", "grace_period": 1, "reduction_factor": 2}, 1, [0.3, WEAK], 4
     sweep = write_sweep(tmp_path, max_concurrent=concurrent, scheduler=scheduler, fixed={"train.momentum": 0.9},
                         space={"train.lr": {"grid": lrs}})
     result = raysim.tune(sweep, f"dir={tmp_path / 'sw'}", f"rounds={rounds}")
@@ -73,7 +73,12 @@ def test_a_scheduler_stops_the_weak_trial(ray_cluster, tmp_path, scheduler, conc
 def test_schedulers_and_searchers_are_checked(tmp_path):
     sweep = write_sweep(tmp_path)
     assert type(_scheduler(load_sweep(sweep, ["scheduler.name=hyperband"]), 5)).__name__ == "HyperBandScheduler"
-    assert type(_scheduler(load_sweep(sweep, ["scheduler.name=median"]), 5)).__name__ == "MedianStoppingRule"
+    median = _scheduler(load_sweep(sweep, ["scheduler.name=median", "scheduler.grace_period=2",
+                                           "scheduler.min_samples_required=1"]), 5)
+    assert type(median).__name__ == "MedianStoppingRule"
+    assert (median._time_attr, median._grace_period, median._min_samples_required) == ("round", 2, 1)
+    asha = _scheduler(load_sweep(sweep, ["scheduler.name=asha", "scheduler.reduction_factor=3"]), 5)
+    assert (asha._time_attr, asha._max_t, asha._reduction_factor) == ("round", 5, 3)
     assert load_sweep(sweep, ["metric=bytes_up_total", "mode=min"]).metric == "bytes_up_total"
     assert load_sweep(sweep, ["metric=k"]).metric == "k"
     with pytest.raises(SweepError, match="search.name"):
