@@ -299,15 +299,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
     resumed_after = [0]
+    controls: list = []
 
     def on_first_round(m: dict) -> None:
-        if cfg.engine.vectorize == "auto" and m.get("vectorize") is not None and not args.quiet:
-            n = int(m["vectorize"])
+        if cfg.engine.vectorize == "auto" and controls and not args.quiet:
+            n, why = controls[0].vectorize_choice()
             print(f"raysim: engine.vectorize=auto: {'one client at a time' if n == 1 else f'{n} clients per cohort'} "
-                  f"(chosen by a probe in round {m['round']}; it stands for the whole run)", flush=True)
+                  f"({why})", flush=True)
 
     def on_start(info: dict) -> None:
         run_dir, start_round = info["run_dir"], info["start_round"]
+        controls[:] = [info["control"]]
         tracker.start(run_dir, start_round)
         line.start(start_round)
         if live is not None:

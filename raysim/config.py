@@ -277,9 +277,10 @@ class EngineConfig:
     sum_group: str = "auto"
     # off | auto | N: train up to N same-architecture clients of a call as one batched computation (torch.func),
     # for algorithms that declare vectorisable client hooks; cohorts are fixed groups of each round's clients in id
-    # order. auto measures one-at-a-time against stacked updates once, at the first round, within a memory budget
-    # (raysim.engine.cohort); off (the default): one client at a time
-    vectorize: str = "off"
+    # order. auto (the default) measures one-at-a-time against stacked updates once, at the first round, within a
+    # memory budget, and stacks only where that is faster and gives the same numbers bit for bit; a run too short to
+    # repay the probe trains one at a time (raysim.engine.vectorize_probe); off: one client at a time
+    vectorize: str = "auto"
     max_retries: int = 3  # re-runs of one client job after its worker died
     on_nonfinite: str = "stop"  # stop | skip: what to do with a client update holding NaN/Inf
     state_memory_gb: Optional[float] = None  # local Ray object store size; client state beyond it spills to disk

@@ -266,6 +266,12 @@ class Algorithm:
         hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in VECTOR_HOOKS)), None)
         return hooks is None or issubclass(declared, hooks)
 
+    def cohort_refusal(self) -> Optional[str]:
+        """Why this configured algorithm's clients train one at a time whatever ``engine.vectorize`` says (None:
+        they may be stacked): by default, that the class declares no vectorisable hooks (:meth:`vectorizes`). A
+        setting that a cohort cannot honour (Ditto's ``select_lam``) adds its own reason."""
+        return None if type(self).vectorizes() else f"{self.cfg.algorithm.name} declares no vectorisable client hooks"
+
     @classmethod
     def async_refusal(cls) -> Optional[str]:
         """Why the asynchronous modes cannot run this algorithm (None: they can): its server step must be a model

@@ -41,7 +41,8 @@ step on v_k is the chosen look-ahead step exactly (with momentum or weight decay
 and the step the optimiser's). ``algorithm.lam_candidates`` [0.1, 1, 2]; a client with fewer than 4 held-out samples
 keeps ``algorithm.lam`` (the paper's fallback, λ = 1 by default; the authors' code has none). The held-out part is
 the tail of the client's training split, as in the authors' code (raysim's partitions draw each client's samples at
-random). Needs ``engine.vectorize: off`` (a cohort's loss has no validation data).
+random). Its clients train one at a time (a cohort's loss has no validation data): ``engine.vectorize=auto``
+does so, an explicit N is refused.
 * Bytes: up and down = the global model; the personal model stays on the client.
 
 Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the personal model's CE) and ``loss_prox``
@@ -51,7 +52,7 @@ Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the pers
 from __future__ import annotations
 
 import copy
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -109,9 +110,14 @@ class Ditto(Algorithm):
         model.add_module(PERSONAL, copy.deepcopy(model))  # the initial weights, as the global model's
         return model
 
+    def cohort_refusal(self) -> Optional[str]:
+        if self.config.select_lam:
+            return "ditto's select_lam picks λ on each client's validation data, which a cohort's loss does not see"
+        return super().cohort_refusal()
+
     def check(self, cfg, data) -> None:
         super().check(cfg, data)
-        if self.config.select_lam and cfg.engine.vectorize != "off":
+        if self.config.select_lam and cfg.engine.vectorize not in ("off", "auto"):
             raise UserError("config key 'algorithm.select_lam': ditto picks λ on each client's validation data, "
                             "which a vectorised cohort's loss does not see; set engine.vectorize=off")
 

@@ -191,12 +191,13 @@ class Driver:
             self.totals["sim_time_s"] = 0.0  # simulated seconds at the end of the last aggregation
             self.clock.check_deadline(self.data.num_train, nbytes(initial.state_dict()))
         # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
-        self.cohort_size = run_cohort_size(cfg, self.algorithm, initial)
+        self.cohort_size, self.vectorize_why = run_cohort_size(cfg, self.algorithm, initial)
         if resume:
             ckpt = read_checkpoint(self.run_dir)
             self.round = self._checkpointed = int(ckpt["round"])
             if self.cohort_size is None and ckpt.get("vectorize"):
                 self.cohort_size = int(ckpt["vectorize"])  # auto's choice stands for the whole run
+                self.vectorize_why = "the probe's choice, kept in the checkpoint"
             self.server_state = ckpt["server_state"]
             self.totals.update(ckpt["totals"])
             self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"], checksums(ckpt, "clients"))
@@ -395,6 +396,7 @@ class Driver:
         states = [self.states.get(j.client_id) for j in jobs]
         if self.cohort_size is None and jobs:  # engine.vectorize=auto: a probe on this round's clients, once a run
             self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+            self.vectorize_why = f"chosen by a probe in round {jobs[0].round}; it stands for the whole run"
         per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(jobs),
                                     self.executor.slots)
         calls = []

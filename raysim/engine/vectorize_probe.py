@@ -32,6 +32,7 @@ AUTO_GPU_MEMORY_SHARE = 0.5
 AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
 AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
 AUTO_SERIAL_JOBS = 8  # clients the probe times one at a time
+AUTO_PROBE_SHARE = 0.25  # the probe runs only where it trains at most this share of the run's client updates
 
 
 def vectorize_setting(cfg: ExperimentConfig) -> int | str:
@@ -42,25 +43,43 @@ def vectorize_setting(cfg: ExperimentConfig) -> int | str:
     return int(value) if int(value) >= 2 else "off"
 
 
-def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module) -> Optional[int]:
-    """The cohort size a run starts with: 1 (one client at a time), N, or None (``auto``: a probe at the first
-    round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1 by
-    ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
-    config's notice says so: ``raysim.checks.vectorize_notices``)."""
+def probe_pays(cfg: ExperimentConfig) -> bool:
+    """Whether ``auto``'s probe can repay itself: it trains about 3 + min(8, n) + 2·min(n, 128) client updates
+    (:func:`choose_cohort_size`) for a round of n clients, and is run only where that is at most
+    :data:`AUTO_PROBE_SHARE` of the run's ``rounds`` × n updates (a 2-round test of 6 clients trains one at a time
+    at once; 10 rounds of 100 clients probe)."""
+    from raysim.engine.driver import cohort_size
+
+    n = cohort_size(cfg.clients.num, cfg.clients.fraction)
+    probe = 3 + min(AUTO_SERIAL_JOBS, n) + 2 * min(n, AUTO_MAX_K)
+    return n >= 2 and probe <= AUTO_PROBE_SHARE * cfg.rounds * n
+
+
+def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module) -> tuple[Optional[int], str]:
+    """(the cohort size a run starts with, why): 1 (one client at a time), N, or None (``auto``: a probe at the
+    first round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1
+    by ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
+    config's notice says so for N: ``raysim.checks.vectorize_notices``); ``auto`` does not probe a run too short
+    to repay the probe (:func:`probe_pays`)."""
     from raysim.errors import UserError
     from raysim.registry import get_model
 
     setting = vectorize_setting(cfg)
-    if setting == "off" or not type(algorithm).vectorizes():
-        return 1
+    if setting == "off":
+        return 1, "engine.vectorize=off"
+    refusal = algorithm.cohort_refusal()
+    if refusal is not None:
+        return 1, refusal
     if any(getattr(get_model(n), "per_client", False) for n in cfg.model.names()):
-        return 1
-    reason = model_refusal(model)
+        return 1, "every client has its own architecture"
+    reason = model_refusal(model) or (rounding_only(model) if setting == "auto" else None)
     if reason is not None:
         if setting == "auto":
-            return 1
+            return 1, f"the model cannot be stacked bit for bit: {reason}"
         raise UserError(f"config key 'engine.vectorize': {reason}; set engine.vectorize=off")
-    return None if setting == "auto" else int(setting)
+    if setting == "auto" and not probe_pays(cfg):
+        return 1, "the run is too short to repay the probe"
+    return (None, "chosen by a probe in round 1") if setting == "auto" else (int(setting), "engine.vectorize")
 
 
 def per_client_bytes(core: JobCore, started: StartedJob) -> int:
@@ -148,7 +167,7 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
     agrees only within rounding (:func:`rounding_only`) is never stacked by ``auto``. Nothing the probe trains is
     kept. Returns (size, what it measured).
     """
-    if not type(core.algorithm).vectorizes() or len(jobs) < 2:
+    if core.algorithm.cohort_refusal() is not None or len(jobs) < 2:
         return 1, {}
     started = core.start(jobs[0], shared, owns[0], states[0])
     if model_refusal(started.model) is not None or rounding_only(started.model) is not None:

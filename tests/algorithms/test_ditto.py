@@ -150,7 +150,7 @@ def test_selected_lam_runs_and_learns_and_refuses_cohorts(tmp_path):
     assert rows["acc_mean"].is_monotonic_increasing and rows["acc_mean"].iloc[-1] > 0.25
     assert (rows["loss_prox"] > 0).all()
     refused_config("algorithm.select_lam", *tiny_overrides(tmp_path / "v"), "algorithm.name=ditto",
-                   "algorithm.select_lam=true", "engine.vectorize=auto")
+                   "algorithm.select_lam=true", "engine.vectorize=4")
 
 
 def test_defaults_and_bad_values(tmp_path):

@@ -326,6 +326,7 @@ def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
         return 3, {}  # whatever the timing: a cohort size the rest of the run must keep
 
     monkeypatch.setattr("raysim.engine.vectorize_probe.choose_cohort_size", counted)
+    monkeypatch.setattr("raysim.engine.vectorize_probe.probe_pays", lambda cfg: True)  # 3 rounds of 6 would not
     cfg = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=3)
     _, rows, _ = run_experiment(cfg)
     assert len(probes) == 1 and [r["vectorize"] for r in rows] == [3, 3, 3]
@@ -334,6 +335,24 @@ def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
     longer = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=4)
     run_experiment(longer, resume=True)
     assert len(probes) == 1 and read_rows(tmp_path / "auto" / "run")[-1]["vectorize"] == 3
+
+
+def test_auto_probes_only_a_run_that_can_repay_the_probe(tmp_path):
+    """The probe trains 3 + min(8, n) + 2·min(n, 128) client updates for a round of n clients; it runs only where
+    that is at most a quarter of the run's rounds × n. Worked by hand: 6 clients a round, 21 updates against a
+    quarter of 2 rounds' 12 (no: 21 > 3), of 14 rounds' 84 (yes: 21 <= 21) and of 13 rounds' 78 (no: 21 > 19.5);
+    100 a round, 211 against a quarter of 10 rounds' 1,000 (yes: 211 <= 250) and of 8 rounds' 800 (no: 211 > 200).
+    Below that, the run trains one at a time, unprobed."""
+    def pays(num: int, fraction: float, rounds: int) -> bool:
+        return vectorize_probe.probe_pays(load_config(None, [f"clients.num={num}", f"clients.fraction={fraction}",
+                                                             f"rounds={rounds}"]))
+
+    assert (pays(8, 0.75, 2), pays(8, 0.75, 14), pays(8, 0.75, 13)) == (False, True, False)
+    assert (pays(1000, 0.1, 10), pays(1000, 0.1, 8)) == (True, False)
+    cfg = _cfg(tmp_path, "fedavg")  # engine.vectorize is left to its default, auto; 2 rounds of 6 clients
+    assert cfg.engine.vectorize == "auto"
+    _, rows, _ = run_experiment(cfg)
+    assert [r["vectorize"] for r in rows] == [1, 1]
 
 
 def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
