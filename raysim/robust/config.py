@@ -134,8 +134,9 @@ def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
             f"must be a whole number >= 1, got {agg.iterations!r}")
     require(_finite(attack.fraction, 0.0) and attack.fraction < 1, "attack.fraction",
             f"must be a share in [0, 1), got {attack.fraction!r}")
-    require(_finite(attack.scale, 0.0, strict=True), "attack.scale", f"must be a finite number > 0, got {attack.scale!r}")
-    require(_finite(attack.sigma, 0.0, strict=True), "attack.sigma", f"must be a finite number > 0, got {attack.sigma!r}")
+    for name in ("scale", "sigma"):
+        value = getattr(attack, name)
+        require(_finite(value, 0.0, strict=True), f"attack.{name}", f"must be a finite number > 0, got {value!r}")
     require(attack.z is None or _finite(attack.z, float("-inf")), "attack.z",
             f"must be a finite number (or null: Baruch et al.'s z_max), got {attack.z!r}")
     require(_finite(attack.epsilon, 0.0, strict=True), "attack.epsilon",
@@ -145,7 +146,8 @@ def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
     require(_whole(attack.target, 0), "attack.target", f"must be a class index >= 0, got {attack.target!r}")
     require(_finite(attack.poison_share, 0.0, strict=True) and attack.poison_share <= 1, "attack.poison_share",
             f"must be a share in (0, 1], got {attack.poison_share!r}")
-    require(_whole(attack.trigger, 1), "attack.trigger", f"must be a whole number of pixels >= 1, got {attack.trigger!r}")
+    require(_whole(attack.trigger, 1), "attack.trigger",
+            f"must be a whole number of pixels >= 1, got {attack.trigger!r}")
     if not (agg.on or attack.on):
         return
     key = "aggregator.name" if agg.on else "attack.name"

@@ -71,8 +71,9 @@ class RobustStep:
         most = most_tolerated(agg.name, n)
         if most is not None and f > most:  # fewer updates than a round samples (dropouts, skipped non-finite ones)
             if not self._reduced_noticed:
-                print(f"raysim: notice: round {rnd}: {agg.name} got {n} updates, which tolerate at most f={max(most, 0)}"
-                      f" (aggregator.f={f}); such rounds use the largest f they allow", file=sys.stderr, flush=True)
+                print(f"raysim: notice: round {rnd}: {agg.name} got {n} updates, which tolerate at most "
+                      f"f={max(most, 0)} (aggregator.f={f}); such rounds use the largest f they allow",
+                      file=sys.stderr, flush=True)
                 self._reduced_noticed = True
             f = max(most, 0)
         if agg.name in ("krum", "multikrum") and n <= 2 * f + 2 or agg.name == "bulyan" and n <= 4 * f + 3:
