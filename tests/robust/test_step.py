@@ -100,6 +100,9 @@ def test_a_resumed_backdoor_run_equals_the_whole_run_and_logs_the_success_rate(t
     full, _, _ = run_experiment(config(tmp_path, log__dir=str(tmp_path / "full"), **extra))
     rows = read_rows(full)
     assert all(0.0 <= r["attack/asr"] <= 1.0 for r in rows)
+    from raysim.runlog import format_round
+
+    assert f"asr {rows[0]['attack/asr']:.4f}" in format_round(rows[0], 3)
     cfg = config(tmp_path, log__dir=str(tmp_path / "part"), **extra)
     crash_after(cfg, 2)
     run_experiment(cfg, resume=True)
