@@ -36,8 +36,8 @@ class AggregatorConfig:
     f: Optional[int] = None
     m: Optional[int] = None  # multikrum: how many of the best-scored updates are averaged (null: n - f)
     norm_bound: float = 5.0  # norm_bound: M, each update's L2 norm is clipped to it before the mean
-    tau: float = 10.0  # centered_clip: the clipping radius τ (Karimireddy et al.'s code: 10)
-    iterations: int = 3  # centered_clip: clipping iterations L around the moving centre
+    tau: float = 10.0  # centered_clip: the clipping radius τ (the authors' code takes it from --clip-tau)
+    iterations: int = 3  # centered_clip: clipping iterations L around the moving centre (the authors' code: 3)
 
     @property
     def on(self) -> bool:
