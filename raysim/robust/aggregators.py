@@ -101,7 +101,8 @@ def centered_clip(x: torch.Tensor, tau: float, iterations: int, center: Optional
     """Centered clipping (Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust Optimization", ICML
     2021): from the centre v (the previous round's aggregate; zero at first), L times
     v ← v + (1/n) Σ_i (x_i − v) · min(1, τ / ‖x_i − v‖). L = 3 as the authors' code runs it
-    (``Clipping(tau, n_iter=3)``); τ = 10 by default (their code reads it from a flag; scale it to the updates' norms)."""
+    (``Clipping(tau, n_iter=3)``); τ = 10 by default (their code reads it from a flag: scale it to the updates'
+    norms)."""
     v = torch.zeros(x.shape[1], dtype=x.dtype) if center is None else center.to(x.dtype).clone()
     for _ in range(iterations):
         diff = x - v
