@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python experiments/robust/grid.py [--out runs/robust-grid] [--seeds 0-2]
 
-Every run is experiments/robust/base.yaml with aggregator.name, attack.name and seed overridden, in this process
+Every run is experiments/robust/digits-20.yaml with aggregator.name, attack.name and seed overridden, in this process
 (engine.backend=inline); a run already finished under --out is read, not run again. The table gives the final
 acc_global (the global model on every client's test split) as mean ± std over the seeds, and for the backdoor
 also the final attack success rate (attack/asr).
@@ -46,7 +46,7 @@ def run_one(out: Path, aggregator: str, attack: str, seed: int) -> dict:
             import shutil
 
             shutil.rmtree(run_dir)
-        cfg = load_config(HERE / "base.yaml", [f"aggregator.name={name}", *extra, f"attack.name={attack}",
+        cfg = load_config(HERE / "digits-20.yaml", [f"aggregator.name={name}", *extra, f"attack.name={attack}",
                                                f"seed={seed}", f"log.dir={run_dir}", "log.tensorboard=false"],
                           warn=False)
         run_experiment(cfg)
