@@ -23,6 +23,9 @@ def config_warnings(cfg: Any) -> list[str]:
     algorithm = loaded_algorithm(cfg.algorithm.name)  # a built-in not imported yet: its Config's warnings are its own
     out += algorithm.config_warnings(cfg) if algorithm is not None else cfg.algorithm.config_warnings(cfg)
     out += vectorize_notices(cfg)
+    from raysim.robust.config import robust_notices
+
+    out += robust_notices(cfg)
     return out
 
 

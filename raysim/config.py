@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from raysim.async_config import AsynchronousConfig, check_asynchronous
 from raysim.errors import UserError
+from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
 from raysim.system.config import SystemConfig
 
 
@@ -397,6 +398,9 @@ class ExperimentConfig:
     system: SystemConfig = field(default_factory=SystemConfig)  # clients' speeds, availability, deadline (issue 36)
     # FedAsync / FedBuff on a simulated-time event queue (off: synchronous rounds)
     asynchronous: AsynchronousConfig = field(default_factory=AsynchronousConfig)
+    # Byzantine-robust aggregation (mean: the method's own) and the attacks it is measured against (issue 37)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
 
     def validate(self) -> "ExperimentConfig":
         name = str(self.name)
@@ -416,6 +420,7 @@ class ExperimentConfig:
                     sub.validate()
         _check_weighting(self.algorithm)
         check_asynchronous(self, require)
+        check_robust(self, require)
         names = self.model.names()
         require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")

@@ -232,6 +232,8 @@ def format_round(m: dict, rounds: int) -> str:
         parts.append(f"p {epochs[0]:.2f}->{epochs[-1]:.2f}")
     elif m.get("p") is not None:
         parts.append(f"p {m['p']:.2f}")
+    if m.get("attack/asr") is not None:  # attack.name=backdoor or scaling: the backdoor's success rate
+        parts.append(f"asr {m['attack/asr']:.4f}")
     parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
     parts.append(f"{m['wall_s']:.2f}s")
     return "  ".join(parts)

@@ -97,6 +97,12 @@ class ClientJobs:
         self._shared: dict = {}
         self._memo: dict = {}  # ClientContext.memo: values derived from the data alone, built once per process
         self.busy: Optional[int] = None  # the client of a call being trained (run_call), for error messages
+        # attack.* on the data (label_flip, backdoor, scaling): the malicious clients, drawn from the seed alone
+        self.malicious: frozenset[int] = frozenset()
+        if cfg.attack.on_data:
+            from raysim.robust.attacks import malicious_clients
+
+            self.malicious = frozenset(malicious_clients(cfg.seed, cfg.clients.num, cfg.attack.fraction))
 
     # ------------------------------------------------------------------ building blocks
     def model(self, client_id: int) -> nn.Module:
@@ -143,6 +149,8 @@ class ClientJobs:
         seed_torch(seed, self.device)  # so that a hook drawing from the global RNG gets the same numbers anywhere
         gen = torch.Generator().manual_seed(seed)
         ctx = self.context(cid, rnd, self.payload(shared, own), state, with_data=True)
+        if cid in self.malicious:
+            self._poison(ctx)
         if state is None:
             ctx.state = alg.init_client_state(model, ctx) or {}
         alg.client_setup(model, ctx)
@@ -152,6 +160,19 @@ class ClientJobs:
         aug_gen = (torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM, *job.stream))
                    if augment else None)
         return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock)
+
+    def _poison(self, ctx: ClientContext) -> None:
+        """A malicious client's training data under ``attack.name`` (label flipping, the backdoor's trigger); the
+        poisoned rows are drawn from (seed, client) alone, the same in every round."""
+        from raysim.robust.attacks import ATTACK_STREAM, poison_train_data
+
+        attack = self.cfg.attack
+        assert ctx.train_data is not None
+        x, y, idx = ctx.train_data
+        gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, ctx.client_id, 0, ATTACK_STREAM))
+        x, y = poison_train_data(attack.name, x, y, ctx.num_classes, target=attack.target, share=attack.poison_share,
+                                 trigger=attack.trigger, gen=gen)
+        ctx.train_data = (x, y, idx)
 
     def finish(self, started: StartedJob, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: int,
                finite: bool, seconds: Optional[float] = None) -> tuple[TrainResult, Optional[dict]]:

@@ -35,6 +35,7 @@ from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoin
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
+from raysim.robust.step import RobustStep
 from raysim.runlog import RunLog
 from raysim.system.clock import RoundClock, Settlement
 from raysim.trees import detached_cpu, nbytes
@@ -174,6 +175,10 @@ class Driver:
         with reserved_jobs(lambda train: self.executor.run([CentralCall(train)])[0]):
             self.data = self.algorithm.prepare_data(build_federated_data(cfg))
         self.algorithm.check(cfg, self.data)
+        # aggregator.* / attack.*: the robust rule, the upload attacks and the backdoor's success rate (None: off)
+        self.robust = RobustStep(cfg) if cfg.aggregator.on or cfg.attack.on else None
+        if self.robust is not None:
+            self.robust.check(self.data)
         self.executor.attach(self.data)
         self._eval_cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the sampled clients
         self.states = ClientStateStore(self.executor)
@@ -311,6 +316,8 @@ class Driver:
         if settled is not None:
             metrics.update(self._advance_clock(settled, dropouts))
         client_counts = self._evaluate_round(rnd, sampled, metrics)
+        if self.robust is not None and self.cfg.attack.backdoor:
+            metrics["attack/asr"] = self.robust.attack_success_rate(self)
         metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
         self._finish_round(rnd, metrics, client_counts, start)
         return metrics
@@ -385,7 +392,9 @@ class Driver:
                          max_samples=budgets.get(c)) for c in sampled]
         group = self._sum_group(sampled)
         # with a deadline (system.deadline_s), who reports is known only from the uploads: every upload travels
-        summed = self.cfg.engine.partial_sums and group > 0 and not (self.clock and self.clock.needs_every_upload)
+        # a robust aggregator (aggregator.name) or an attack on the uploads needs each upload on the driver
+        summed = (self.cfg.engine.partial_sums and group > 0 and not (self.clock and self.clock.needs_every_upload)
+                  and not (self.robust is not None and self.robust.needs_uploads))
         done, sums = self._run_training(jobs, group if summed else 0)
         return bytes_down, done, (sums if summed else None)
 
@@ -453,6 +462,8 @@ class Driver:
         size, weighting = group_size(self.cfg.engine.sum_group, len(sampled)), self.algorithm.weighting
 
         def mean() -> dict:
+            if self.robust is not None and self.robust.needs_uploads:
+                return self.robust.mean(updates, self.server_state, rnd, weighting)
             total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, size, weighting)
             return total.mean()
 

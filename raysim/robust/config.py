@@ -1,0 +1,186 @@
+"""The ``aggregator`` and ``attack`` config sections: Byzantine-robust aggregation and the attacks it is measured
+against (``raysim.robust``).
+
+Off by default (``aggregator.name: mean``, ``attack.name: none``): then no key here changes any number a run
+computes. Both sections are checked by :func:`check_robust`, which ``raysim.config`` calls with its ``require``
+(this module imports nothing of raysim's config or of torch, so that loading a config stays light).
+
+A robust aggregator replaces the server's mean of a model-averaging method (FedAvg, FedProx, the FedOpt family):
+the rule is applied to the clients' updates Δ_i = upload_i − global model, and the server step then takes
+global + rule(Δ) where it took the mean. Every rule but ``mean`` and ``norm_bound`` counts each client once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "norm_bound", "centered_clip")
+# attacks on the data, applied where the malicious client trains
+DATA_ATTACKS = ("label_flip", "backdoor", "scaling")
+# attacks on the upload, applied on the driver to the malicious clients' uploads before aggregation
+MODEL_ATTACKS = ("sign_flip", "gaussian", "scaling", "alie", "ipm")
+ATTACKS = ("none", "label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm", "backdoor")
+BACKDOOR_ATTACKS = ("backdoor", "scaling")  # the trigger is planted; the attack success rate is logged
+
+
+@dataclass
+class AggregatorConfig:
+    # mean (the method's own weighted mean) | median | trimmed_mean (Yin et al. 2018) | krum | multikrum (Blanchard
+    # et al. 2017) | bulyan (El Mhamdi et al. 2018) | norm_bound (Sun et al. 2019) | centered_clip (Karimireddy et
+    # al. 2021); every rule but mean needs each upload on the server (the uploads are not summed where they trained)
+    name: str = "mean"
+    # Byzantine clients a round the rule tolerates (trimmed_mean trims f on each side; krum, multikrum, bulyan);
+    # null: round(attack.fraction x clients a round) with an attack, else 0
+    f: Optional[int] = None
+    m: Optional[int] = None  # multikrum: how many of the best-scored updates are averaged (null: n - f)
+    norm_bound: float = 5.0  # norm_bound: M, each update's L2 norm is clipped to it before the mean
+    tau: float = 10.0  # centered_clip: the clipping radius τ (the authors' code takes it from --clip-tau)
+    iterations: int = 3  # centered_clip: clipping iterations L around the moving centre (the authors' code: 3)
+
+    @property
+    def on(self) -> bool:
+        return self.name != "mean"
+
+
+@dataclass
+class AttackConfig:
+    # none | label_flip | sign_flip | gaussian | scaling (model replacement of a backdoor) | alie | ipm | backdoor
+    name: str = "none"
+    fraction: float = 0.2  # the malicious share of clients.num: a set drawn once from the seed
+    scale: float = 1.0  # sign_flip: the malicious update is -scale x its own update
+    sigma: float = 200.0  # gaussian: the std of the random update (Blanchard et al. 2017: 200)
+    z: Optional[float] = None  # alie: the update is mean - z x std (null: Baruch et al.'s z_max from n and f)
+    epsilon: float = 0.1  # ipm: the update is -epsilon x the honest mean (Xie et al. 2020: 0.1)
+    boost: Optional[float] = None  # scaling: the update is boosted by γ (null: n / η, Bagdasaryan et al.)
+    target: int = 0  # backdoor, scaling: the class a triggered input is taught to be
+    poison_share: float = 0.5  # backdoor, scaling: share of a malicious client's samples that get the trigger
+    trigger: int = 2  # backdoor, scaling: side of the square pixel pattern in the image's bottom-right corner
+
+    @property
+    def on(self) -> bool:
+        return self.name != "none"
+
+    @property
+    def on_data(self) -> bool:
+        return self.name in DATA_ATTACKS
+
+    @property
+    def on_uploads(self) -> bool:
+        return self.name in MODEL_ATTACKS
+
+    @property
+    def backdoor(self) -> bool:
+        return self.name in BACKDOOR_ATTACKS
+
+
+def _finite(value: Any, low: float, strict: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def clients_per_round(cfg: Any) -> int:
+    """The round's cohort, clients.num x clients.fraction rounded half up, at least 1 (the driver's
+    ``cohort_size``, here without torch)."""
+    return max(1, int(math.floor(cfg.clients.fraction * cfg.clients.num + 0.5)))
+
+
+def malicious_count(num: int, fraction: float) -> int:
+    """How many of ``num`` clients are malicious: ``fraction`` x ``num`` rounded half up."""
+    return int(math.floor(fraction * num + 0.5))
+
+
+def tolerated(cfg: Any) -> int:
+    """``aggregator.f`` as the run uses it: set, or round(attack.fraction x clients a round) with an attack."""
+    if cfg.aggregator.f is not None:
+        return int(cfg.aggregator.f)
+    return malicious_count(clients_per_round(cfg), cfg.attack.fraction) if cfg.attack.on else 0
+
+
+def most_tolerated(name: str, n: int) -> Optional[int]:
+    """The largest f the rule can tolerate with n updates (None: no bound), and the bound's form in ``BOUNDS``."""
+    if name in ("krum", "multikrum"):
+        return max(-1, (n - 3) // 2)  # n > 2f + 2
+    if name == "bulyan":
+        return max(-1, (n - 4) // 4)  # n > 4f + 3
+    if name == "trimmed_mean":
+        return max(-1, (n - 1) // 2)  # 2f < n
+    return None
+
+
+BOUNDS = {"krum": "n > 2f + 2", "multikrum": "n > 2f + 2", "bulyan": "n > 4f + 3", "trimmed_mean": "2f < n"}
+
+
+def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
+    """Check ``cfg.aggregator`` and ``cfg.attack`` against the whole config; ``require(ok, key, why)`` refuses."""
+    agg, attack = cfg.aggregator, cfg.attack
+    require(agg.name in AGGREGATORS, "aggregator.name",
+            f"must be one of {', '.join(AGGREGATORS)}, got {agg.name!r}")
+    require(attack.name in ATTACKS, "attack.name", f"must be one of {', '.join(ATTACKS)}, got {attack.name!r}")
+    require(agg.f is None or _whole(agg.f, 0), "aggregator.f",
+            f"must be a whole number of clients >= 0 (or null: the attack's share), got {agg.f!r}")
+    require(agg.m is None or _whole(agg.m, 1), "aggregator.m",
+            f"must be a whole number of updates >= 1 (or null: n - f), got {agg.m!r}")
+    require(_finite(agg.norm_bound, 0.0, strict=True), "aggregator.norm_bound",
+            f"must be a finite number > 0, got {agg.norm_bound!r}")
+    require(_finite(agg.tau, 0.0, strict=True), "aggregator.tau", f"must be a finite number > 0, got {agg.tau!r}")
+    require(_whole(agg.iterations, 1), "aggregator.iterations",
+            f"must be a whole number >= 1, got {agg.iterations!r}")
+    require(_finite(attack.fraction, 0.0) and attack.fraction < 1, "attack.fraction",
+            f"must be a share in [0, 1), got {attack.fraction!r}")
+    for name in ("scale", "sigma"):
+        value = getattr(attack, name)
+        require(_finite(value, 0.0, strict=True), f"attack.{name}", f"must be a finite number > 0, got {value!r}")
+    require(attack.z is None or _finite(attack.z, float("-inf")), "attack.z",
+            f"must be a finite number (or null: Baruch et al.'s z_max), got {attack.z!r}")
+    require(_finite(attack.epsilon, 0.0, strict=True), "attack.epsilon",
+            f"must be a finite number > 0, got {attack.epsilon!r}")
+    require(attack.boost is None or _finite(attack.boost, 0.0, strict=True), "attack.boost",
+            f"must be a finite number > 0 (or null: n / η), got {attack.boost!r}")
+    require(_whole(attack.target, 0), "attack.target", f"must be a class index >= 0, got {attack.target!r}")
+    require(_finite(attack.poison_share, 0.0, strict=True) and attack.poison_share <= 1, "attack.poison_share",
+            f"must be a share in (0, 1], got {attack.poison_share!r}")
+    require(_whole(attack.trigger, 1), "attack.trigger",
+            f"must be a whole number of pixels >= 1, got {attack.trigger!r}")
+    if not (agg.on or attack.on):
+        return
+    key = "aggregator.name" if agg.on else "attack.name"
+    what = f"aggregator.name={agg.name}" if agg.on else f"attack.name={attack.name}"
+    require(str(getattr(cfg.asynchronous, "mode", "off")) in ("off", "False", "false"), key,
+            f"{what} works on a synchronous round's uploads; asynchronous.mode={cfg.asynchronous.mode} mixes each "
+            f"arrival on its own (set asynchronous.mode=off)")
+    from raysim.registry import get_algorithm
+
+    name = cfg.algorithm.name
+    algorithm: Any = get_algorithm(name)
+    why = algorithm.async_refusal() or (None if algorithm.shared == "all" else "averages only part of the model")
+    require(why is None, key, f"{what} replaces the server's model average of a model-averaging method (fedavg, "
+            f"fedprox, the FedOpt family), and {name} {why}")
+    if agg.on:
+        n, f = clients_per_round(cfg), tolerated(cfg)
+        most = most_tolerated(agg.name, n)
+        require(most is None or f <= most, "aggregator.f",
+                f"{agg.name} with n={n} clients a round tolerates at most f={most} Byzantine clients "
+                f"({BOUNDS.get(agg.name, '')}), got f={f}" + ("" if agg.f is not None else
+                                                               f" (from attack.fraction={attack.fraction:g})"))
+        if agg.name == "multikrum" and agg.m is not None:
+            require(agg.m <= n - f, "aggregator.m", f"multikrum averages at most n - f = {n - f} updates "
+                    f"(n={n} clients a round, f={f}), got {agg.m}")
+
+
+def robust_notices(cfg: Any) -> list[str]:
+    """The one-line notice that a setting turns the sums where the clients trained off (engine.partial_sums)."""
+    if cfg.aggregator.on:
+        why = f"aggregator.name={cfg.aggregator.name} needs every upload"
+    elif cfg.attack.on_uploads:
+        why = f"attack.name={cfg.attack.name} changes the malicious clients' uploads on the server"
+    else:
+        return []
+    return [f"{why}: the round's uploads travel to the server one by one, not summed where the clients trained "
+            f"(engine.partial_sums does not apply)"]
