@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from raysim.async_config import AsynchronousConfig, check_asynchronous
 from raysim.errors import UserError
 from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
+from raysim.privacy.config import PrivacyConfig, check_privacy
 from raysim.system.config import SystemConfig
 
 
@@ -401,6 +402,8 @@ class ExperimentConfig:
     # Byzantine-robust aggregation (mean: the method's own) and the attacks it is measured against (issue 37)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    # differential privacy: DP-FedAvg's clipped deltas and noised sum, its accountant, DP-SGD on clients (issue 37)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def validate(self) -> "ExperimentConfig":
         name = str(self.name)
@@ -421,6 +424,7 @@ class ExperimentConfig:
         _check_weighting(self.algorithm)
         check_asynchronous(self, require)
         check_robust(self, require)
+        check_privacy(self, require)
         names = self.model.names()
         require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")

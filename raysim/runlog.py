@@ -27,6 +27,7 @@ TB_TAGS = {
     "bytes_up_total": "comm/bytes_up_total",
     "bytes_down_total": "comm/bytes_down_total",
     "wall_s": "time/round_s",
+    "epsilon": "privacy/epsilon",
     "wall_s_total": "time/total_s",
     "k": "curriculum/k",
     "p": "curriculum/p",

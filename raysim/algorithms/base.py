@@ -44,6 +44,9 @@ TensorDict = dict[str, torch.Tensor]
 # the client hooks a vectorised cohort (engine.vectorize) relies on: overriding one needs a new declaration
 VECTOR_HOOKS = ("adapt_model", "init_client_state", "client_setup", "local_phases", "client_loss")
 # the hooks that make a server step a model average (asynchronous.mode): overriding one needs a new declaration
+# the hooks that make the upload a model (part) the clients downloaded (privacy.enabled): overriding one needs a new
+# declaration of ``upload_is_model``
+MODEL_UPLOAD_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload")
 AVERAGE_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload", "server_aggregate",
                  "server_aggregate_mean", "server_train", "server_keep")
 
@@ -248,6 +251,10 @@ class Algorithm:
     # takes the mean as a model to move to (FedAvg sets it, FedOpt steps towards it); a subclass that overrides one
     # of AVERAGE_HOOKS must declare it again (``averages_models``)
     averages_models: ClassVar[bool] = False
+    # privacy.enabled (DP-FedAvg): every upload is the client's copy of (some of) the entries of the shared
+    # payload's "model" it downloaded, so upload - download is a model delta to clip; a subclass that overrides one
+    # of MODEL_UPLOAD_HOOKS must declare it again (``privacy_refusal``)
+    upload_is_model: ClassVar[bool] = False
     # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
     tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
@@ -290,6 +297,27 @@ class Algorithm:
         if hooks is not None and not issubclass(declared, hooks):
             own = [h for h in AVERAGE_HOOKS if h in hooks.__dict__]
             return f"has a server step of its own ({hooks.__name__} overrides {', '.join(own)})"
+        return None
+
+    @classmethod
+    def privacy_refusal(cls) -> Optional[str]:
+        """Why DP-FedAvg (``privacy.enabled``) cannot run this algorithm (None: it can): its uploads must be summed
+        (``aggregation`` samples or uniform, no per-client history or server-side training) and be a model (part):
+        ``upload_is_model`` declared in a class at least as derived as every class that defines one of
+        ``MODEL_UPLOAD_HOOKS``."""
+        declared = next((c for c in cls.__mro__ if "upload_is_model" in c.__dict__), None)
+        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in MODEL_UPLOAD_HOOKS)), None)
+        if cls.aggregation not in WEIGHTINGS:
+            return f"needs every upload of a round at once (aggregation = {cls.aggregation!r})"
+        if cls.server_history > 0 or cls.server_train is not Algorithm.server_train:
+            return "keeps per-client history or trains on the server from the uploads"
+        if cls.shared == "none":
+            return "shares no model"
+        if declared is None or not declared.__dict__["upload_is_model"]:
+            return "does not declare its upload a model (Algorithm.upload_is_model)"
+        if hooks is not None and not issubclass(declared, hooks):
+            own = [h for h in MODEL_UPLOAD_HOOKS if h in hooks.__dict__]
+            return f"has an upload of its own ({hooks.__name__} overrides {', '.join(own)})"
         return None
 
     @classmethod

@@ -50,6 +50,7 @@ class FAPD(Algorithm):
     # indices (ctx.sample_idx, per client under vmap) and per-process constants
     vectorizable = True
     tensorboard_charts = {"curriculum k": ["curriculum/k"]}  # the curriculum dimension beside accuracy
+    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
 
     # ------------------------------------------------------------------ driver: data, teacher, PCA
     def prepare_data(self, data: FederatedData) -> FederatedData:

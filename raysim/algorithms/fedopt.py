@@ -93,6 +93,7 @@ class FedOpt(Algorithm):
     shared = "all"
     vectorizable = True  # engine.vectorize: FedAvg's client hooks (SCAFFOLD, which has its own, declares it again)
     averages_models = True  # asynchronous.mode: the optimiser steps towards the mean model
+    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
 
     def init_moments(self, x: torch.Tensor) -> Moments:
         """The optimiser state of one tensor before the first round (zeros of its shape, or nothing)."""

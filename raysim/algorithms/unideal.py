@@ -33,6 +33,7 @@ class Unideal(Algorithm):
     # epoch and round only, which a cohort shares
     vectorizable = True
     averages_models = True  # asynchronous.mode: the server step is the head average (FedAvg's, on the head)
+    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
     # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)
     tensorboard_charts = {"curriculum p per local epoch": [r"^curriculum/p_epoch$"],
                           "curriculum p per round (mean)": [r"^curriculum/p$"]}

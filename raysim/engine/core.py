@@ -183,6 +183,10 @@ class ClientJobs:
             p.requires_grad_(True)
         ctx.sample_idx = None
         upload = detached_cpu(alg.client_upload(model, ctx))
+        if started.job.clip is not None:  # DP-FedAvg: the clipped delta, here where the client trained
+            from raysim.privacy.central import clip_upload
+
+            upload = clip_upload(upload, self._shared.get("model") or {}, started.job.clip)
         keep = detached_cpu(alg.client_keep(model, ctx))
         finite = finite and all_finite(upload) and all_finite(keep)
         result = TrainResult(client_id=started.job.client_id, round=started.job.round, upload=upload,

@@ -168,6 +168,7 @@ class Driver:
         self._config_record = to_flat_dict(cfg)  # what every checkpoint records it was made with (resume checks it)
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
+        self._setup_privacy(cfg)  # before any worker starts: an unreachable target ε is one line at once
         # system.enabled: the simulated clock (its files are read here, before any work starts)
         self.clock = RoundClock(cfg, cohort_size(cfg.clients.num, cfg.clients.fraction)) \
             if cfg.system.enabled else None
@@ -197,6 +198,8 @@ class Driver:
             self.clock.check_deadline(self.data.num_train, nbytes(initial.state_dict()))
         # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
         self.cohort_size, self.vectorize_why = run_cohort_size(cfg, self.algorithm, initial)
+        if cfg.privacy.dpsgd:  # per-sample clipping: one client at a time (docs/privacy.md)
+            self.cohort_size, self.vectorize_why = 1, "privacy.dpsgd takes per-sample gradients one client at a time"
         if resume:
             ckpt = read_checkpoint(self.run_dir)
             self.round = self._checkpointed = int(ckpt["round"])
@@ -207,6 +210,8 @@ class Driver:
             self.totals.update(ckpt["totals"])
             self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"], checksums(ckpt, "clients"))
             self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}), checksums(ckpt, "history"))
+            if self.privacy is not None:
+                self.privacy.load(ckpt.get("privacy"))  # the adaptive clip norm
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -215,6 +220,49 @@ class Driver:
 
             with self._writing("TensorBoard's events"):
                 write_run_header(self.run_dir, cfg, self.algorithm.tensorboard_charts)
+
+    def _setup_privacy(self, cfg: ExperimentConfig) -> None:
+        """privacy.enabled: DP-FedAvg's server side and its accountant, the noise multiplier given or calibrated
+        from privacy.target_epsilon (``raysim.privacy``)."""
+        self.privacy: Any = None
+        self.accountant: Any = None
+        self._reference: dict = {}  # the model entries the round's clients downloaded (their deltas' origin)
+        self._budget_warned = False
+        self._privacy_metrics: dict = {}
+        if not cfg.privacy.enabled:
+            return
+        from raysim.privacy.accounting import RoundAccountant, calibrate
+        from raysim.privacy.central import CentralDP
+
+        z = cfg.privacy.noise_multiplier if cfg.privacy.noise_multiplier is not None else calibrate(cfg)
+        self.privacy = CentralDP(cfg, z)
+        self.accountant = RoundAccountant(cfg, z)
+
+    def _weighting(self) -> str:
+        """The weights of the round's sum: DP-FedAvg's uniform ones, else the algorithm's."""
+        return "uniform" if self.privacy is not None else self.algorithm.weighting
+
+    def _budget_spent(self, rnd: int) -> bool:
+        """privacy.target_epsilon: whether round ``rnd`` would spend more than the budget and the run stops before
+        it (privacy.on_budget=stop; warn: one warning line, and the round runs)."""
+        target = self.cfg.privacy.target_epsilon
+        if self.accountant is None or target is None:
+            return False
+        eps = self.accountant.after(rnd)
+        if eps <= target * (1 + 1e-9):
+            return False
+        from raysim.runlog import warn_stderr
+
+        what = (f"privacy budget: round {rnd} would bring ε to {eps:.4g} at δ={self.accountant.delta:.3g}, over "
+                f"privacy.target_epsilon={target:g}")
+        if self.cfg.privacy.on_budget == "stop":
+            warn_stderr(f"{what}; the run stops after round {rnd - 1} (privacy.on_budget=stop)")
+            self._stop.set()
+            return True
+        if not self._budget_warned:
+            warn_stderr(f"{what}; the run goes on (privacy.on_budget=warn)")
+            self._budget_warned = True
+        return False
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self) -> int:
@@ -256,6 +304,8 @@ class Driver:
         self.start()  # a no-op once the runner has called it
         try:
             while self.round < self.cfg.rounds and not self._stop.is_set():
+                if self._budget_spent(self.round + 1):
+                    break
                 yield self.run_round(self.round + 1)
             if self.round > self._checkpointed:  # stopped early (Ctrl-C, SIGTERM) between log.checkpoint_every
                 with self._writing("the checkpoint"):
@@ -313,6 +363,8 @@ class Driver:
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
+        if self.accountant is not None:
+            metrics.update(self._privacy_metrics, epsilon=self.accountant.after(rnd))
         if settled is not None:
             metrics.update(self._advance_clock(settled, dropouts))
         client_counts = self._evaluate_round(rnd, sampled, metrics)
@@ -327,6 +379,10 @@ class Driver:
         """(the round's clients to train, the clients that started and dropped out): ``sample_clients``, or with
         ``system.enabled`` those of the available clients that the clock starts (``raysim.system.clock``)."""
         if self.clock is None:
+            if self.privacy is not None and self.cfg.privacy.sampling == "poisson":
+                from raysim.privacy.central import poisson_clients
+
+                return poisson_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
             return sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
         return self.clock.sample(rnd, self.totals["sim_time_s"], draw_clients)
 
@@ -358,6 +414,7 @@ class Driver:
         own, own_bytes = self._own_payloads(clients, rnd)
         if rnd > 0:  # each trained client's bytes down, for the simulated clock
             self._download_bytes = (nbytes(shared), own_bytes)
+            self._reference = shared.get("model") or {}  # DP-FedAvg: what the round's deltas are taken from
         return self.executor.put(shared), own, int(nbytes(shared) * len(clients) + sum(own_bytes.values()))
 
     def _shared_payload(self, rnd: int) -> dict:
@@ -388,8 +445,9 @@ class Driver:
         (``system.late=partial``)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
         budgets = budgets or {}
+        clip = self.privacy.clip if self.privacy is not None else None
         jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c),
-                         max_samples=budgets.get(c)) for c in sampled]
+                         max_samples=budgets.get(c), clip=clip) for c in sampled]
         group = self._sum_group(sampled)
         # with a deadline (system.deadline_s), who reports is known only from the uploads: every upload travels
         # a robust aggregator (aggregator.name) or an attack on the uploads needs each upload on the driver
@@ -412,7 +470,7 @@ class Driver:
         for rnd in sorted({j.round for j in jobs}):
             members = [i for i, j in enumerate(jobs) if j.round == rnd]
             calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
-                                cohort=self.cohort_size, per_call=per_call, weighting=self.algorithm.weighting)
+                                cohort=self.cohort_size, per_call=per_call, weighting=self._weighting())
         done: dict[int, Any] = {}
         sums: list[UploadSum] = []
         for result, state_refs in self.executor.run(calls):
@@ -457,6 +515,9 @@ class Driver:
         summed aggregation, ``server_aggregate`` gets the round's mean from the one sum: the groups' sums added in
         group order, whether the workers took them or the driver does here from per-client uploads, in the same
         groups (``raysim.algorithms.aggregation``)."""
+        if self.privacy is not None:
+            self._private_step(updates, rnd, sampled, sums)
+            return
         if not updates:
             return
         size, weighting = group_size(self.cfg.engine.sum_group, len(sampled)), self.algorithm.weighting
@@ -468,6 +529,19 @@ class Driver:
             return total.mean()
 
         self._server_step(RoundUpdates(updates, mean), rnd)
+
+    def _private_step(self, updates: list[ClientUpdate], rnd: int, sampled: list[int],
+                      sums: Optional[list[UploadSum]]) -> None:
+        """DP-FedAvg's server step: the clipped deltas' sum (the one sum, uniform weights), noised once, over the
+        fixed denominator, added to the download: the round's mean for the algorithm's ``server_aggregate``."""
+        total = (combine(sums) if sums is not None else
+                 sum_in_groups(updates, sampled, group_size(self.cfg.engine.sum_group, len(sampled)), "uniform"))
+        model, self._privacy_metrics = self.privacy.release(total, self._reference, rnd)
+        self._privacy_metrics["privacy/noise_multiplier"] = self.privacy.z
+        if updates:
+            self._server_step(RoundUpdates(updates, lambda: model), rnd)
+        else:  # nobody reported: the noise still moves the model
+            self.server_state = detached_cpu(self.algorithm.server_aggregate_mean(model, self.server_state, rnd))
 
     def _server_step(self, round_updates: RoundUpdates, rnd: int) -> None:
         """The algorithm's ``server_aggregate`` on the round's updates, then its ``server_train`` (if any)."""
@@ -566,7 +640,9 @@ class Driver:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
-                          "vectorize": self.cohort_size, "config": self._config_record, **self._checkpoint_extra()},
+                          "vectorize": self.cohort_size, "config": self._config_record,
+                          **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
+                          **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))
         self._checkpointed = self.round

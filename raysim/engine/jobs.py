@@ -35,6 +35,9 @@ class TrainJob:
     # more tags for the job's seed, job_seed(seed, client, round, *stream): () in synchronous rounds; the
     # asynchronous modes' (ASYNC_STREAM, job sequence), since a client may train twice on one server version
     stream: tuple[int, ...] = ()
+    # privacy.enabled (DP-FedAvg): the L2 norm S this round's model delta is clipped to where the client trained,
+    # before any partial sum (None: the upload goes as the algorithm made it)
+    clip: Optional[float] = None
 
 
 @dataclass

@@ -1,0 +1,3 @@
+"""Differential privacy: DP-FedAvg's clipping and noise (:mod:`raysim.privacy.central`), its accountant
+(:mod:`raysim.privacy.accounting`, dp-accounting) and DP-SGD on clients (:mod:`raysim.privacy.dpsgd`). The config
+section (:mod:`raysim.privacy.config`) imports none of them."""

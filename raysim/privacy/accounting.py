@@ -1,0 +1,101 @@
+"""DP-FedAvg's accountant, with dp-accounting (imported only when privacy is on).
+
+One round is one subsampled Gaussian mechanism of noise multiplier z (σ_Δ and the count's σ_b combined, see
+:mod:`raysim.privacy.central`), composed over the rounds:
+
+- ``privacy.sampling=fixed`` (the default, what raysim does without privacy: ``clients.fraction x clients.num``
+  clients drawn without replacement): ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))`` under RDP
+  with replace-one neighbours (Wang, Balle and Kasiviswanathan 2019, Theorem 27). Replacing one client's data
+  moves the clipped sum by up to 2S (add/remove moves it by S), hence z / 2: the noise over the sensitivity.
+- ``privacy.sampling=poisson``: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under add/remove-one neighbours,
+  with RDP or PLD (``privacy.accountant``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raysim.errors import UserError
+from raysim.privacy.config import MAX_NOISE
+
+
+def delta_of(cfg: Any) -> float:
+    """δ of the guarantee: privacy.delta, else 1 / clients.num."""
+    return float(cfg.privacy.delta) if cfg.privacy.delta is not None else 1.0 / cfg.clients.num
+
+
+def round_event(cfg: Any, z: float) -> Any:
+    """One round's DpEvent for the combined noise multiplier ``z``."""
+    import dp_accounting as dpa
+
+    from raysim.engine.driver import cohort_size
+
+    n = cfg.clients.num
+    if cfg.privacy.sampling == "poisson":
+        return dpa.PoissonSampledDpEvent(float(cfg.clients.fraction), dpa.GaussianDpEvent(z))
+    return dpa.SampledWithoutReplacementDpEvent(n, cohort_size(n, cfg.clients.fraction), dpa.GaussianDpEvent(z / 2))
+
+
+def fresh_accountant(cfg: Any) -> Any:
+    import dp_accounting as dpa
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    if cfg.privacy.accountant == "pld":
+        return PLDAccountant()
+    relation = (dpa.NeighboringRelation.ADD_OR_REMOVE_ONE if cfg.privacy.sampling == "poisson"
+                else dpa.NeighboringRelation.REPLACE_ONE)
+    return RdpAccountant(neighboring_relation=relation)
+
+
+def epsilon(cfg: Any, z: float, rounds: int) -> float:
+    """ε at δ after ``rounds`` rounds of noise multiplier ``z``."""
+    if rounds <= 0:
+        return 0.0
+    import dp_accounting as dpa
+
+    return float(fresh_accountant(cfg).compose(dpa.SelfComposedDpEvent(round_event(cfg, z), rounds))
+                 .get_epsilon(delta_of(cfg)))
+
+
+def calibrate(cfg: Any) -> float:
+    """The smallest noise multiplier z whose ε after ``rounds`` rounds is privacy.target_epsilon at δ
+    (dp-accounting's mechanism_calibration); an unreachable target is one line."""
+    import dp_accounting as dpa
+
+    target, rounds, delta = float(cfg.privacy.target_epsilon), int(cfg.rounds), delta_of(cfg)
+    if epsilon(cfg, MAX_NOISE, rounds) > target:
+        raise UserError(f"config key 'privacy.target_epsilon': ε={target:g} at δ={delta:.3g} over {rounds} rounds is "
+                        f"unreachable: even noise multiplier {MAX_NOISE:g} spends ε="
+                        f"{epsilon(cfg, MAX_NOISE, rounds):.3g}; raise the target, run fewer rounds or sample fewer "
+                        f"clients")
+    z = dpa.calibrate_dp_mechanism(lambda: fresh_accountant(cfg),
+                                   lambda x: dpa.SelfComposedDpEvent(round_event(cfg, x), rounds),
+                                   target, delta, dpa.ExplicitBracketInterval(1e-3, MAX_NOISE), tol=1e-4)
+    while epsilon(cfg, z, rounds) > target:  # Brent's root may sit a hair below: never spend more than the target
+        z *= 1.0 + 1e-6
+    return float(z)
+
+
+class RoundAccountant:
+    """ε after each round, composed incrementally (PLD's composition is not free), rebuilt on resume."""
+
+    def __init__(self, cfg: Any, z: float):
+        self.cfg, self.z = cfg, float(z)
+        self.delta = delta_of(cfg)
+        self._accountant = fresh_accountant(cfg)
+        self._rounds = 0
+        self._event = round_event(cfg, z)
+
+    def after(self, rounds: int) -> float:
+        """ε at δ once ``rounds`` rounds have run (``rounds`` never goes back)."""
+        import dp_accounting as dpa
+
+        if rounds <= 0:
+            return 0.0
+        if rounds < self._rounds:
+            self._accountant, self._rounds = fresh_accountant(self.cfg), 0
+        if rounds > self._rounds:
+            self._accountant.compose(dpa.SelfComposedDpEvent(self._event, rounds - self._rounds))
+            self._rounds = rounds
+        return float(self._accountant.get_epsilon(self.delta))

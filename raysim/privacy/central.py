@@ -1,0 +1,136 @@
+"""DP-FedAvg (McMahan et al., ICLR 2018) with adaptive clipping (Andrew et al., NeurIPS 2021).
+
+- On the worker, where the client trained (:func:`clip_upload`, called by ``ClientJobs.finish`` before any partial
+  sum): the upload minus the model the client downloaded is the client's delta Δ; it is scaled to L2 norm at most S
+  (over its floating-point entries) and replaces the upload, beside a 0/1 count of whether it was left unclipped.
+  Every client weighs 1, so the one sum (``raysim.algorithms.aggregation``) adds the clipped deltas and the counts,
+  in the same fixed groups on every executor and for any number of workers.
+- On the server, once a round (:meth:`CentralDP.release`): Gaussian noise N(0, σ_Δ² S²) on each entry of the summed
+  delta, drawn from (seed, round), and the sum divided by the fixed denominator: the expected number of clients
+  (qN with Poisson sampling, the cohort size with fixed-size sampling), not the number that reported. The new model
+  is the download plus that mean delta, which the algorithm's ``server_aggregate_mean`` receives as the round's mean
+  (FedAvg takes it, FedOpt steps towards it).
+- Adaptive clipping: the noised share of unclipped clients b = (Σ b_i + N(0, σ_b²)) / denominator moves S to
+  S exp(-η (b - γ)). The two noised queries together are a Gaussian mechanism of noise multiplier z, with
+  σ_Δ = (z^-2 - (2 σ_b)^-2)^-1/2 (Andrew et al., Theorem 1; the count's sensitivity is 1/2 for the centred count).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from raysim.algorithms.aggregation import UploadSum, flat_views, flatten, unflatten
+from raysim.errors import UserError
+
+DELTA_KEY, COUNT_KEY = "delta", "unclipped"  # what a clipped upload holds
+PRIVACY_STREAM = 37  # the noise's seed: job_seed(seed, 0, round, PRIVACY_STREAM)
+
+
+def delta_norm(delta: dict) -> float:
+    """The L2 norm of a delta's floating-point entries, in float64 (integer buffers are not clipped)."""
+    total = 0.0
+    for value in delta.values():
+        if value.is_floating_point():
+            total += float(torch.sum(value.detach().double() ** 2))
+    return math.sqrt(total)
+
+
+def clip_upload(upload: dict, reference: dict, clip: float) -> dict:
+    """A client's upload as DP-FedAvg sends it: {"delta": (upload - reference) scaled to L2 norm <= ``clip``,
+    "unclipped": 1.0 if its norm was <= ``clip`` else 0.0}. ``reference``: the model entries the client downloaded."""
+    missing = [k for k in upload if k not in reference or not isinstance(upload[k], torch.Tensor)]
+    if missing:
+        raise RuntimeError(f"privacy.enabled: the upload's entries {missing[:3]} are not entries of the downloaded "
+                           f"model, so no model delta can be clipped (Algorithm.upload_is_model is declared wrongly)")
+    delta = {k: upload[k] - reference[k].to(upload[k].device, upload[k].dtype) for k in upload}
+    norm = delta_norm(delta)
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    if scale < 1.0:
+        delta = {k: (v * scale if v.is_floating_point() else v) for k, v in delta.items()}
+    return {DELTA_KEY: delta, COUNT_KEY: torch.tensor(1.0 if norm <= clip else 0.0, dtype=torch.float32)}
+
+
+def denominator(cfg: Any) -> float:
+    """The fixed denominator of the round's mean: the expected number of clients a round samples."""
+    from raysim.engine.driver import cohort_size
+
+    if cfg.privacy.sampling == "poisson":
+        return float(cfg.clients.fraction * cfg.clients.num)
+    return float(cohort_size(cfg.clients.num, cfg.clients.fraction))
+
+
+def count_noise(cfg: Any) -> float:
+    """σ_b: the unclipped count's noise (privacy.count_noise, else TFF's 0.05 x expected clients)."""
+    chosen = cfg.privacy.count_noise
+    return float(chosen) if chosen is not None else 0.05 * denominator(cfg)
+
+
+def delta_noise(cfg: Any, z: float) -> float:
+    """σ_Δ: the delta sum's noise multiplier for the combined noise multiplier ``z`` (z itself without adaptive
+    clipping); refuses a z that the count's noise alone would exceed."""
+    if not cfg.privacy.adaptive_clip:
+        return z
+    sb = count_noise(cfg)
+    if z >= 2 * sb:
+        raise UserError(f"config key 'privacy.count_noise': adaptive clipping spends part of the noise multiplier "
+                        f"z={z:.4g} on the unclipped count, whose noise σ_b={sb:.4g} needs z < 2 σ_b = {2 * sb:.4g}; "
+                        f"raise privacy.count_noise, or sample more clients")
+    return (z ** -2 - (2 * sb) ** -2) ** -0.5
+
+
+def poisson_clients(seed: int, round: int, num: int, q: float) -> list[int]:
+    """privacy.sampling=poisson: each client independently with probability ``q``, a pure function of (seed, round)."""
+    rng = np.random.default_rng([seed, round, 104723])
+    return np.flatnonzero(rng.random(num) < q).tolist()
+
+
+class CentralDP:
+    """The server side of DP-FedAvg: the clip norm (adapted and checkpointed), the round's noise and mean."""
+
+    def __init__(self, cfg: Any, z: float):
+        self.cfg, self.z = cfg, float(z)
+        self.sigma = delta_noise(cfg, self.z)  # σ_Δ
+        self.clip = float(cfg.privacy.clip)
+        self.denominator = denominator(cfg)
+
+    def state(self) -> dict:
+        return {"clip": self.clip, "noise_multiplier": self.z}
+
+    def load(self, saved: Optional[dict]) -> None:
+        if saved:
+            self.clip = float(saved["clip"])
+
+    def release(self, total: UploadSum, reference: dict, rnd: int) -> tuple[dict, dict[str, float]]:
+        """(the round's private mean model, its metrics) from the sum of clipped uploads; adapts the clip norm."""
+        from raysim.engine.core import job_seed
+
+        gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, 0, rnd, PRIVACY_STREAM))
+        if total.clients:
+            total._buffer()
+            assert total.layout is not None and total.total is not None
+            layout, flat = total.layout, total.total.clone()
+        else:  # nobody reported (Poisson sampling may draw none): the noise is released all the same
+            zero = {DELTA_KEY: {k: torch.zeros_like(v) for k, v in reference.items()},
+                    COUNT_KEY: torch.tensor(0.0)}
+            layout, flat = flatten(zero)
+        used = self.clip
+        count = 0.0
+        for (path, _, dtype), view in zip(layout, flat_views(layout, flat)):
+            if path == (COUNT_KEY,):
+                count = float(view[0]) + (float(torch.randn((), generator=gen, dtype=torch.float64))
+                                          * count_noise(self.cfg) if self.cfg.privacy.adaptive_clip else 0.0)
+            elif dtype.is_floating_point:
+                view.add_(torch.randn(view.shape, generator=gen, dtype=torch.float64), alpha=self.sigma * used)
+        mean = unflatten(layout, flat / self.denominator)[DELTA_KEY]
+        model = {k: reference[k] + mean[k].to(reference[k].dtype) for k in mean}
+        share = count / self.denominator
+        metrics = {"privacy/clip": used, "privacy/unclipped": share}
+        if self.cfg.privacy.adaptive_clip:
+            p = self.cfg.privacy
+            self.clip = used * math.exp(-p.clip_lr * (share - p.target_quantile))
+        return model, metrics
+
