@@ -78,21 +78,31 @@ def calibrate(cfg: Any) -> float:
 
 
 class RoundAccountant:
-    """ε after each round, composed incrementally (PLD's composition is not free), rebuilt on resume."""
+    """ε after each round. RDP composes linearly (``RdpAccountant.compose`` adds count x one event's RDP), so one
+    round's RDP is computed once and ε after r rounds is dp-accounting's ``compute_epsilon`` of r times it: the
+    same number as composing r rounds afresh, at a fraction of the cost (sampling without replacement takes ~0.5 s
+    an event here). PLD composes incrementally, and afresh after a resume."""
 
     def __init__(self, cfg: Any, z: float):
         self.cfg, self.z = cfg, float(z)
         self.delta = delta_of(cfg)
+        self._event = round_event(cfg, z)
         self._accountant = fresh_accountant(cfg)
         self._rounds = 0
-        self._event = round_event(cfg, z)
+        self._rdp_one: Any = None
+        if cfg.privacy.accountant == "rdp":
+            one = fresh_accountant(cfg).compose(self._event)
+            self._orders, self._rdp_one = one._orders, one._rdp
 
     def after(self, rounds: int) -> float:
-        """ε at δ once ``rounds`` rounds have run (``rounds`` never goes back)."""
+        """ε at δ once ``rounds`` rounds have run."""
         import dp_accounting as dpa
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
         if rounds <= 0:
             return 0.0
+        if self._rdp_one is not None:
+            return float(compute_epsilon(self._orders, rounds * self._rdp_one, self.delta)[0])
         if rounds < self._rounds:
             self._accountant, self._rounds = fresh_accountant(self.cfg), 0
         if rounds > self._rounds:
