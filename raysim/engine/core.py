@@ -204,7 +204,9 @@ class ClientJobs:
         trainee = _OneClient(self, started)
         started.model.train()
         run_phases(started.phases, trainee)
-        return self.finish(started, trainee.loss_sum, trainee.part_sums, trainee.seen, trainee.finite)
+        result, keep = self.finish(started, trainee.loss_sum, trainee.part_sums, trainee.seen, trainee.finite)
+        result.dp_steps = trainee.dp_steps
+        return result, keep
 
     def run_call(self, call: TrainCall, shared: dict, owns: list[Optional[dict]],
                  states: list[Optional[dict]]) -> tuple[CallResult, list[Optional[dict]]]:
@@ -291,6 +293,14 @@ class _OneClient(Trainee):
         self.seen = 0
         self.finite = True
         self.budget = started.job.max_samples  # system.late=partial: the samples that fit before the deadline
+        self.dpsgd = core.cfg.privacy.dpsgd  # sample-level DP-SGD (raysim.privacy.dpsgd)
+        self.dp_steps = 0
+        if self.dpsgd:
+            from raysim.privacy.dpsgd import DPSGD_STREAM
+
+            job = started.job
+            self.dp_gen = torch.Generator().manual_seed(job_seed(core.cfg.seed, job.client_id, job.round, DPSGD_STREAM,
+                                                                 *job.stream))
 
     def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
         active = {id(p) for p in params}
@@ -306,12 +316,31 @@ class _OneClient(Trainee):
         s, ctx = self.started, self.ctx
         ctx.sample_idx = self.idx[bi]
         xb = self.x[bi] if s.augment is None else s.augment(self.x[bi], s.aug_gen)
+        if self.dpsgd:
+            return self._private_loss(xb, self.y[bi], ctx.sample_idx)
         loss, parts = self.alg.client_loss(s.model, xb, self.y[bi], ctx)
         self.loss_sum += loss.detach().double() * len(bi)
         for k, v in parts.items():
             self.part_sums[k] = self.part_sums.get(k, 0.0) + v.detach().double() * len(bi)
         self.seen += len(bi)
         return loss
+
+    def _private_loss(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """DP-SGD's step: per-sample gradients clipped, summed and noised (raysim.privacy.dpsgd), returned as a
+        surrogate loss whose gradient is exactly that (``Σ (p · g).sum()``); the losses logged are the samples'."""
+        from raysim.privacy.dpsgd import clip_and_noise, per_sample_grads
+
+        p = self.cfg.privacy
+        grads, losses, parts = per_sample_grads(self.started.model, self.params, self.alg.client_loss, xb, yb, idx,
+                                                self.ctx)
+        noisy = clip_and_noise(grads, p.dpsgd_clip, p.dpsgd_noise, self.dp_gen)
+        self.ctx.sample_idx = idx
+        self.loss_sum += losses.detach().double().sum()
+        for k, v in parts.items():
+            self.part_sums[k] = self.part_sums.get(k, 0.0) + v.detach().double().sum()
+        self.seen += len(yb)
+        self.dp_steps += 1
+        return sum((w * g).sum() for w, g in zip(self.params, noisy))
 
     def apply(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
         if self.alg.clip_grad_norm is not None:

@@ -212,6 +212,7 @@ class Driver:
             self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}), checksums(ckpt, "history"))
             if self.privacy is not None:
                 self.privacy.load(ckpt.get("privacy"))  # the adaptive clip norm
+            self._dp_steps = {int(c): int(n) for c, n in ckpt.get("dpsgd_steps", {}).items()}
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -229,6 +230,8 @@ class Driver:
         self._reference: dict = {}  # the model entries the round's clients downloaded (their deltas' origin)
         self._budget_warned = False
         self._privacy_metrics: dict = {}
+        self._dp_steps: dict[int, int] = {}  # privacy.dpsgd: each client's DP-SGD steps so far (checkpointed)
+        self._dp_epsilon: dict[int, float] = {}  # and its sample-level ε after them
         if not cfg.privacy.enabled:
             return
         from raysim.privacy.accounting import RoundAccountant, calibrate
@@ -237,6 +240,23 @@ class Driver:
         z = cfg.privacy.noise_multiplier if cfg.privacy.noise_multiplier is not None else calibrate(cfg)
         self.privacy = CentralDP(cfg, z)
         self.accountant = RoundAccountant(cfg, z)
+
+    def _dpsgd_metrics(self, finished: list[TrainResult]) -> dict[str, float]:
+        """privacy.dpsgd: each trained client's sample-level ε after all its DP-SGD steps so far (Opacus's RDP
+        accountant, rate batch / its samples, δ privacy.dpsgd_delta or 1 / its samples); the largest and the mean
+        over the clients that have trained."""
+        from raysim.privacy.dpsgd import client_epsilon
+
+        p, batch = self.cfg.privacy, self.cfg.train.batch_size
+        for r in finished:
+            if r.dp_steps:
+                self._dp_steps[r.client_id] = self._dp_steps.get(r.client_id, 0) + r.dp_steps
+                n = max(r.num_samples, 1)
+                delta = p.dpsgd_delta if p.dpsgd_delta is not None else 1.0 / max(n, 2)
+                self._dp_epsilon[r.client_id] = client_epsilon(p.dpsgd_noise, batch / n,
+                                                               self._dp_steps[r.client_id], delta)
+        values = list(self._dp_epsilon.values())
+        return {"dpsgd/epsilon_max": max(values), "dpsgd/epsilon_mean": float(np.mean(values))} if values else {}
 
     def _weighting(self) -> str:
         """The weights of the round's sum: DP-FedAvg's uniform ones, else the algorithm's."""
@@ -365,6 +385,8 @@ class Driver:
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
         if self.accountant is not None:
             metrics.update(self._privacy_metrics, epsilon=self.accountant.after(rnd))
+        if self.cfg.privacy.dpsgd:
+            metrics.update(self._dpsgd_metrics(finished))
         if settled is not None:
             metrics.update(self._advance_clock(settled, dropouts))
         client_counts = self._evaluate_round(rnd, sampled, metrics)
@@ -642,6 +664,7 @@ class Driver:
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
                           "vectorize": self.cohort_size, "config": self._config_record,
                           **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
+                          **({"dpsgd_steps": dict(self._dp_steps)} if self.cfg.privacy.dpsgd else {}),
                           **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))

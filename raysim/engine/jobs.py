@@ -55,6 +55,7 @@ class TrainResult:
     has_state: bool = False
     upload_bytes: int = 0  # bytes of every tensor of the upload (``bytes_up``), counted even when it was summed
     samples_seen: int = 0  # samples its local steps took, all epochs (the simulated clock's samples x epochs)
+    dp_steps: int = 0  # privacy.dpsgd: the DP-SGD steps it took (its sample-level accountant's count)
 
 
 @dataclass
