@@ -110,5 +110,7 @@ def _dir(tmp_path, name, settings):
 
 @pytest.mark.slow
 def test_two_ray_workers_give_the_inline_numbers(tmp_path, ray_cluster):
-    inline = _run(tmp_path, "inline", rounds=2)
-    assert _run(tmp_path, "ray", rounds=2, engine__backend="ray", engine__num_workers=2) == inline
+    """The one Ray test: DP-FedAvg and DP-SGD together, two workers (each its own sum groups) against inline."""
+    both = dict(rounds=2, privacy__dpsgd="true", engine__sum_group=3)
+    inline = _run(tmp_path, "inline", **both)
+    assert _run(tmp_path, "ray", **both, engine__backend="ray", engine__num_workers=2) == inline
