@@ -114,3 +114,20 @@ def test_two_ray_workers_give_the_inline_numbers(tmp_path, ray_cluster):
     both = dict(rounds=2, privacy__dpsgd="true", engine__sum_group=3)
     inline = _run(tmp_path, "inline", **both)
     assert _run(tmp_path, "ray", **both, engine__backend="ray", engine__num_workers=2) == inline
+
+
+def test_a_checkpoint_from_before_the_privacy_section_resumes(tmp_path):
+    """A run checkpointed before ``privacy.*`` existed records none of its keys: absent equals off, so it resumes."""
+    import torch
+
+    from raysim.engine.state import content_digest, read_checkpoint, server_file
+
+    plain = dict(rounds=2, log__tensorboard="false", log__progress="false", log__dir=str(tmp_path / "old"))
+    cfg = load_config(overrides=tiny_overrides(tmp_path, **plain), warn=False)
+    crash_after(cfg, 1)
+    ckpt = read_checkpoint(tmp_path / "old")
+    ckpt["config"] = {k: v for k, v in ckpt["config"].items() if not k.startswith("privacy.")}
+    ckpt["sha256"] = content_digest(ckpt)
+    torch.save(ckpt, server_file(tmp_path / "old"))
+    run_experiment(cfg, resume=True)
+    assert [r["round"] for r in read_rows(tmp_path / "old")] == [1, 2]
