@@ -88,8 +88,8 @@ def main() -> None:
         b = opacus(gsm, x, y)
         abs_diff = max(float((u - v).abs().max()) for u, v in zip(a, b))
         rel = max(float(((u - v).abs() / v.abs().clamp(min=1e-6)).max()) for u, v in zip(a, b))
-        t_func = timed(lambda: torch_func(model, x, y), args.repeats)
-        t_opacus = timed(lambda: opacus(gsm, x, y), args.repeats)
+        t_func = timed(lambda m=model, a=x, b=y: torch_func(m, a, b), args.repeats)
+        t_opacus = timed(lambda g=gsm, a=x, b=y: opacus(g, a, b), args.repeats)
         print(f"| {name} | {args.batch} | {t_func * 1e3:.2f} | {t_opacus * 1e3:.2f} | {abs_diff:.1e} | {rel:.1e} |")
 
 

@@ -104,7 +104,8 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
                 "and deadlines; turn system.enabled off")
         from raysim.registry import get_algorithm
 
-        refusal = get_algorithm(cfg.algorithm.name).privacy_refusal()
+        algorithm: Any = get_algorithm(cfg.algorithm.name)
+        refusal = algorithm.privacy_refusal()
         require(refusal is None, "privacy.enabled", f"DP-FedAvg clips and noises a model delta, but "
                 f"{cfg.algorithm.name} {refusal}")
         require(getattr(cfg.algorithm, "weighting", None) in (None, "uniform"), "algorithm.weighting",
