@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysim.errors import UserError
-from raysim.privacy.config import MAX_NOISE
+from raysim.privacy.config import MAX_NOISE, clients_per_round
 
 
 def delta_of(cfg: Any) -> float:
@@ -28,12 +28,9 @@ def round_event(cfg: Any, z: float) -> Any:
     """One round's DpEvent for the combined noise multiplier ``z``."""
     import dp_accounting as dpa
 
-    from raysim.engine.driver import cohort_size
-
-    n = cfg.clients.num
     if cfg.privacy.sampling == "poisson":
         return dpa.PoissonSampledDpEvent(float(cfg.clients.fraction), dpa.GaussianDpEvent(z))
-    return dpa.SampledWithoutReplacementDpEvent(n, cohort_size(n, cfg.clients.fraction), dpa.GaussianDpEvent(z / 2))
+    return dpa.SampledWithoutReplacementDpEvent(cfg.clients.num, clients_per_round(cfg), dpa.GaussianDpEvent(z / 2))
 
 
 def fresh_accountant(cfg: Any) -> Any:

@@ -25,9 +25,10 @@ import torch
 
 from raysim.algorithms.aggregation import UploadSum, flat_views, flatten, unflatten
 from raysim.errors import UserError
+from raysim.privacy.config import clients_per_round
 
 DELTA_KEY, COUNT_KEY = "delta", "unclipped"  # what a clipped upload holds
-PRIVACY_STREAM = 37  # the noise's seed: job_seed(seed, 0, round, PRIVACY_STREAM)
+PRIVACY_STREAM = 37  # the noise's seed: the driver's job_seed(seed, 0, round, PRIVACY_STREAM)
 
 
 def delta_norm(delta: dict) -> float:
@@ -56,11 +57,9 @@ def clip_upload(upload: dict, reference: dict, clip: float) -> dict:
 
 def denominator(cfg: Any) -> float:
     """The fixed denominator of the round's mean: the expected number of clients a round samples."""
-    from raysim.engine.driver import cohort_size
-
     if cfg.privacy.sampling == "poisson":
         return float(cfg.clients.fraction * cfg.clients.num)
-    return float(cohort_size(cfg.clients.num, cfg.clients.fraction))
+    return float(clients_per_round(cfg))
 
 
 def count_noise(cfg: Any) -> float:
@@ -104,11 +103,10 @@ class CentralDP:
         if saved:
             self.clip = float(saved["clip"])
 
-    def release(self, total: UploadSum, reference: dict, rnd: int) -> tuple[dict, dict[str, float]]:
-        """(the round's private mean model, its metrics) from the sum of clipped uploads; adapts the clip norm."""
-        from raysim.engine.core import job_seed
-
-        gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, 0, rnd, PRIVACY_STREAM))
+    def release(self, total: UploadSum, reference: dict, seed: int) -> tuple[dict, dict[str, float]]:
+        """(the round's private mean model, its metrics) from the sum of clipped uploads, the noise drawn from
+        ``seed`` (the driver's, from (seed, round)); adapts the clip norm."""
+        gen = torch.Generator().manual_seed(int(seed))
         if total.clients:
             total._buffer()
             assert total.layout is not None and total.total is not None

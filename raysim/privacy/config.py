@@ -61,6 +61,12 @@ class PrivacyConfig:
         return bool(self.enabled or self.dpsgd)
 
 
+def clients_per_round(cfg: Any) -> int:
+    """The cohort a round samples (``raysim.engine.driver.cohort_size``, which a test holds this equal to):
+    ``clients.fraction x clients.num`` rounded half up, at least one; here so that raysim.privacy imports no engine."""
+    return max(1, int(math.floor(cfg.clients.fraction * cfg.clients.num + 0.5)))
+
+
 def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
     """Check ``cfg.privacy`` against the whole config; ``require(ok, key, why)`` refuses in one line."""
     p: PrivacyConfig = cfg.privacy
