@@ -131,3 +131,9 @@ def test_a_checkpoint_from_before_the_privacy_section_resumes(tmp_path):
     torch.save(ckpt, server_file(tmp_path / "old"))
     run_experiment(cfg, resume=True)
     assert [r["round"] for r in read_rows(tmp_path / "old")] == [1, 2]
+
+
+def test_a_poisson_round_without_clients_still_releases_the_noise(tmp_path):
+    rows = _run(tmp_path, "empty", clients__num=4, clients__fraction=0.05, privacy__adaptive_clip="false")
+    assert [r["clients"] for r in rows] == [0, 0, 0]
+    assert len({r["acc_mean"] for r in rows}) > 1  # the noise alone moved the model
