@@ -126,6 +126,12 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         if p.dpsgd_delta is not None:
             require(_number(p.dpsgd_delta) and 0 < p.dpsgd_delta < 1, "privacy.dpsgd_delta",
                     f"must be in (0, 1), got {p.dpsgd_delta!r}")
+        from raysim.registry import get_algorithm
+
+        dpsgd_alg: Any = get_algorithm(cfg.algorithm.name)
+        require(dpsgd_alg.vectorizes(), "privacy.dpsgd",
+                f"DP-SGD takes per-sample gradients of {cfg.algorithm.name}'s client_loss under torch.func.vmap, which "
+                f"it does not declare it can run (Algorithm.vectorizable, docs/hooks.md)")
         require(str(cfg.engine.vectorize) in ("off", "1", "auto"), "engine.vectorize",
                 "DP-SGD clips each sample's gradient, which a vectorised cohort's one backward pass cannot give; "
                 "set engine.vectorize=off")

@@ -87,6 +87,7 @@ def test_bad_privacy_settings_are_one_line(tmp_path, monkeypatch):
     _refused(tmp_path, "privacy.enabled", **on, privacy__noise_multiplier=1, asynchronous__mode="fedasync")
     _refused(tmp_path, "engine.vectorize", privacy__dpsgd="true", engine__vectorize=4)
     _refused(tmp_path, "privacy.dpsgd_noise", privacy__dpsgd="true", privacy__dpsgd_noise=0)
+    _refused(tmp_path, "privacy.dpsgd", privacy__dpsgd="true", algorithm__name="moon")  # its loss is not vmapped
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("dp_accounting", "opacus") else real(name, *a))
