@@ -198,7 +198,7 @@ class Driver:
             self.clock.check_deadline(self.data.num_train, nbytes(initial.state_dict()))
         # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
         self.cohort_size, self.vectorize_why = run_cohort_size(cfg, self.algorithm, initial)
-        if cfg.privacy.dpsgd:  # per-sample clipping: one client at a time (docs/privacy.md)
+        if cfg.privacy.dpsgd:  # per-sample clipping: one client at a time (docs/reference.md, Differential privacy)
             self.cohort_size, self.vectorize_why = 1, "privacy.dpsgd takes per-sample gradients one client at a time"
         if resume:
             ckpt = read_checkpoint(self.run_dir)
@@ -213,6 +213,7 @@ class Driver:
             if self.privacy is not None:
                 self.privacy.load(ckpt.get("privacy"))  # the adaptive clip norm
             self._dp_steps = {int(c): int(n) for c, n in ckpt.get("dpsgd_steps", {}).items()}
+            self._dp_epsilon = {int(c): float(e) for c, e in ckpt.get("dpsgd_epsilon", {}).items()}
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -668,7 +669,8 @@ class Driver:
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
                           "vectorize": self.cohort_size, "config": self._config_record,
                           **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
-                          **({"dpsgd_steps": dict(self._dp_steps)} if self.cfg.privacy.dpsgd else {}),
+                          **({"dpsgd_steps": dict(self._dp_steps), "dpsgd_epsilon": dict(self._dp_epsilon)}
+                             if self.cfg.privacy.dpsgd else {}),
                           **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))

@@ -69,7 +69,7 @@ def test_client_epsilon_is_opacus_s():
     assert client_epsilon(1.1, 0.25, 30, 1e-3) == pytest.approx(acct.get_epsilon(1e-3), rel=1e-12)
 
 
-DPSGD = dict(rounds=2, privacy__dpsgd="true", privacy__dpsgd_noise=1.0, privacy__dpsgd_clip=1.0,
+DPSGD = dict(rounds=2, clients__fraction=0.5, privacy__dpsgd="true", privacy__dpsgd_noise=1.0, privacy__dpsgd_clip=1.0,
              log__tensorboard="false", log__progress="false")
 
 
