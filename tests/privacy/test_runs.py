@@ -48,10 +48,15 @@ def test_resume_gives_the_whole_run_s_numbers(tmp_path):
     assert strip_timing(read_rows(tmp_path / "part")) == whole
 
 
-def test_fixed_size_sampling_and_a_server_optimiser(tmp_path):
+def test_fixed_size_sampling_a_server_optimiser_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     rows = _run(tmp_path, "fedadam", privacy__sampling="fixed", privacy__adaptive_clip="false",
-                algorithm__name="fedadam", rounds=2)
+                algorithm__name="fedadam", rounds=2, log__tensorboard="true")
     assert rows[-1]["epsilon"] > rows[0]["epsilon"] > 0 and rows[0]["clients"] == 6
+    acc = EventAccumulator(str(tmp_path / "fedadam"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("privacy/epsilon")] == pytest.approx([r["epsilon"] for r in rows])
 
 
 def test_the_budget_stops_the_run_or_warns(tmp_path, capsys):
