@@ -13,10 +13,26 @@ One round is one subsampled Gaussian mechanism of noise multiplier z (σ_Δ and 
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import logging
+from typing import Any, Iterator
 
 from raysim.errors import UserError
 from raysim.privacy.config import MAX_NOISE, clients_per_round
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """dp-accounting's RDP warns through absl's logger for every fractional order whose series does not converge at
+    a large sampling rate, and leaves that order out (a looser, still valid bound): one such line per order, per
+    call, would flood a run's stderr."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def delta_of(cfg: Any) -> float:
@@ -51,8 +67,9 @@ def epsilon(cfg: Any, z: float, rounds: int) -> float:
         return 0.0
     import dp_accounting as dpa
 
-    return float(fresh_accountant(cfg).compose(dpa.SelfComposedDpEvent(round_event(cfg, z), rounds))
-                 .get_epsilon(delta_of(cfg)))
+    with _quiet():
+        return float(fresh_accountant(cfg).compose(dpa.SelfComposedDpEvent(round_event(cfg, z), rounds))
+                     .get_epsilon(delta_of(cfg)))
 
 
 def calibrate(cfg: Any) -> float:
@@ -66,9 +83,10 @@ def calibrate(cfg: Any) -> float:
                         f"unreachable: even noise multiplier {MAX_NOISE:g} spends ε="
                         f"{epsilon(cfg, MAX_NOISE, rounds):.3g}; raise the target, run fewer rounds or sample fewer "
                         f"clients")
-    z = dpa.calibrate_dp_mechanism(lambda: fresh_accountant(cfg),
-                                   lambda x: dpa.SelfComposedDpEvent(round_event(cfg, x), rounds),
-                                   target, delta, dpa.ExplicitBracketInterval(1e-3, MAX_NOISE), tol=1e-4)
+    with _quiet():
+        z = dpa.calibrate_dp_mechanism(lambda: fresh_accountant(cfg),
+                                       lambda x: dpa.SelfComposedDpEvent(round_event(cfg, x), rounds),
+                                       target, delta, dpa.ExplicitBracketInterval(1e-3, MAX_NOISE), tol=1e-4)
     while epsilon(cfg, z, rounds) > target:  # Brent's root may sit a hair below: never spend more than the target
         z *= 1.0 + 1e-6
     return float(z)
@@ -88,7 +106,8 @@ class RoundAccountant:
         self._rounds = 0
         self._rdp_one: Any = None
         if cfg.privacy.accountant == "rdp":
-            one = fresh_accountant(cfg).compose(self._event)
+            with _quiet():
+                one = fresh_accountant(cfg).compose(self._event)
             self._orders, self._rdp_one = one._orders, one._rdp
 
     def after(self, rounds: int) -> float:
@@ -103,6 +122,7 @@ class RoundAccountant:
         if rounds < self._rounds:
             self._accountant, self._rounds = fresh_accountant(self.cfg), 0
         if rounds > self._rounds:
-            self._accountant.compose(dpa.SelfComposedDpEvent(self._event, rounds - self._rounds))
+            with _quiet():
+                self._accountant.compose(dpa.SelfComposedDpEvent(self._event, rounds - self._rounds))
             self._rounds = rounds
         return float(self._accountant.get_epsilon(self.delta))
