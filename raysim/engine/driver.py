@@ -559,11 +559,7 @@ class Driver:
         fixed denominator, added to the download: the round's mean for the algorithm's ``server_aggregate``."""
         total = (combine(sums) if sums is not None else
                  sum_in_groups(updates, sampled, group_size(self.cfg.engine.sum_group, len(sampled)), "uniform"))
-        from raysim.engine.core import job_seed
-        from raysim.privacy.central import PRIVACY_STREAM
-
-        noise_seed = job_seed(self.cfg.seed, 0, rnd, PRIVACY_STREAM)
-        model, self._privacy_metrics = self.privacy.release(total, self._reference, noise_seed)
+        model, self._privacy_metrics = self.privacy.release(total, self._reference, rnd)
         self._privacy_metrics["privacy/noise_multiplier"] = self.privacy.z
         if updates:
             self._server_step(RoundUpdates(updates, lambda: model), rnd)

@@ -28,7 +28,13 @@ from raysim.errors import UserError
 from raysim.privacy.config import clients_per_round
 
 DELTA_KEY, COUNT_KEY = "delta", "unclipped"  # what a clipped upload holds
-PRIVACY_STREAM = 37  # the noise's seed: the driver's job_seed(seed, 0, round, PRIVACY_STREAM)
+PRIVACY_STREAM = 37  # the noise's seed: job_seed(seed, 0, round, PRIVACY_STREAM)
+
+
+def noise_seed(seed: int, rnd: int) -> int:
+    """The round's noise seed: ``raysim.engine.core.job_seed(seed, 0, rnd, PRIVACY_STREAM)`` (a test holds them
+    equal), computed here so that neither the driver nor raysim.privacy imports the client-job core."""
+    return int(np.random.SeedSequence([seed, 0, rnd, PRIVACY_STREAM]).generate_state(1)[0])
 
 
 def delta_norm(delta: dict) -> float:
@@ -103,10 +109,10 @@ class CentralDP:
         if saved:
             self.clip = float(saved["clip"])
 
-    def release(self, total: UploadSum, reference: dict, seed: int) -> tuple[dict, dict[str, float]]:
+    def release(self, total: UploadSum, reference: dict, rnd: int) -> tuple[dict, dict[str, float]]:
         """(the round's private mean model, its metrics) from the sum of clipped uploads, the noise drawn from
-        ``seed`` (the driver's, from (seed, round)); adapts the clip norm."""
-        gen = torch.Generator().manual_seed(int(seed))
+        (seed, round); adapts the clip norm."""
+        gen = torch.Generator().manual_seed(noise_seed(self.cfg.seed, rnd))
         if total.clients:
             total._buffer()
             assert total.layout is not None and total.total is not None

@@ -48,7 +48,7 @@ def test_the_mean_has_a_fixed_denominator(tmp_path):
     # two of the round's four clients report (the others dropped out): Δ = (1, 0) and (3, 4)
     ups = [clip_upload({"w": torch.tensor([2.0, 2.0])}, reference, dp.clip),
            clip_upload({"w": torch.tensor([4.0, 6.0])}, reference, dp.clip)]
-    model, metrics = dp.release(_sum(ups), reference, seed=1)
+    model, metrics = dp.release(_sum(ups), reference, rnd=1)
     # (1 + 3, 0 + 4) / 4 expected clients, not / 2 reporting ones
     assert torch.allclose(model["w"], torch.tensor([1.0 + 1.0, 2.0 + 1.0]))
     assert metrics["privacy/clip"] == 10.0 and metrics["privacy/unclipped"] == pytest.approx(2 / 4)
@@ -58,9 +58,9 @@ def test_noise_is_seeded_from_seed_and_round(tmp_path):
     reference = {"w": torch.zeros(3)}
     dp = _dp(tmp_path, privacy__noise_multiplier=1.0)
     up = [clip_upload({"w": torch.ones(3)}, reference, dp.clip)]
-    a, _ = dp.release(_sum(up), reference, seed=3)
-    b, _ = dp.release(_sum(up), reference, seed=3)
-    c, _ = dp.release(_sum(up), reference, seed=4)
+    a, _ = dp.release(_sum(up), reference, rnd=3)
+    b, _ = dp.release(_sum(up), reference, rnd=3)
+    c, _ = dp.release(_sum(up), reference, rnd=4)
     assert torch.equal(a["w"], b["w"]) and not torch.equal(a["w"], c["w"])
 
 
@@ -71,7 +71,7 @@ def test_one_adaptive_clip_step_by_hand(tmp_path):
     # three of four clients inside the bound: b = 3/4, γ = 0.5, η = 0.2: S <- 1 * exp(-0.2 * (0.75 - 0.5))
     ups = [clip_upload({"w": torch.tensor(v)}, reference, 1.0) for v in ([0.1, 0.0], [0.0, 0.5], [0.6, 0.0],
                                                                          [3.0, 4.0])]
-    _, metrics = dp.release(_sum(ups), reference, seed=1)
+    _, metrics = dp.release(_sum(ups), reference, rnd=1)
     assert metrics["privacy/unclipped"] == pytest.approx(0.75)
     assert dp.clip == pytest.approx(math.exp(-0.2 * 0.25))
     assert dp.state()["clip"] == dp.clip  # what the checkpoint keeps
@@ -92,3 +92,10 @@ def test_clients_per_round_is_the_driver_s_cohort_size(tmp_path):
     for num, fraction in [(500, 0.2), (10, 0.25), (7, 0.5), (3, 0.01), (100, 1.0), (12, 0.125)]:
         cfg = load_config(overrides=[f"clients.num={num}", f"clients.fraction={fraction}"], warn=False)
         assert clients_per_round(cfg) == cohort_size(num, fraction)
+
+
+def test_the_noise_seed_is_job_seed_s():
+    from raysim.engine.core import job_seed
+    from raysim.privacy.central import PRIVACY_STREAM, noise_seed
+
+    assert all(noise_seed(s, r) == job_seed(s, 0, r, PRIVACY_STREAM) for s in (0, 7) for r in (1, 2, 30))
