@@ -28,7 +28,7 @@ from raysim.data import build_federated_data
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, ProbeCall, ServerCall, ServerTrainJob,
                                 TrainJob, TrainResult)
-from raysim.engine.plan import clients_per_call, group_size, plan_round
+from raysim.engine.plan import clients_per_call, cohort_size, group_size, plan_round
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
                                  read_checkpoint)
@@ -46,11 +46,6 @@ if TYPE_CHECKING:
 
 class WriteFailed(RunStopped):
     """Writing the run directory failed (a full disk): the run stops; the checkpoint on disk is whole."""
-
-
-def cohort_size(num: int, fraction: float) -> int:
-    """How many clients a round samples: ``clients.fraction`` of ``clients.num``, rounded half up, at least one."""
-    return max(1, int(round_half_up(fraction * num)))
 
 
 def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int]:
@@ -107,10 +102,6 @@ def check_cohort_fits(cfg: ExperimentConfig, available: Optional[int] = None) ->
                     f"the driver needs at least {need / gib:.1f} GiB for that cohort, more than the "
                     f"{available / gib:.1f} GiB of memory available; sample at most about {fits} clients a round "
                     f"(clients.fraction={fits / num:.2g})")
-
-
-def round_half_up(x: float) -> int:
-    return int(np.floor(x + 0.5))
 
 
 AUTO_EVAL_ALL_MAX = 10_000  # eval.clients=auto evaluates every client of a federation up to this size,

@@ -27,6 +27,15 @@ TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much me
 MAX_CLIENTS_PER_CALL = 64
 
 
+def round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def cohort_size(num: int, fraction: float) -> int:
+    """How many clients a round samples: ``clients.fraction`` of ``clients.num``, rounded half up, at least one."""
+    return max(1, round_half_up(fraction * num))
+
+
 def group_size(setting: str, num_clients: int) -> int:
     """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round."""
     if setting == "auto":

@@ -48,7 +48,7 @@ def probe_pays(cfg: ExperimentConfig) -> bool:
     (:func:`choose_cohort_size`) for a round of n clients, and is run only where that is at most
     :data:`AUTO_PROBE_SHARE` of the run's ``rounds`` × n updates (a 2-round test of 6 clients trains one at a time
     at once; 10 rounds of 100 clients probe)."""
-    from raysim.engine.driver import cohort_size
+    from raysim.engine.plan import cohort_size
 
     n = cohort_size(cfg.clients.num, cfg.clients.fraction)
     probe = 3 + min(AUTO_SERIAL_JOBS, n) + 2 * min(n, AUTO_MAX_K)

@@ -105,6 +105,12 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
                     f"must be a standard deviation > 0 (or null: expected clients / 20), got {p.count_noise!r}")
         require(cfg.asynchronous.mode == "off", "privacy.enabled",
                 "DP-FedAvg is accounted per synchronous round; asynchronous.mode must be off")
+        require(not cfg.aggregator.on, "aggregator.name",
+                f"DP-FedAvg's noise is calibrated to the sensitivity of the clipped deltas' sum, and "
+                f"{cfg.aggregator.name} is not a sum; use aggregator.name=mean with privacy.enabled")
+        require(not cfg.attack.on_uploads, "attack.name",
+                f"{cfg.attack.name} poisons the uploads on the server, which DP-FedAvg sums as the clients sent them; "
+                f"with privacy.enabled, use an attack on the data (label_flip, backdoor)")
         require(not cfg.system.enabled, "privacy.enabled",
                 "the accountant models raysim's own client sampling, which system.enabled replaces by availability "
                 "and deadlines; turn system.enabled off")

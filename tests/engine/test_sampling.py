@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.engine.driver import round_half_up, sample_clients
+from raysim.engine.driver import sample_clients
+from raysim.engine.plan import round_half_up
 
 
 @pytest.mark.parametrize("num, fraction, size", [(10, 1.0, 10), (10, 0.5, 5), (10, 0.25, 3), (10, 0.01, 1),

@@ -90,6 +90,11 @@ def test_bad_privacy_settings_are_one_line(tmp_path, monkeypatch):
                                          algorithm__name="fedbn")
     _refused(tmp_path, "algorithm.weighting", **on, privacy__noise_multiplier=1, algorithm__weighting="samples")
     _refused(tmp_path, "privacy.enabled", **on, privacy__noise_multiplier=1, asynchronous__mode="fedasync")
+    # a robust rule is not the sum the noise is calibrated to, and an attack on the uploads would go unsummed
+    assert "not a sum" in _refused(tmp_path, "aggregator.name", **on, privacy__noise_multiplier=1,
+                                   aggregator__name="median")
+    _refused(tmp_path, "attack.name", **on, privacy__noise_multiplier=1, attack__name="sign_flip",
+             attack__fraction=0.2)
     _refused(tmp_path, "engine.vectorize", privacy__dpsgd="true", engine__vectorize=4)
     _refused(tmp_path, "privacy.dpsgd_noise", privacy__dpsgd="true", privacy__dpsgd_noise=0)
     _refused(tmp_path, "privacy.dpsgd", privacy__dpsgd="true", algorithm__name="moon")  # its loss is not vmapped
