@@ -267,11 +267,7 @@ class Algorithm:
         """Whether ``engine.vectorize`` may stack this algorithm's clients: ``vectorizable = True`` declared in the
         class itself or inherited from a class at least as derived as every class that defines one of
         ``VECTOR_HOOKS`` (an inherited declaration does not cover a loss it never saw)."""
-        declared = next((c for c in cls.__mro__ if "vectorizable" in c.__dict__), None)
-        if declared is None or not declared.__dict__["vectorizable"]:
-            return False
-        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in VECTOR_HOOKS)), None)
-        return hooks is None or issubclass(declared, hooks)
+        return cls._declaration_refusal("vectorizable", VECTOR_HOOKS, "no vectorisable hooks", "a loss") is None
 
     def cohort_refusal(self) -> Optional[str]:
         """Why this configured algorithm's clients train one at a time whatever ``engine.vectorize`` says (None:
@@ -284,20 +280,8 @@ class Algorithm:
         """Why the asynchronous modes cannot run this algorithm (None: they can): its server step must be a model
         average, declared with ``averages_models`` in a class at least as derived as every class that defines one
         of ``AVERAGE_HOOKS``, summed as ``samples`` or ``uniform``."""
-        declared = next((c for c in cls.__mro__ if "averages_models" in c.__dict__), None)
-        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in AVERAGE_HOOKS)), None)
-        if cls.aggregation not in WEIGHTINGS:
-            return f"needs every upload of a round at once (aggregation = {cls.aggregation!r})"
-        if cls.server_history > 0:
-            return "keeps per-client history on the server"
-        if cls.shared == "none":
-            return "shares no model"
-        if declared is None or not declared.__dict__["averages_models"]:
-            return "does not declare its server step a model average (Algorithm.averages_models)"
-        if hooks is not None and not issubclass(declared, hooks):
-            own = [h for h in AVERAGE_HOOKS if h in hooks.__dict__]
-            return f"has a server step of its own ({hooks.__name__} overrides {', '.join(own)})"
-        return None
+        return cls._summed_model_refusal(with_server_train=False) or cls._declaration_refusal(
+            "averages_models", AVERAGE_HOOKS, "does not declare its server step a model average", "a server step")
 
     @classmethod
     def privacy_refusal(cls) -> Optional[str]:
@@ -305,19 +289,35 @@ class Algorithm:
         (``aggregation`` samples or uniform, no per-client history or server-side training) and be a model (part):
         ``upload_is_model`` declared in a class at least as derived as every class that defines one of
         ``MODEL_UPLOAD_HOOKS``."""
-        declared = next((c for c in cls.__mro__ if "upload_is_model" in c.__dict__), None)
-        hooks = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in MODEL_UPLOAD_HOOKS)), None)
+        return cls._summed_model_refusal(with_server_train=True) or cls._declaration_refusal(
+            "upload_is_model", MODEL_UPLOAD_HOOKS, "does not declare its upload a model", "an upload")
+
+    @classmethod
+    def _summed_model_refusal(cls, with_server_train: bool) -> Optional[str]:
+        """Why this algorithm's round is not one sum of model uploads (None: it is): the asynchronous modes' and
+        DP-FedAvg's shared condition (DP-FedAvg also refuses server-side training from the uploads)."""
         if cls.aggregation not in WEIGHTINGS:
             return f"needs every upload of a round at once (aggregation = {cls.aggregation!r})"
-        if cls.server_history > 0 or cls.server_train is not Algorithm.server_train:
+        if with_server_train and (cls.server_history > 0 or cls.server_train is not Algorithm.server_train):
             return "keeps per-client history or trains on the server from the uploads"
+        if cls.server_history > 0:
+            return "keeps per-client history on the server"
         if cls.shared == "none":
             return "shares no model"
-        if declared is None or not declared.__dict__["upload_is_model"]:
-            return "does not declare its upload a model (Algorithm.upload_is_model)"
-        if hooks is not None and not issubclass(declared, hooks):
-            own = [h for h in MODEL_UPLOAD_HOOKS if h in hooks.__dict__]
-            return f"has an upload of its own ({hooks.__name__} overrides {', '.join(own)})"
+        return None
+
+    @classmethod
+    def _declaration_refusal(cls, flag: str, hooks: tuple[str, ...], missing: str, own: str) -> Optional[str]:
+        """Why the declaration ``flag`` does not cover this class (None: it does): it must be True in a class at
+        least as derived as every class that defines one of ``hooks`` (an inherited declaration does not cover a
+        hook it never saw)."""
+        declared = next((c for c in cls.__mro__ if flag in c.__dict__), None)
+        if declared is None or not declared.__dict__[flag]:
+            return f"{missing} (Algorithm.{flag})"
+        owner = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in hooks)), None)
+        if owner is not None and not issubclass(declared, owner):
+            overridden = ", ".join(h for h in hooks if h in owner.__dict__)
+            return f"has {own} of its own ({owner.__name__} overrides {overridden})"
         return None
 
     @classmethod
