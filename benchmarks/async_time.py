@@ -23,6 +23,7 @@ plot (benchmarks/async_time.png) shows accuracy against simulated hours, one lin
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -49,6 +50,7 @@ def run_one(method: str, seed: int, rounds: Optional[int] = None) -> dict[str, A
 
     path, default_rounds = CONFIGS[method]
     out = OUT / "async_time" / f"{method}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
     t0 = time.perf_counter()
     result = run(str(ROOT / "experiments" / "async" / path), f"seed={seed}", f"rounds={rounds or default_rounds}",
                  f"log.dir={out}", "log.progress=false", progress=False)
