@@ -45,17 +45,22 @@ LABELS = {"sync": "FedAvg, sync, no deadline", "deadline": "FedAvg, sync, 90 s d
           "fedasync": "FedAsync (20 in flight)", "fedbuff": "FedBuff (C=40 in flight, K=10)"}
 
 
-def run_one(method: str, seed: int, rounds: Optional[int] = None) -> dict[str, Any]:
+def run_one(method: str, seed: int, rounds: Optional[int] = None, reuse: bool = False) -> dict[str, Any]:
+    """One run (or, with ``reuse``, the finished run already in its directory: its metrics, wall time unknown)."""
     from raysim.api import run
+    from raysim.runlog import read_metrics
 
     path, default_rounds = CONFIGS[method]
     out = OUT / "async_time" / f"{method}-seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
     t0 = time.perf_counter()
-    result = run(str(ROOT / "experiments" / "async" / path), f"seed={seed}", f"rounds={rounds or default_rounds}",
-                 f"log.dir={out}", "log.progress=false", progress=False)
-    wall = time.perf_counter() - t0
-    rows = result.metrics.to_dict("records")
+    if reuse and (out / "metrics.jsonl").exists():
+        rows = read_metrics(out / "metrics.jsonl")
+        wall = float(rows[-1].get("wall_s_total", float("nan")))  # the rounds alone, not the start
+    else:
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run each time
+        result = run(str(ROOT / "experiments" / "async" / path), f"seed={seed}",
+                     f"rounds={rounds or default_rounds}", f"log.dir={out}", "log.progress=false", progress=False)
+        rows, wall = result.metrics.to_dict("records"), time.perf_counter() - t0
     curve, updates = [], 0
     for r in rows:
         updates += int(r["clients"])
@@ -75,6 +80,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--methods", default=",".join(CONFIGS))
     parser.add_argument("--rounds-scale", type=float, default=1.0, help="multiply every method's rounds (tests)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the runs already in benchmarks/out/async_time/ instead of running them again")
     parser.add_argument("--plot", default=str(HERE / "async_time.png"))
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -83,7 +90,7 @@ def main() -> None:
     runs = []
     for seed in seeds:
         for method in methods:
-            r = run_one(method, seed, max(1, round(CONFIGS[method][1] * args.rounds_scale)))
+            r = run_one(method, seed, max(1, round(CONFIGS[method][1] * args.rounds_scale)), args.reuse)
             hit = to_target(r["curve"], args.target)
             print(f"seed {seed} {method:9s} {'%.2f h' % hit[0] if hit else 'not reached'}  "
                   f"final acc {r['curve'][-1][1]:.3f} at {r['curve'][-1][0]:.2f} h  wall {r['wall_s']:.1f} s",

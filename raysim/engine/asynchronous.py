@@ -108,8 +108,11 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
     then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
     layout, xf = _flat(x)
     total = UploadSum()
+    starts: dict[int, Any] = {}  # the buffered jobs share few start versions: each flattened once
     for i, (upload, start, weight) in enumerate(buffered):
-        total.add(i, {"delta": _flat(upload, layout)[1] - _flat(start, layout)[1]}, weight)
+        if id(start) not in starts:
+            starts[id(start)] = _flat(start, layout)[1]
+        total.add(i, {"delta": _flat(upload, layout)[1] - starts[id(start)]}, weight)
     if not total.clients or total.weight == 0:
         return unflatten(layout, xf)
     step = total.mean()["delta"] * (server_lr * total.weight / size)
