@@ -13,7 +13,9 @@ Checked (2026-12-02) against the papers' definitions and FedBuff's reference imp
 (github.com/facebookresearch/FLSim at 7311f2d):
 
 - FedAsync's s(t − τ): constant 1, polynomial (t − τ + 1)^−a, hinge 1 for t − τ ≤ b else 1/(a(t − τ − b) + 1),
-  as in the paper's section on the adaptive α_t = α·s(t − τ); α, a and b are the values its experiments name.
+  as in the paper's adaptive α_t = α·s(t − τ). The defaults α = 0.6, a = 0.5 (polynomial), a = 10, b = 4 (hinge)
+  are the values recalled from its experiments; no text of the paper's experiment section was at hand offline to
+  check them line by line, so they are left as they were.
 - FedBuff's staleness scaling: FLSim's ``PolynomialStalenessWeight`` is 1/(1 + staleness)^exponent
   (flsim/utils/async_trainer/async_staleness_weights.py), and its FedBuff tests use exponent 0.5 with
   ``avg_staleness=0`` (flsim/trainers/tests/test_async_trainer_weights.py): 1/√(1 + staleness), as here. FLSim's
