@@ -20,8 +20,9 @@ Per group: each variant's ratio to its group's ``off``. Reported: median (min–
 **Memory** (``--million``; issue 36: within 1.2x of the synthetic million-client run). ``raysim run`` in a
 subprocess on benchmarks/scale.py's synthetic million-client setting (FedProx's Synthetic(1, 1) made on demand, a
 512-wide MLP, 100 clients a round, evaluation on the sampled clients), in process (one worker), ``--million-rounds``
-rounds, once with ``system`` off and once with ``system.enabled=true`` and diurnal availability; peak RSS of the
-subprocess (``ru_maxrss`` of the child).
+rounds: with ``system`` off, with ``system.enabled=true`` and diurnal availability (the synchronous clock), and
+the same with FedBuff (C = K = 100: the event queue drawing among a million clients); peak RSS of the subprocess
+(``ru_maxrss`` of the child).
 """
 
 from __future__ import annotations
@@ -65,16 +66,23 @@ def round_time(variant: str, rounds: int, i: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
-def million(rounds: int, system: bool) -> dict:
-    out = OUT / "system_cost" / f"million-{'on' if system else 'off'}"
+MILLION = {
+    "off": [],
+    "diurnal": ["system.enabled=true", "system.speed.spread=10", "system.availability.mode=diurnal"],
+    "diurnal+fedbuff": ["system.enabled=true", "system.speed.spread=10", "system.availability.mode=diurnal",
+                        "asynchronous.mode=fedbuff", "asynchronous.concurrency=100", "asynchronous.buffer_size=100"],
+}
+
+
+def million(rounds: int, variant: str) -> dict:
+    out = OUT / "system_cost" / f"million-{variant.replace('+', '-')}"
     shutil.rmtree(out, ignore_errors=True)
     num = 1_000_000
     args = ["name=million", "seed=0", f"rounds={rounds}", f"clients.num={num}", f"clients.fraction={100 / num!r}",
             "data.name=synthetic", "data.samples_per_domain=500", "model.name=mlp", "model.hidden=[512]",
             "model.feature_dim=64", "train.lr=0.05", "train.batch_size=32", "algorithm.name=fedavg",
             "eval.clients=sampled", "engine.num_workers=1", f"log.dir={out}", "log.progress=false"]
-    if system:
-        args += ["system.enabled=true", "system.speed.spread=10", "system.availability.mode=diurnal"]
+    args += MILLION[variant]
     script = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
               "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
     t0 = time.perf_counter()
@@ -86,7 +94,7 @@ def million(rounds: int, system: bool) -> dict:
     kb = next(int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("MAXRSS_KB"))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     shutil.rmtree(out, ignore_errors=True)
-    return {"system": system, "peak_rss_mib": kb / 1024, "wall_s": wall, "round_wall_s": [r["wall_s"] for r in rows]}
+    return {"variant": variant, "peak_rss_mib": kb / 1024, "wall_s": wall, "round_wall_s": [r["wall_s"] for r in rows]}
 
 
 def main() -> None:
@@ -121,15 +129,14 @@ def main() -> None:
                 print(line)
         payload["round_wall_s"], payload["round_cpu_s"] = times, cpus
     if args.million:
-        runs = [million(args.million_rounds, False), million(args.million_rounds, True)]
+        runs = [million(args.million_rounds, variant) for variant in MILLION]
         for r in runs:
-            print(f"million clients, system {'on (diurnal)' if r['system'] else 'off'}: peak RSS "
-                  f"{r['peak_rss_mib']:.0f} MiB, {r['wall_s']:.0f} s, rounds "
+            print(f"million clients, {r['variant']:16s}: peak RSS {r['peak_rss_mib']:.0f} MiB "
+                  f"(x{r['peak_rss_mib'] / runs[0]['peak_rss_mib']:.3f} of off), {r['wall_s']:.0f} s, rounds "
                   + ", ".join(f"{w:.2f}" for w in r["round_wall_s"]) + " s")
-        print(f"ratio on/off: {runs[1]['peak_rss_mib'] / runs[0]['peak_rss_mib']:.3f}")
         payload["million"] = runs
     payload["load_end"] = loadavg()
-    save_json("system_cost", payload)
+    save_json("system_cost" if not args.skip_rounds else "system_cost_million", payload)
 
 
 if __name__ == "__main__":
