@@ -17,6 +17,10 @@ Per run: the median of the rounds' ``wall_s`` over rounds 2..R-1 (no start-up, n
 time this process spent per round (``time.process_time`` between rounds; less sensitive to a loaded machine).
 Per group: each variant's ratio to its group's ``off``. Reported: median (min–max) of the ratios over the groups.
 
+**The clock alone** (``--clock-work``): ``RoundClock.sample`` and ``settle`` for 200 rounds of 100 clients outside any
+run, CPU per round: the clock's absolute cost, which a loaded machine's noise cannot hide as it can a few percent of a
+round.
+
 **Memory** (``--million``; issue 36: within 1.2x of the synthetic million-client run). ``raysim run`` in a
 subprocess on benchmarks/scale.py's synthetic million-client setting (FedProx's Synthetic(1, 1) made on demand, a
 512-wide MLP, 100 clients a round, evaluation on the sampled clients), in process (one worker), ``--million-rounds``
@@ -74,6 +78,33 @@ MILLION = {
 }
 
 
+def clock_work(rounds: int = 200) -> dict:
+    """The synchronous clock's own work per round, alone: ``RoundClock.sample`` (100 of the available clients at
+    the round's start) and ``settle`` (each client's traits and job time) on sync.yaml's system model, with each
+    client's real sample count and the model's real bytes; CPU seconds per round, median of 5 repeats."""
+    from types import SimpleNamespace
+
+    from raysim.config import load_config
+    from raysim.data import build_federated_data
+    from raysim.engine.driver import draw_clients
+    from raysim.system.clock import RoundClock
+
+    cfg = load_config(str(CONFIG), ["clients.fraction=0.1"])
+    data = build_federated_data(cfg)
+    clock = RoundClock(cfg, 100)
+    model_bytes = 4 * (784 * 64 + 64 + 64 * 10 + 10)
+    per_round = []
+    for _ in range(5):
+        now, t0 = 0.0, time.process_time()
+        for rnd in range(1, rounds + 1):
+            clients, dropped = clock.sample(rnd, now, draw_clients)
+            results = {c: SimpleNamespace(upload_bytes=model_bytes, num_samples=data.num_train(c),
+                                          samples_seen=2 * data.num_train(c)) for c in clients}
+            now += clock.settle(results, {c: model_bytes for c in clients}, len(clients) + len(dropped)).round_s
+        per_round.append((time.process_time() - t0) / rounds)
+    return {"clock_cpu_s_per_round": statistics.median(per_round), "range": [min(per_round), max(per_round)]}
+
+
 def million(rounds: int, variant: str) -> dict:
     out = OUT / "system_cost" / f"million-{variant.replace('+', '-')}"
     shutil.rmtree(out, ignore_errors=True)
@@ -103,6 +134,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--million", action="store_true", help="also the million-client memory check")
     parser.add_argument("--million-rounds", type=int, default=3)
+    parser.add_argument("--clock-work", action="store_true", help="also the clock's own work per round, alone")
     parser.add_argument("--skip-rounds", action="store_true", help="only the million-client memory check")
     args = parser.parse_args()
     payload: dict = {"machine": machine_info(), "load_start": loadavg()}
@@ -128,6 +160,11 @@ def main() -> None:
                     line += f"  ratio to off {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
                 print(line)
         payload["round_wall_s"], payload["round_cpu_s"] = times, cpus
+    if args.clock_work:
+        work = clock_work()
+        print(f"the clock's own work: {work['clock_cpu_s_per_round'] * 1e3:.2f} ms CPU per 100-client round "
+              f"({work['range'][0] * 1e3:.2f}–{work['range'][1] * 1e3:.2f})")
+        payload["clock_work"] = work
     if args.million:
         runs = [million(args.million_rounds, variant) for variant in MILLION]
         for r in runs:
@@ -136,7 +173,7 @@ def main() -> None:
                   + ", ".join(f"{w:.2f}" for w in r["round_wall_s"]) + " s")
         payload["million"] = runs
     payload["load_end"] = loadavg()
-    save_json("system_cost" if not args.skip_rounds else "system_cost_million", payload)
+    save_json("system_cost" if not args.skip_rounds else "system_cost_extra", payload)
 
 
 if __name__ == "__main__":
