@@ -8,6 +8,24 @@ Defaults are the papers': FedAsync (Xie, Koyejo, Gupta, arXiv:1903.03934) mixes 
 staleness function s(t − τ) = (t − τ + 1)^−a with a = 0.5 (its experiments' FedAsync+Poly; FedAsync+Hinge uses
 a = 10, b = 4); FedBuff (Nguyen et al., AISTATS 2022, arXiv:2106.06639) steps every K = 10 arrivals with server
 learning rate η_g = 1 and scales each update by 1/√(1 + staleness).
+
+Checked (2026-12-02) against the papers' definitions and FedBuff's reference implementation, Meta's FLSim
+(github.com/facebookresearch/FLSim at 7311f2d):
+
+- FedAsync's s(t − τ): constant 1, polynomial (t − τ + 1)^−a, hinge 1 for t − τ ≤ b else 1/(a(t − τ − b) + 1),
+  as in the paper's adaptive α_t = α·s(t − τ). The defaults α = 0.6, a = 0.5 (polynomial), a = 10, b = 4 (hinge)
+  are the values recalled from its experiments; no text of the paper's experiment section was at hand offline to
+  check them line by line, so they are left as they were.
+- FedBuff's staleness scaling: FLSim's ``PolynomialStalenessWeight`` is 1/(1 + staleness)^exponent
+  (flsim/utils/async_trainer/async_staleness_weights.py), and its FedBuff tests use exponent 0.5 with
+  ``avg_staleness=0`` (flsim/trainers/tests/test_async_trainer_weights.py): 1/√(1 + staleness), as here. FLSim's
+  default ``avg_staleness=1`` divides every weight by 1/√2, a constant factor on the server learning rate.
+- FedBuff's K: 10 in FLSim's example (examples/configs/sent140_fedbuff_config.json, ``buffer_size: 10``).
+- FedBuff's step: the paper's Algorithm 1 divides the buffered sum by K before the server step, as
+  :func:`raysim.engine.asynchronous.buffered_target` does; FLSim's ``FedBuffAggregator``
+  (flsim/optimizers/async_aggregators.py) steps along the weighted *sum* (``ReductionType.WEIGHTED_SUM``), which is
+  the paper's step with η_g scaled by K. FLSim's example tunes η_g (0.7, with server momentum 0.9); the paper tunes
+  it per task, so η_g = 1 (the buffered mean applied as it is) stays the default here.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from raysim.algorithms.aggregation import UploadSum, flatten, unflatten
+from raysim.algorithms.aggregation import flatten, unflatten
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
@@ -104,15 +104,22 @@ def mix(x: dict, new: dict, alpha: float) -> dict:
 
 def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
-    started from, weight w_i), K = ``size``: the weighted sum by the one :class:`UploadSum` (in arrival order),
-    then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
+    started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
+    before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
+    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
     layout, xf = _flat(x)
-    total = UploadSum()
-    for i, (upload, start, weight) in enumerate(buffered):
-        total.add(i, {"delta": _flat(upload, layout)[1] - _flat(start, layout)[1]}, weight)
-    if not total.clients or total.weight == 0:
+    total: Any = None  # float64, flat
+    weight_sum = 0.0
+    starts: dict[int, Any] = {}  # the buffered jobs share few start versions: each flattened once
+    for upload, start, weight in buffered:
+        if id(start) not in starts:
+            starts[id(start)] = _flat(start, layout)[1]
+        term = _flat(upload, layout)[1].sub_(starts[id(start)]).mul_(float(weight))  # a fresh float64 buffer
+        total = term if total is None else total.add_(term)
+        weight_sum += float(weight)
+    if total is None or weight_sum == 0:
         return unflatten(layout, xf)
-    step = total.mean()["delta"] * (server_lr * total.weight / size)
+    step = (total / weight_sum) * (server_lr * weight_sum / size)
     return unflatten(layout, xf + step)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from raysim.algorithms.training import batch_bounds
 from raysim.config import ConfigError
 from raysim.system.config import selected_count
-from raysim.system.model import SystemModel, job_duration
+from raysim.system.model import ClientTraits, SystemModel, job_duration
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -118,8 +118,10 @@ class RoundClock:
         one that started none waits ``system.wait_s`` before the next samples again."""
         deadline = self.system.deadline_s
         full_s, partial_s = {}, {}
-        for cid, r in results.items():
-            traits = self.model.traits(cid)
+        ids = list(results)
+        table = self.model.traits_many(np.array(ids, dtype=np.int64)) if ids else ()  # all the traits at once
+        for cid, row in zip(ids, table):
+            r, traits = results[cid], ClientTraits(*(float(v) for v in row))
             full_s[cid] = job_duration(traits, bytes_down[cid], r.upload_bytes, r.samples_seen)
             if deadline is not None and full_s[cid] > deadline and self.system.late == "partial" and r.num_samples:
                 epochs = max(1, round(r.samples_seen / r.num_samples))

@@ -62,6 +62,25 @@ def test_fedbuff_step_by_hand():
     assert buffered_target(x, fresh, 1.0, 2)["w"].tolist() == [2.0, 3.0]
 
 
+
+def test_fedbuff_step_is_the_same_whether_updates_share_their_start_model_or_not():
+    # buffered_target flattens each start model once (by identity): one shared start and equal copies must agree
+    x = {"w": torch.tensor([1.0, -2.0, 0.5]), "n": torch.tensor(3)}
+    start = {"w": torch.tensor([0.5, -1.0, 0.0]), "n": torch.tensor(1)}
+    ups = [{"w": torch.tensor([1.5, 0.0, 2.0]), "n": torch.tensor(4)},
+           {"w": torch.tensor([-1.0, 3.0, 1.0]), "n": torch.tensor(2)},
+           {"w": torch.tensor([0.25, -0.5, 0.75]), "n": torch.tensor(5)}]
+    weights = [buffer_weight(s, True) for s in (0, 2, 5)]
+    shared = buffered_target(x, [(u, start, w) for u, w in zip(ups, weights)], 0.7, 3)
+    copies = buffered_target(x, [(u, {k: v.clone() for k, v in start.items()}, w) for u, w in zip(ups, weights)],
+                             0.7, 3)
+    for key in x:
+        assert torch.equal(shared[key], copies[key]), key
+    # by hand: x + 0.7 / 3 · Σ w_i (y_i − start) on w
+    expected = [x["w"][j].item() + 0.7 / 3 * sum(w * (u["w"][j].item() - start["w"][j].item())
+                                                 for u, w in zip(ups, weights)) for j in range(3)]
+    assert shared["w"].tolist() == pytest.approx(expected, abs=1e-6)
+
 def test_event_queue_orders_by_time_then_client_then_sequence():
     q = EventQueue()
     q.push(Flight(seq=5, client=3, start=0.0, finish=2.0, version=0, bytes_down=1, bytes_up=1, dropped=False))

@@ -1,0 +1,180 @@
+"""The simulated clock's and the event queue's own cost: real round time with ``system`` off and on, and peak memory
+at a million clients with availability on.
+
+    .venv/bin/python benchmarks/system_cost.py [--pairs 7] [--rounds 12] [--million] [--million-rounds 3]
+
+**Round time** (issue 36: at most 3 % more at 100 clients a round). experiments/async/sync.yaml's 1,000 MNIST clients
+with ``clients.fraction=0.1`` (100 a round), evaluation only after the last round, in this process (no Ray).
+Three variants run as interleaved groups (off, clock, queue; off, clock, queue; ...), each a fresh run:
+
+  off    ``system.enabled=false`` (no simulated time at all)
+  clock  ``system.enabled=true`` with the benchmark's lognormal traits and diurnal availability: the synchronous
+         clock samples among the available clients and prices every job
+  queue  FedBuff with C = K = 100 on the same system model: each server step is 100 updates, every one of them
+         through the event queue (the same work as a synchronous round, plus the queue and FedBuff's buffered step)
+
+Per run: the median of the rounds' ``wall_s`` over rounds 2..R-1 (no start-up, no evaluation), and of the CPU
+time this process spent per round (``time.process_time`` between rounds; less sensitive to a loaded machine).
+Per group: each variant's ratio to its group's ``off``. Reported: median (min–max) of the ratios over the groups.
+
+**The clock alone** (``--clock-work``): ``RoundClock.sample`` and ``settle`` for 200 rounds of 100 clients outside any
+run, CPU per round: the clock's absolute cost, which a loaded machine's noise cannot hide as it can a few percent of a
+round.
+
+**Memory** (``--million``; issue 36: within 1.2x of the synthetic million-client run). ``raysim run`` in a
+subprocess on benchmarks/scale.py's synthetic million-client setting (FedProx's Synthetic(1, 1) made on demand, a
+512-wide MLP, 100 clients a round, evaluation on the sampled clients), in process (one worker), ``--million-rounds``
+rounds: with ``system`` off, with ``system.enabled=true`` and diurnal availability (the synchronous clock), and
+the same with FedBuff (C = K = 100: the event queue drawing among a million clients); peak RSS of the subprocess
+(``ru_maxrss`` of the child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import OUT, ROOT, loadavg, machine_info, save_json  # noqa: E402
+
+CONFIG = ROOT / "experiments" / "async" / "sync.yaml"
+VARIANTS = {
+    "off": ["system.enabled=false"],
+    "clock": [],
+    "queue": ["asynchronous.mode=fedbuff", "asynchronous.concurrency=100", "asynchronous.buffer_size=100"],
+}
+
+
+def round_time(variant: str, rounds: int, i: int) -> tuple[float, float]:
+    """(median wall seconds, median CPU seconds of this process) of rounds 2..R-1 of one fresh run."""
+    from raysim.config import load_config
+    from raysim.engine.runner import run_experiment
+
+    out = OUT / "system_cost" / f"{variant}-{i}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
+                                    *VARIANTS[variant], f"log.dir={out}", "log.progress=false"])
+    cpu = [time.process_time()]
+    _, rows, _ = run_experiment(cfg, on_round=lambda m: cpu.append(time.process_time()))
+    walls = [float(r["wall_s"]) for r in rows][1:-1]
+    cpus = [b - a for a, b in zip(cpu, cpu[1:])][1:-1]
+    shutil.rmtree(out, ignore_errors=True)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+MILLION = {
+    "off": [],
+    "diurnal": ["system.enabled=true", "system.speed.spread=10", "system.availability.mode=diurnal"],
+    "diurnal+fedbuff": ["system.enabled=true", "system.speed.spread=10", "system.availability.mode=diurnal",
+                        "asynchronous.mode=fedbuff", "asynchronous.concurrency=100", "asynchronous.buffer_size=100"],
+}
+
+
+def clock_work(rounds: int = 200) -> dict:
+    """The synchronous clock's own work per round, alone: ``RoundClock.sample`` (100 of the available clients at
+    the round's start) and ``settle`` (each client's traits and job time) on sync.yaml's system model, with each
+    client's real sample count and the model's real bytes; CPU seconds per round, median of 5 repeats."""
+    from types import SimpleNamespace
+
+    from raysim.config import load_config
+    from raysim.data import build_federated_data
+    from raysim.engine.driver import draw_clients
+    from raysim.system.clock import RoundClock
+
+    cfg = load_config(str(CONFIG), ["clients.fraction=0.1"])
+    data = build_federated_data(cfg)
+    clock = RoundClock(cfg, 100)
+    model_bytes = 4 * (784 * 64 + 64 + 64 * 10 + 10)
+    per_round = []
+    for _ in range(5):
+        now, t0 = 0.0, time.process_time()
+        for rnd in range(1, rounds + 1):
+            clients, dropped = clock.sample(rnd, now, draw_clients)
+            results = {c: SimpleNamespace(upload_bytes=model_bytes, num_samples=data.num_train(c),
+                                          samples_seen=2 * data.num_train(c)) for c in clients}
+            now += clock.settle(results, {c: model_bytes for c in clients}, len(clients) + len(dropped)).round_s
+        per_round.append((time.process_time() - t0) / rounds)
+    return {"clock_cpu_s_per_round": statistics.median(per_round), "range": [min(per_round), max(per_round)]}
+
+
+def million(rounds: int, variant: str) -> dict:
+    out = OUT / "system_cost" / f"million-{variant.replace('+', '-')}"
+    shutil.rmtree(out, ignore_errors=True)
+    num = 1_000_000
+    args = ["name=million", "seed=0", f"rounds={rounds}", f"clients.num={num}", f"clients.fraction={100 / num!r}",
+            "data.name=synthetic", "data.samples_per_domain=500", "model.name=mlp", "model.hidden=[512]",
+            "model.feature_dim=64", "train.lr=0.05", "train.batch_size=32", "algorithm.name=fedavg",
+            "eval.clients=sampled", "engine.num_workers=1", f"log.dir={out}", "log.progress=false"]
+    args += MILLION[variant]
+    script = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+              "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script, sys.executable, "-m", "raysim", "run", *args],
+                          capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(proc.stdout[-2000:] + proc.stderr[-2000:])
+    kb = next(int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("MAXRSS_KB"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(out, ignore_errors=True)
+    return {"variant": variant, "peak_rss_mib": kb / 1024, "wall_s": wall, "round_wall_s": [r["wall_s"] for r in rows]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=7, help="interleaved groups of (off, clock, queue)")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--million", action="store_true", help="also the million-client memory check")
+    parser.add_argument("--million-rounds", type=int, default=3)
+    parser.add_argument("--clock-work", action="store_true", help="also the clock's own work per round, alone")
+    parser.add_argument("--skip-rounds", action="store_true", help="only the million-client memory check")
+    args = parser.parse_args()
+    payload: dict = {"machine": machine_info(), "load_start": loadavg()}
+    if not args.skip_rounds:
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for i in range(args.pairs):
+            for variant in VARIANTS:
+                wall, cpu = round_time(variant, args.rounds, i)
+                times[variant].append(wall)
+                cpus[variant].append(cpu)
+            print(f"group {i}: " + "  ".join(f"{v} {times[v][-1] * 1e3:.0f} ms ({cpus[v][-1] * 1e3:.0f} ms CPU)"
+                                             for v in VARIANTS) + f"  load {loadavg():.1f}", flush=True)
+        print(f"\nround time at 100 clients a round, {args.pairs} interleaved groups, median of rounds "
+              f"2..{args.rounds - 1} per run; load {payload['load_start']:.1f} at the start, {loadavg():.1f} now")
+        for what, table in (("wall", times), ("CPU", cpus)):
+            for variant in VARIANTS:
+                t = table[variant]
+                line = (f"{what:4s} {variant:6s} {statistics.median(t) * 1e3:.1f} ms "
+                        f"({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f})")
+                if variant != "off":
+                    ratios = [a / b for a, b in zip(t, table["off"])]
+                    line += f"  ratio to off {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
+                print(line)
+        payload["round_wall_s"], payload["round_cpu_s"] = times, cpus
+    if args.clock_work:
+        work = clock_work()
+        print(f"the clock's own work: {work['clock_cpu_s_per_round'] * 1e3:.2f} ms CPU per 100-client round "
+              f"({work['range'][0] * 1e3:.2f}–{work['range'][1] * 1e3:.2f})")
+        payload["clock_work"] = work
+    if args.million:
+        runs = [million(args.million_rounds, variant) for variant in MILLION]
+        for r in runs:
+            print(f"million clients, {r['variant']:16s}: peak RSS {r['peak_rss_mib']:.0f} MiB "
+                  f"(x{r['peak_rss_mib'] / runs[0]['peak_rss_mib']:.3f} of off), {r['wall_s']:.0f} s, rounds "
+                  + ", ".join(f"{w:.2f}" for w in r["round_wall_s"]) + " s")
+        payload["million"] = runs
+    payload["load_end"] = loadavg()
+    save_json("system_cost" if not args.skip_rounds else "system_cost_extra", payload)
+
+
+if __name__ == "__main__":
+    main()
