@@ -2,7 +2,8 @@
 
 - On the worker, where the client trained (:func:`clip_upload`, called by ``ClientJobs.finish`` before any partial
   sum): the upload minus the model the client downloaded is the client's delta Δ; it is scaled to L2 norm at most S
-  (over its floating-point entries) and replaces the upload, beside a 0/1 count of whether it was left unclipped.
+  (over its floating-point entries) and replaces the upload, beside ±1/2 for whether it was left unclipped (the
+  centred count b_i − 1/2 of TF Privacy's ``QuantileAdaptiveClipSumQuery``).
   Every client weighs 1, so the one sum (``raysim.algorithms.aggregation``) adds the clipped deltas and the counts,
   in the same fixed groups on every executor and for any number of workers.
 - On the server, once a round (:meth:`CentralDP.release`): Gaussian noise N(0, σ_Δ² S²) on each entry of the summed
@@ -10,9 +11,11 @@
   (qN with Poisson sampling, the cohort size with fixed-size sampling), not the number that reported. The new model
   is the download plus that mean delta, which the algorithm's ``server_aggregate_mean`` receives as the round's mean
   (FedAvg takes it, FedOpt steps towards it).
-- Adaptive clipping: the noised share of unclipped clients b = (Σ b_i + N(0, σ_b²)) / denominator moves S to
-  S exp(-η (b - γ)). The two noised queries together are a Gaussian mechanism of noise multiplier z, with
-  σ_Δ = (z^-2 - (2 σ_b)^-2)^-1/2 (Andrew et al., Theorem 1; the count's sensitivity is 1/2 for the centred count).
+- Adaptive clipping: the noised share of unclipped clients b = (Σ (b_i − 1/2) + N(0, σ_b²)) / denominator + 1/2
+  (TF Privacy's estimate, the denominator public) moves S to S exp(-η (b - γ)). The two noised queries together
+  are a Gaussian mechanism of noise multiplier z, with σ_Δ = (z^-2 - (2 σ_b)^-2)^-1/2 (Andrew et al., Theorem 1):
+  the centred count moves by at most 1/2 when a client is added or removed, against S for the delta sum; when one
+  is replaced (fixed-size sampling), by at most 1 against 2S, the same ratio, which the accountant's z/2 covers.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def delta_norm(delta: dict) -> float:
 
 def clip_upload(upload: dict, reference: dict, clip: float) -> dict:
     """A client's upload as DP-FedAvg sends it: {"delta": (upload - reference) scaled to L2 norm <= ``clip``,
-    "unclipped": 1.0 if its norm was <= ``clip`` else 0.0}. ``reference``: the model entries the client downloaded."""
+    "unclipped": +1/2 if its norm was <= ``clip`` else -1/2 (the centred count)}. ``reference``: the model entries
+    the client downloaded."""
     missing = [k for k in upload if k not in reference or not isinstance(upload[k], torch.Tensor)]
     if missing:
         raise RuntimeError(f"privacy.enabled: the upload's entries {missing[:3]} are not entries of the downloaded "
@@ -58,7 +62,7 @@ def clip_upload(upload: dict, reference: dict, clip: float) -> dict:
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
     if scale < 1.0:
         delta = {k: (v * scale if v.is_floating_point() else v) for k, v in delta.items()}
-    return {DELTA_KEY: delta, COUNT_KEY: torch.tensor(1.0 if norm <= clip else 0.0, dtype=torch.float32)}
+    return {DELTA_KEY: delta, COUNT_KEY: torch.tensor(0.5 if norm <= clip else -0.5, dtype=torch.float32)}
 
 
 def denominator(cfg: Any) -> float:
@@ -131,7 +135,7 @@ class CentralDP:
                 view.add_(torch.randn(view.shape, generator=gen, dtype=torch.float64), alpha=self.sigma * used)
         mean = unflatten(layout, flat / self.denominator)[DELTA_KEY]
         model = {k: reference[k] + mean[k].to(reference[k].dtype) for k in mean}
-        share = count / self.denominator
+        share = count / self.denominator + 0.5  # the centred count's estimate of the unclipped share
         metrics = {"privacy/clip": used, "privacy/unclipped": share}
         if self.cfg.privacy.adaptive_clip:
             p = self.cfg.privacy

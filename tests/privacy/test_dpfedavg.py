@@ -21,10 +21,10 @@ def test_a_known_delta_is_clipped_to_the_norm():
     assert torch.allclose(out["delta"]["w"], torch.tensor([0.6, 0.0])) and torch.allclose(out["delta"]["b"],
                                                                                          torch.tensor([0.8]))
     assert int(out["delta"]["n"]) == 2  # an integer buffer's delta is not scaled (nor counted in the norm)
-    assert float(out["unclipped"]) == 0.0
+    assert float(out["unclipped"]) == -0.5  # the centred count: b_i - 1/2
     assert delta_norm(out["delta"]) == pytest.approx(1.0)
     kept = clip_upload(upload, reference, 5.0)  # at the bound: left as it is, and counted unclipped
-    assert torch.equal(kept["delta"]["w"], torch.tensor([3.0, 0.0])) and float(kept["unclipped"]) == 1.0
+    assert torch.equal(kept["delta"]["w"], torch.tensor([3.0, 0.0])) and float(kept["unclipped"]) == 0.5
 
 
 def _dp(tmp_path, **extra) -> CentralDP:
@@ -49,9 +49,10 @@ def test_the_mean_has_a_fixed_denominator(tmp_path):
     ups = [clip_upload({"w": torch.tensor([2.0, 2.0])}, reference, dp.clip),
            clip_upload({"w": torch.tensor([4.0, 6.0])}, reference, dp.clip)]
     model, metrics = dp.release(_sum(ups), reference, rnd=1)
-    # (1 + 3, 0 + 4) / 4 expected clients, not / 2 reporting ones
+    # (1 + 3, 0 + 4) / 4 expected clients, not / 2 reporting ones; the unclipped share, TF Privacy's centred
+    # estimate over the same 4: (1/2 + 1/2) / 4 + 1/2 (the two missing clients count as half unclipped)
     assert torch.allclose(model["w"], torch.tensor([1.0 + 1.0, 2.0 + 1.0]))
-    assert metrics["privacy/clip"] == 10.0 and metrics["privacy/unclipped"] == pytest.approx(2 / 4)
+    assert metrics["privacy/clip"] == 10.0 and metrics["privacy/unclipped"] == pytest.approx(0.75)
 
 
 def test_noise_is_seeded_from_seed_and_round(tmp_path):
