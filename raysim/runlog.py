@@ -7,12 +7,14 @@ grouped tags (``acc/mean``, ``comm/bytes_up`` ...) so related curves share a pan
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from raysim.fsutil import atomic_write_text
 
@@ -93,6 +95,19 @@ def client_row(round: int, counts: dict[int, tuple[int, int]]) -> dict:
 
 def warn_stderr(message: str) -> None:
     print(f"raysim: warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """Logger ``name`` at ERROR only while the block runs (a library's chatter kept off the run's stderr), then at
+    its own level again."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def quiet_tensorboard_threads() -> None:

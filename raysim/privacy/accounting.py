@@ -14,25 +14,18 @@ One round is one subsampled Gaussian mechanism of noise multiplier z (σ_Δ and 
 from __future__ import annotations
 
 import contextlib
-import logging
-from typing import Any, Iterator
+from typing import Any
 
 from raysim.errors import UserError
+from raysim.runlog import quiet_logger
 from raysim.privacy.config import MAX_NOISE, clients_per_round
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def _quiet() -> contextlib.AbstractContextManager:
     """dp-accounting's RDP warns through absl's logger for every fractional order whose series does not converge at
     a large sampling rate, and leaves that order out (a looser, still valid bound): one such line per order, per
     call, would flood a run's stderr."""
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return quiet_logger("absl")
 
 
 def delta_of(cfg: Any) -> float:

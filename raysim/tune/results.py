@@ -9,12 +9,13 @@ import dataclasses
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import yaml
 
 from raysim.config import load_config, to_yaml
 from raysim.fsutil import atomic_write_text
+from raysim.runlog import quiet_logger
 from raysim.tables import markdown_table, metric_cell, short_value
 from raysim.tboard import write_hparams
 from raysim.tune.spec import SweepSpec
@@ -118,17 +119,8 @@ def _tune_trials(tune_dir: Path) -> list[dict]:
     return [{"trial_id": t.trial_id, "status": t.status, "config": dict(t.config)} for t in analysis.trials]
 
 
-@contextlib.contextmanager
-def _quiet_tune_logs() -> Iterator[None]:
-    import logging
-
-    log = logging.getLogger("ray.tune")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
+def _quiet_tune_logs() -> contextlib.AbstractContextManager:
+    return quiet_logger("ray.tune")
 
 
 def _total_rounds(run_dir: Path) -> Optional[int]:
