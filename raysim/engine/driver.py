@@ -189,8 +189,6 @@ class Driver:
             self.clock.check_deadline(self.data.num_train, nbytes(initial.state_dict()))
         # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
         self.cohort_size, self.vectorize_why = run_cohort_size(cfg, self.algorithm, initial)
-        if cfg.privacy.dpsgd:  # per-sample clipping: one client at a time (docs/reference.md, Differential privacy)
-            self.cohort_size, self.vectorize_why = 1, "privacy.dpsgd takes per-sample gradients one client at a time"
         if resume:
             ckpt = read_checkpoint(self.run_dir)
             self.round = self._checkpointed = int(ckpt["round"])

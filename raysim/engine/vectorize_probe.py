@@ -67,6 +67,8 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
     setting = vectorize_setting(cfg)
     if setting == "off":
         return 1, "engine.vectorize=off"
+    if cfg.privacy.dpsgd:  # per-sample clipping (an explicit N is refused with the config)
+        return 1, "privacy.dpsgd takes per-sample gradients one client at a time"
     refusal = algorithm.cohort_refusal()
     if refusal is not None:
         return 1, refusal
