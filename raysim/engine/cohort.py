@@ -46,7 +46,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from raysim.algorithms.base import live_state
-from raysim.algorithms.training import Trainee, batch_bounds, make_optimizer, run_phases
+from raysim.algorithms.training import LocalOptimizer, Trainee, batch_bounds, make_optimizer, run_phases
 from raysim.engine.exact_kernels import OneClientOrder
 from raysim.engine.jobs import JobCore, StartedJob, TrainJob, TrainResult
 from raysim.models import model_key
@@ -260,7 +260,7 @@ class _CohortRun(Trainee):
         run_phases(_phase_spec(self.started[0]), self)
         return self._finish(self.loss_sum, self.part_sums, self.seen, self.stopped, self.epochs_done)
 
-    def begin_phase(self, names: tuple, lr: Optional[float]) -> torch.optim.Optimizer:
+    def begin_phase(self, names: tuple, lr: Optional[float]) -> LocalOptimizer:
         for n, p in self.params.items():
             p.requires_grad_(n in names)
         self.trained = [self.params[n] for n in names]
@@ -299,7 +299,7 @@ class _CohortRun(Trainee):
         self.sitting_out = [c for c in range(k) if c not in active]
         return total
 
-    def apply(self, opt: torch.optim.Optimizer, step: int) -> None:
+    def apply(self, opt: LocalOptimizer, step: int) -> None:
         """One optimiser step on the stack, after the backward pass; clients sitting this step out get their
         parameters and optimiser state back as they were (unless the optimiser leaves a row with a zero gradient
         as it is: plain SGD)."""
@@ -334,7 +334,7 @@ class _CohortRun(Trainee):
                 rows[c, :self.sizes[c]] = torch.randperm(self.sizes[c], generator=s.gen) + self.offsets[c]
         return rows.to(self.device)
 
-    def _stacked_state(self, opt: torch.optim.Optimizer, trained: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _stacked_state(self, opt: LocalOptimizer, trained: list[torch.Tensor]) -> list[torch.Tensor]:
         """The trained stacks and every per-client tensor of the optimiser's state (momentum, Adam's moments)."""
         out = [p.data for p in trained]
         for p in trained:

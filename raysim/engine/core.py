@@ -24,7 +24,7 @@ from torch import nn
 
 from raysim.algorithms.aggregation import sum_results
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
-from raysim.algorithms.training import Trainee, epoch_batches, make_optimizer, run_phases
+from raysim.algorithms.training import LocalOptimizer, Trainee, epoch_batches, make_optimizer, run_phases
 from raysim.engine import vectorize_probe
 from raysim.engine.cohort import train_cohort
 from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
@@ -302,7 +302,7 @@ class _OneClient(Trainee):
             self.dp_gen = torch.Generator().manual_seed(job_seed(core.cfg.seed, job.client_id, job.round, DPSGD_STREAM,
                                                                  *job.stream))
 
-    def begin_phase(self, params: list, lr: Optional[float]) -> torch.optim.Optimizer:
+    def begin_phase(self, params: list, lr: Optional[float]) -> LocalOptimizer:
         active = {id(p) for p in params}
         for p in self.all_params:
             p.requires_grad_(id(p) in active)
@@ -342,7 +342,7 @@ class _OneClient(Trainee):
         self.dp_steps += 1
         return sum((w * g).sum() for w, g in zip(self.params, noisy))
 
-    def apply(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+    def apply(self, optimizer: LocalOptimizer, step: Any) -> None:
         if self.alg.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.alg.clip_grad_norm)
         optimizer.step()

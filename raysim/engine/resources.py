@@ -21,8 +21,8 @@ from raysim.errors import UserError
 
 
 # Ray prestarts idle worker processes; importing torch and raysim there while Ray and the driver start up takes
-# ~3 s off the first round of every local run. torch._dynamo (which torch.optim pulls in, ~1.6 s) is left to the
-# ClientWorker's constructor: the driver's process never needs it.
+# ~3 s off the first round of every local run. Local training never imports torch._dynamo (which
+# torch.optim.Optimizer pulls in, 1.2-2.3 s a process): raysim.algorithms.training.LocalOptimizer.
 LOCAL_SYSTEM_CONFIG = {"preload_python_modules": ["torch", "raysim.engine.worker"]}
 
 

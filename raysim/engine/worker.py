@@ -73,8 +73,6 @@ class ClientWorker:
     here: Ray reports an exception in an actor's constructor without its message)."""
 
     def __init__(self, cfg: ExperimentConfig):
-        import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.6 s): paid before attach()
-        # reports this worker ready, so no job of round 1 waits on it
         # a worker's share of the cores, so workers don't fight over them
         torch.set_num_threads(threads_for(cfg.engine.cpus_per_worker))
         try:
