@@ -58,7 +58,7 @@ def reference(cfg: Any) -> dict[str, Any]:
     """FedAvg as a plain serial loop on one core: what raysim computes, with no engine around it."""
     from raysim.algorithms.base import ClientUpdate
     from raysim.data import build_federated_data
-    from raysim.engine.driver import sample_clients
+    from raysim.engine.sampling import sample_clients
     from raysim.engine.core import job_seed
     from raysim.algorithms.training import batch_bounds
     from raysim.algorithms.aggregation import sum_in_groups

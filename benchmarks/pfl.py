@@ -91,7 +91,7 @@ def write_bundle(name: str, s: dict[str, int], extra: list[str]) -> Path:
 
     from raysim.config import load_config
     from raysim.engine.core import job_seed
-    from raysim.engine.driver import sample_clients
+    from raysim.engine.sampling import sample_clients
     from raysim.algorithms.training import batch_bounds
     from raysim.models import build_model
     from raysim.registry import get_algorithm

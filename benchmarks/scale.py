@@ -73,7 +73,7 @@ def round_samples(cfg: Any) -> list[int]:
     """Training samples of each round's sampled clients (on-demand data: sizes are known without making samples),
     so that a difference in round time between sizes can be told apart from a difference in work."""
     from raysim.data import build_federated_data
-    from raysim.engine.driver import sample_clients
+    from raysim.engine.sampling import sample_clients
 
     data = build_federated_data(cfg)
     return [sum(data.num_train(c) for c in sample_clients(cfg.seed, r, cfg.clients.num, cfg.clients.fraction))

@@ -86,7 +86,7 @@ def clock_work(rounds: int = 200) -> dict:
 
     from raysim.config import load_config
     from raysim.data import build_federated_data
-    from raysim.engine.driver import draw_clients
+    from raysim.engine.sampling import draw_clients
     from raysim.system.clock import RoundClock
 
     cfg = load_config(str(CONFIG), ["clients.fraction=0.1"])

@@ -1,4 +1,5 @@
-"""Writing a file so that a reader (or a kill) sees the old file or the new one, never half of one.
+"""Writing a file so that a reader (or a kill) sees the old file or the new one, never half of one; and the one
+line a failed write to a run directory stops a run with (:func:`run_dir_write`).
 
 Each caller says whether the new file must also survive a power cut (``fsync=True``: run state and results a
 resumed run or sweep depends on) or only a killed process (``fsync=False``: caches, which are rebuilt when lost).
@@ -9,8 +10,36 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import IO, Iterator
+
+from raysim.errors import RunStopped
+
+
+class WriteFailed(RunStopped):
+    """Writing the run directory failed (a full disk): the run stops; the checkpoint on disk is whole."""
+
+
+@contextlib.contextmanager
+def run_dir_write(run_dir: Path, what: str, checkpointed: int) -> Iterator[None]:
+    """A failed write to the run directory (a full disk, a quota, a lost mount) stops the run in one line,
+    :class:`WriteFailed`, naming the round whose checkpoint is on disk.
+
+    The checkpoint is replaced atomically and metrics beyond it are trimmed on resume, so nothing is lost."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+        if isinstance(exc, OSError):
+            reason = exc.strerror or str(exc)
+        else:
+            free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
+            reason = (f"No space left on device ({free} bytes free)" if free < 16 * 1024 * 1024
+                      else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raise WriteFailed(f"cannot write {what} in {run_dir}: {reason}; the run stopped with round "
+                          f"{checkpointed} checkpointed (free some space, then resume)") from None
 
 
 @contextlib.contextmanager

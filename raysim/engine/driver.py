@@ -10,7 +10,6 @@ worker actors (``engine.backend=ray``) or in the same process (``inline``): see 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import sys
 import threading
 import time
@@ -29,12 +28,15 @@ from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, ProbeCall, ServerCall, ServerTrainJob,
                                 TrainJob, TrainResult)
 from raysim.engine.plan import clients_per_call, cohort_size, group_size, plan_round
+from raysim.engine.sampling import draw_clients, eval_cohort, sample_clients
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
                                  read_checkpoint)
 from raysim.errors import OutOfMemory, RunStopped
+from raysim.fsutil import WriteFailed, run_dir_write
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
+from raysim.privacy.rounds import RoundPrivacy
 from raysim.robust.step import RobustStep
 from raysim.runlog import RunLog
 from raysim.system.clock import RoundClock, Settlement
@@ -42,91 +44,6 @@ from raysim.trees import detached_cpu, nbytes
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
-
-
-class WriteFailed(RunStopped):
-    """Writing the run directory failed (a full disk): the run stops; the checkpoint on disk is whole."""
-
-
-def sample_clients(seed: int, round: int, num: int, fraction: float) -> list[int]:
-    """The round's clients, a pure function of (seed, round): resuming needs no saved RNG state.
-
-    numpy's ``Generator.choice(num, m, replace=False)`` draws by Floyd's algorithm (memory in ``m``) unless
-    ``num > 10_000`` and ``m > num // 50``, where it shuffles the tail of ``arange(num)`` (8 bytes a client of the
-    population). The draw is the same as ever; the whole population (``m == num``) needs no draw, since its sorted
-    sample is every client; the sort is numpy's, not Python's over a list of ints."""
-    return draw_clients(seed, round, num, cohort_size(num, fraction))
-
-
-def draw_clients(seed: int, round: int, num: int, m: int) -> list[int]:
-    """``m`` of ``num`` clients, sorted, a pure function of (seed, round): :func:`sample_clients`'s draw for a
-    given count (a round with over-selection, ``system.over_selection``, draws more)."""
-    if m >= num:
-        return list(range(num))
-    rng = np.random.default_rng([seed, round, 104729])
-    return np.sort(rng.choice(num, size=m, replace=False)).tolist()
-
-
-COHORT_BYTES_PER_CLIENT = 1024  # a floor for the driver's bookkeeping per sampled or evaluated client (its job,
-# result and state entries; ~0.3 KiB for the job and state entries alone, measured), uploads not counted
-
-
-def _available_memory() -> Optional[int]:
-    """Bytes of memory available to start new work (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def check_cohort_fits(cfg: ExperimentConfig, available: Optional[int] = None) -> None:
-    """Refuse, before anything starts, a round whose cohort cannot fit in memory: the driver holds a job, a result
-    and state entries per sampled client (and per evaluated client), and sampling more than 1/50 of a population
-    past 10,000 clients takes 8 bytes per client of the population (see :func:`sample_clients`)."""
-    from raysim.errors import UserError
-
-    num, m = cfg.clients.num, cohort_size(cfg.clients.num, cfg.clients.fraction)
-    evaluated = eval_cohort_size(num, cfg.eval.clients)
-    need = (m + evaluated) * COHORT_BYTES_PER_CLIENT + (8 * num if num > 10_000 and num // 50 < m < num else 0)
-    available = _available_memory() if available is None else available
-    if available is None or need <= available:
-        return
-    gib = 1024 ** 3
-    fits = max(1, available // (2 * COHORT_BYTES_PER_CLIENT))
-    raise UserError(f"config key 'clients.fraction': clients.num={num} x clients.fraction={cfg.clients.fraction:g} "
-                    f"samples {m} clients a round{f' and eval.clients evaluates {evaluated}' if evaluated else ''}: "
-                    f"the driver needs at least {need / gib:.1f} GiB for that cohort, more than the "
-                    f"{available / gib:.1f} GiB of memory available; sample at most about {fits} clients a round "
-                    f"(clients.fraction={fits / num:.2g})")
-
-
-AUTO_EVAL_ALL_MAX = 10_000  # eval.clients=auto evaluates every client of a federation up to this size,
-AUTO_EVAL_COHORT = 1_000  # and a fixed seeded cohort of this many clients in a larger one
-
-
-def eval_cohort_size(num: int, setting: str) -> int:
-    """How many fixed clients ``eval.clients`` evaluates (0: the round's sampled clients)."""
-    if setting == "sampled":
-        return 0
-    if setting == "auto":
-        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_COHORT)
-    return num if setting == "all" else min(int(setting), num)
-
-
-def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
-    """The fixed clients that ``eval.clients`` evaluates (None: the round's sampled clients), drawn once from the
-    seed, so that the driver's evaluation bookkeeping grows with the cohort, not with ``clients.num``."""
-    if setting == "sampled":
-        return None
-    size = eval_cohort_size(num, setting)
-    if size == num:
-        return list(range(num))
-    rng = np.random.default_rng([seed, 15485863])
-    return sorted(int(c) for c in rng.choice(num, size=size, replace=False))
 
 
 def _update(result: TrainResult, summed: bool) -> ClientUpdate:
@@ -159,7 +76,7 @@ class Driver:
         self._config_record = to_flat_dict(cfg)  # what every checkpoint records it was made with (resume checks it)
         self.run_dir = Path(run_dir)
         self.algorithm = get_algorithm(cfg.algorithm.name)(cfg)
-        self._setup_privacy(cfg)  # before any worker starts: an unreachable target ε is one line at once
+        self.privacy = RoundPrivacy(cfg)  # before any worker starts: an unreachable target ε is one line at once
         # system.enabled: the simulated clock (its files are read here, before any work starts)
         self.clock = RoundClock(cfg, cohort_size(cfg.clients.num, cfg.clients.fraction)) \
             if cfg.system.enabled else None
@@ -199,10 +116,7 @@ class Driver:
             self.totals.update(ckpt["totals"])
             self.states.load(checkpoint_dir(self.run_dir), ckpt["client_files"], checksums(ckpt, "clients"))
             self.history.load(checkpoint_dir(self.run_dir), ckpt.get("history", {}), checksums(ckpt, "history"))
-            if self.privacy is not None:
-                self.privacy.load(ckpt.get("privacy"))  # the adaptive clip norm
-            self._dp_steps = {int(c): int(n) for c, n in ckpt.get("dpsgd_steps", {}).items()}
-            self._dp_epsilon = {int(c): float(e) for c, e in ckpt.get("dpsgd_epsilon", {}).items()}
+            self.privacy.load(ckpt)  # the adaptive clip norm, DP-SGD's steps and ε per client
         with self._writing("metrics.jsonl"):
             self.log = RunLog(self.run_dir, tensorboard=cfg.log.tensorboard, per_client_max=cfg.log.per_client_max,
                               resume_round=self.round if resume else 0)
@@ -211,68 +125,6 @@ class Driver:
 
             with self._writing("TensorBoard's events"):
                 write_run_header(self.run_dir, cfg, self.algorithm.tensorboard_charts)
-
-    def _setup_privacy(self, cfg: ExperimentConfig) -> None:
-        """privacy.enabled: DP-FedAvg's server side and its accountant, the noise multiplier given or calibrated
-        from privacy.target_epsilon (``raysim.privacy``)."""
-        self.privacy: Any = None
-        self.accountant: Any = None
-        self._reference: dict = {}  # the model entries the round's clients downloaded (their deltas' origin)
-        self._budget_warned = False
-        self._privacy_metrics: dict = {}
-        self._dp_steps: dict[int, int] = {}  # privacy.dpsgd: each client's DP-SGD steps so far (checkpointed)
-        self._dp_epsilon: dict[int, float] = {}  # and its sample-level ε after them
-        if not cfg.privacy.enabled:
-            return
-        from raysim.privacy.accounting import RoundAccountant, calibrate
-        from raysim.privacy.central import CentralDP
-
-        z = cfg.privacy.noise_multiplier if cfg.privacy.noise_multiplier is not None else calibrate(cfg)
-        self.privacy = CentralDP(cfg, z)
-        self.accountant = RoundAccountant(cfg, z)
-
-    def _dpsgd_metrics(self, finished: list[TrainResult]) -> dict[str, float]:
-        """privacy.dpsgd: each trained client's sample-level ε after all its DP-SGD steps so far (Opacus's RDP
-        accountant, rate batch / its samples, δ privacy.dpsgd_delta or 1 / its samples); the largest and the mean
-        over the clients that have trained."""
-        from raysim.privacy.dpsgd import client_epsilon
-
-        p, batch = self.cfg.privacy, self.cfg.train.batch_size
-        for r in finished:
-            if r.dp_steps:
-                self._dp_steps[r.client_id] = self._dp_steps.get(r.client_id, 0) + r.dp_steps
-                n = max(r.num_samples, 1)
-                delta = p.dpsgd_delta if p.dpsgd_delta is not None else 1.0 / max(n, 2)
-                self._dp_epsilon[r.client_id] = client_epsilon(p.dpsgd_noise, batch / n,
-                                                               self._dp_steps[r.client_id], delta)
-        values = list(self._dp_epsilon.values())
-        return {"dpsgd/epsilon_max": max(values), "dpsgd/epsilon_mean": float(np.mean(values))} if values else {}
-
-    def _weighting(self) -> str:
-        """The weights of the round's sum: DP-FedAvg's uniform ones, else the algorithm's."""
-        return "uniform" if self.privacy is not None else self.algorithm.weighting
-
-    def _budget_spent(self, rnd: int) -> bool:
-        """privacy.target_epsilon: whether round ``rnd`` would spend more than the budget and the run stops before
-        it (privacy.on_budget=stop; warn: one warning line, and the round runs)."""
-        target = self.cfg.privacy.target_epsilon
-        if self.accountant is None or target is None:
-            return False
-        eps = self.accountant.after(rnd)
-        if eps <= target * (1 + 1e-9):
-            return False
-        from raysim.runlog import warn_stderr
-
-        what = (f"privacy budget: round {rnd} would bring ε to {eps:.4g} at δ={self.accountant.delta:.3g}, over "
-                f"privacy.target_epsilon={target:g}")
-        if self.cfg.privacy.on_budget == "stop":
-            warn_stderr(f"{what}; the run stops after round {rnd - 1} (privacy.on_budget=stop)")
-            self._stop.set()
-            return True
-        if not self._budget_warned:
-            warn_stderr(f"{what}; the run goes on (privacy.on_budget=warn)")
-            self._budget_warned = True
-        return False
 
     # ------------------------------------------------------------------ control (callable while run() streams)
     def start(self) -> int:
@@ -314,7 +166,8 @@ class Driver:
         self.start()  # a no-op once the runner has called it
         try:
             while self.round < self.cfg.rounds and not self._stop.is_set():
-                if self._budget_spent(self.round + 1):
+                if self.privacy.budget_spent(self.round + 1):
+                    self._stop.set()
                     break
                 yield self.run_round(self.round + 1)
             if self.round > self._checkpointed:  # stopped early (Ctrl-C, SIGTERM) between log.checkpoint_every
@@ -340,24 +193,9 @@ class Driver:
             finally:
                 self.executor.shutdown()
 
-    @contextlib.contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
-        """A failed write to the run directory (a full disk, a quota, a lost mount) stops the run in one line.
-
-        The checkpoint is replaced atomically and metrics beyond it are trimmed on resume, so nothing is lost."""
-        try:
-            yield
-        except WriteFailed:
-            raise
-        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
-            if isinstance(exc, OSError):
-                reason = exc.strerror or str(exc)
-            else:
-                free = shutil.disk_usage(self.run_dir).free if self.run_dir.is_dir() else 0
-                reason = (f"No space left on device ({free} bytes free)" if free < 16 * 1024 * 1024
-                          else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            raise WriteFailed(f"cannot write {what} in {self.run_dir}: {reason}; the run stopped with round "
-                              f"{self._checkpointed} checkpointed (free some space, then resume)") from None
+    def _writing(self, what: str) -> contextlib.AbstractContextManager:
+        """A failed write to the run directory stops the run in one line (:func:`raysim.fsutil.run_dir_write`)."""
+        return run_dir_write(self.run_dir, what, self._checkpointed)
 
     def run_round(self, rnd: int) -> dict:
         """One round, as named steps."""
@@ -373,10 +211,7 @@ class Driver:
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
-        if self.accountant is not None:
-            metrics.update(self._privacy_metrics, epsilon=self.accountant.after(rnd))
-        if self.cfg.privacy.dpsgd:
-            metrics.update(self._dpsgd_metrics(finished))
+        metrics.update(self.privacy.round_metrics(rnd, finished))
         if settled is not None:
             metrics.update(self._advance_clock(settled, dropouts))
         client_counts = self._evaluate_round(rnd, sampled, metrics)
@@ -391,10 +226,9 @@ class Driver:
         """(the round's clients to train, the clients that started and dropped out): ``sample_clients``, or with
         ``system.enabled`` those of the available clients that the clock starts (``raysim.system.clock``)."""
         if self.clock is None:
-            if self.privacy is not None and self.cfg.privacy.sampling == "poisson":
-                from raysim.privacy.central import poisson_clients
-
-                return poisson_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
+            poisson = self.privacy.sample(rnd)
+            if poisson is not None:
+                return poisson, []
             return sample_clients(self.cfg.seed, rnd, self.cfg.clients.num, self.cfg.clients.fraction), []
         return self.clock.sample(rnd, self.totals["sim_time_s"], draw_clients)
 
@@ -426,7 +260,7 @@ class Driver:
         own, own_bytes = self._own_payloads(clients, rnd)
         if rnd > 0:  # each trained client's bytes down, for the simulated clock
             self._download_bytes = (nbytes(shared), own_bytes)
-            self._reference = shared.get("model") or {}  # DP-FedAvg: what the round's deltas are taken from
+            self.privacy.downloaded(shared.get("model") or {})  # DP-FedAvg: what the round's deltas are taken from
         return self.executor.put(shared), own, int(nbytes(shared) * len(clients) + sum(own_bytes.values()))
 
     def _shared_payload(self, rnd: int) -> dict:
@@ -457,7 +291,7 @@ class Driver:
         (``system.late=partial``)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
         budgets = budgets or {}
-        clip = self.privacy.clip if self.privacy is not None else None
+        clip = self.privacy.clip
         jobs = [TrainJob(client_id=c, round=rnd, payload_ref=shared_ref, own_payload_ref=own.get(c),
                          max_samples=budgets.get(c), clip=clip) for c in sampled]
         group = self._sum_group(sampled)
@@ -482,7 +316,8 @@ class Driver:
         for rnd in sorted({j.round for j in jobs}):
             members = [i for i, j in enumerate(jobs) if j.round == rnd]
             calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
-                                cohort=self.cohort_size, per_call=per_call, weighting=self._weighting())
+                                cohort=self.cohort_size, per_call=per_call,
+                                weighting=self.privacy.weighting(self.algorithm.weighting))
         done: dict[int, Any] = {}
         sums: list[UploadSum] = []
         for result, state_refs in self.executor.run(calls):
@@ -527,7 +362,7 @@ class Driver:
         summed aggregation, ``server_aggregate`` gets the round's mean from the one sum: the groups' sums added in
         group order, whether the workers took them or the driver does here from per-client uploads, in the same
         groups (``raysim.algorithms.aggregation``)."""
-        if self.privacy is not None:
+        if self.privacy.central is not None:
             self._private_step(updates, rnd, sampled, sums)
             return
         if not updates:
@@ -548,8 +383,7 @@ class Driver:
         fixed denominator, added to the download: the round's mean for the algorithm's ``server_aggregate``."""
         total = (combine(sums) if sums is not None else
                  sum_in_groups(updates, sampled, group_size(self.cfg.engine.sum_group, len(sampled)), "uniform"))
-        model, self._privacy_metrics = self.privacy.release(total, self._reference, rnd)
-        self._privacy_metrics["privacy/noise_multiplier"] = self.privacy.z
+        model = self.privacy.release(total, rnd)
         if updates:
             self._server_step(RoundUpdates(updates, lambda: model), rnd)
         else:  # nobody reported: the noise still moves the model
@@ -653,9 +487,7 @@ class Driver:
         self.states.save(checkpoint_dir(self.run_dir), self.round,
                          {"server_state": self.server_state, "totals": dict(self.totals), "history": history,
                           "vectorize": self.cohort_size, "config": self._config_record,
-                          **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
-                          **({"dpsgd_steps": dict(self._dp_steps), "dpsgd_epsilon": dict(self._dp_epsilon)}
-                             if self.cfg.privacy.dpsgd else {}),
+                          **self.privacy.state(),
                           **self._checkpoint_extra()},
                          checksums=self.history.checksums)
         self.history.prune(checkpoint_dir(self.run_dir))

@@ -168,7 +168,7 @@ def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
 
     ``handle_signals``: the first Ctrl-C or SIGTERM finishes the round, checkpoints it and ends the run (stopped
     early); see ``raysim.interrupts`` for the bound after SIGTERM."""
-    from raysim.engine.driver import check_cohort_fits
+    from raysim.engine.sampling import check_cohort_fits
 
     with interrupts.handled() if handle_signals else contextlib.nullcontext():
         check_cohort_fits(cfg)  # a cohort that cannot fit in memory: refused before anything starts

@@ -216,7 +216,7 @@ def _run(tmp_path: Path, name: str, **extra) -> list[dict]:
 
 
 def test_run_learns_and_counts_own_heads_per_client(tmp_path):
-    from raysim.engine.driver import sample_clients
+    from raysim.engine.sampling import sample_clients
 
     one = _run(tmp_path, "w1")
     assert all(math.isfinite(r["loss"]) for r in one)

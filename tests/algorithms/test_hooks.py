@@ -28,7 +28,7 @@ def test_every_hook_of_the_contract_in_process_and_on_two_ray_workers(ray_cluste
     assert [r["trained_rounds"] for r in one] == [1, 2, 3]  # server_train ran once a round, its state kept
     assert one[-1]["visits_sum"] == 2 * 3  # 2 of 4 clients a round: each client's visits counted by its own state
     assert len({r["noise"] for r in one}) == 3 and all(r["noise"] > 0 for r in one)
-    from raysim.engine.driver import sample_clients
+    from raysim.engine.sampling import sample_clients
 
     for r in one:
         sampled = sample_clients(0, r["round"], 4, 0.5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim.engine.driver import sample_clients
+from raysim.engine.sampling import sample_clients
 from raysim.engine.plan import round_half_up
 
 
@@ -58,7 +58,7 @@ def test_the_draw_is_the_same_as_ever(num, fraction):
 def test_a_cohort_that_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys):
     from raysim.cli import main
     from raysim.config import load_config
-    from raysim.engine.driver import check_cohort_fits
+    from raysim.engine.sampling import check_cohort_fits
     from raysim.errors import UserError
 
     cfg = load_config(None, ["clients.num=100000000", "data.name=synthetic"])

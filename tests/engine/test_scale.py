@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import tiny_overrides
 from raysim.config import load_config
-from raysim.engine.driver import eval_cohort
+from raysim.engine.sampling import eval_cohort
 from raysim.engine.runner import run_experiment
 
 

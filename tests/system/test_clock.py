@@ -12,7 +12,7 @@ from conftest import crash_after, read_rows, refused_config, strip_timing, tiny_
 import raysim
 from raysim.config import load_config
 from raysim.data import build_federated_data
-from raysim.engine.driver import draw_clients
+from raysim.engine.sampling import draw_clients
 from raysim.engine.runner import run_experiment
 from raysim.system.clock import samples_in_budget, settle
 
