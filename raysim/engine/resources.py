@@ -44,6 +44,13 @@ def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]
 def plugin_runtime_env(plugins: Sequence[str]) -> dict[str, Any]:
     """Ray's runtime environment that ships the ``plugins:`` modules (their top-level package, or the single
     ``.py`` file) to every worker process on every node, so a plugin need not be installed on the cluster."""
+    modules = _plugin_modules(plugins)
+    return {"py_modules": modules} if modules else {}
+
+
+def _plugin_modules(plugins: Sequence[str]) -> list[Any]:
+    """The top-level modules of the ``plugins:`` entries that live in files (namespace packages and built-ins
+    cannot be shipped, nor put on a path)."""
     import importlib
 
     modules = []
@@ -52,9 +59,40 @@ def plugin_runtime_env(plugins: Sequence[str]) -> dict[str, Any]:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise UserError(f"config key 'plugins': cannot import {name!r} ({exc})") from None
-        if getattr(module, "__file__", None):  # namespace packages and built-ins cannot be shipped
+        if getattr(module, "__file__", None):
             modules.append(module)
-    return {"py_modules": modules} if modules else {}
+    return modules
+
+
+@contextlib.contextmanager
+def plugins_on_path(plugins: Sequence[str]) -> Iterator[None]:
+    """While a private local Ray starts, the ``plugins:`` modules' import roots on ``PYTHONPATH``, which its raylet
+    and so every worker process inherits: they share this machine's disk, so nothing needs shipping.
+
+    Why not ``py_modules`` here as on a cluster: a job with a runtime environment cannot use the worker processes
+    that Ray prestarts (with torch preloaded, ``LOCAL_SYSTEM_CONFIG``), so every worker was started a second time
+    after them, and four processes imported torch at once on a run of two workers."""
+    import site
+
+    roots: list[str] = []
+    skip = {os.path.realpath(p) for p in site.getsitepackages()}
+    for module in _plugin_modules(plugins):
+        path = module.__file__
+        root = os.path.dirname(os.path.dirname(path)) if os.path.basename(path) == "__init__.py" \
+            else os.path.dirname(path)
+        root = os.path.realpath(root)
+        if root not in skip and root not in roots:
+            roots.append(root)
+    saved = os.environ.get("PYTHONPATH")
+    if roots:
+        os.environ["PYTHONPATH"] = os.pathsep.join(roots + ([saved] if saved else []))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 @contextlib.contextmanager
@@ -97,11 +135,12 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
 
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True,
                               "include_dashboard": bool(engine.dashboard)}
-    runtime_env = plugin_runtime_env(plugins)
-    if runtime_env:
-        kwargs["runtime_env"] = runtime_env
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     address, notice = choose_cluster(engine.address)
+    if address is not None:
+        runtime_env = plugin_runtime_env(plugins)
+        if runtime_env:
+            kwargs["runtime_env"] = runtime_env
     if engine.dashboard and address is None:
         missing = ray._private.utils.get_dashboard_dependency_error()
         if missing:
@@ -113,7 +152,8 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
     try:
         with interrupts.deferred(), _ray_keeps_our_handlers():  # SIGTERM while Ray starts: exit 143 once it is up
             if address is None:
-                init_local_ray(engine.state_memory_gb, **kwargs)
+                with plugins_on_path(plugins):
+                    init_local_ray(engine.state_memory_gb, **kwargs)
             else:  # a joined cluster keeps its own settings (object store size, system config)
                 ray.init(address=address, **kwargs)
             if kwargs["log_to_driver"]:
