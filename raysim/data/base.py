@@ -102,7 +102,7 @@ class FederatedData:
         return len(self.split(client_id).train)
 
     def num_test(self, client_id: int) -> int:
-        return len(self.clients[client_id].test)
+        return len(self.split(client_id).test)  # the server's split too (data.server_client_id)
 
     def tensors(self, client_id: int, part: str = "train") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(inputs float32, labels int64, sample indices into the domain) for one client's split."""

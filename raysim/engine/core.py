@@ -262,6 +262,8 @@ class ClientJobs:
             with torch.no_grad():
                 model, ctx = self.eval_model(cid, job.round, shared, own, state)
             x, y, _ = self.data.tensors(cid, "test")
+            if job.rows is not None:
+                x, y = x[job.rows[0]:job.rows[1]], y[job.rows[0]:job.rows[1]]
             correct = int((self.predict(model, ctx, x) == y).sum())
             out.append(ClientAccuracy(cid, correct, len(y)))
         return out

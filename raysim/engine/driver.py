@@ -25,9 +25,9 @@ from raysim.algorithms.central import reserved_jobs
 from raysim.config import to_flat_dict
 from raysim.data import build_federated_data
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
-from raysim.engine.jobs import (CallResult, CentralCall, EvalCall, EvalJob, ProbeCall, ServerCall, ServerTrainJob,
-                                TrainJob, TrainResult)
-from raysim.engine.plan import clients_per_call, cohort_size, group_size, plan_round
+from raysim.engine.jobs import CallResult, CentralCall, ProbeCall, ServerCall, ServerTrainJob, TrainJob, TrainResult
+from raysim.engine.plan import (clients_per_call, cohort_size, group_size, plan_evaluation, plan_round,
+                                plan_server_test)
 from raysim.engine.sampling import draw_clients, eval_cohort, sample_clients
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
@@ -35,8 +35,8 @@ from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoin
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.fsutil import WriteFailed, run_dir_write
 from raysim.models import build_model
-from raysim.registry import get_algorithm, import_plugins
 from raysim.privacy.rounds import RoundPrivacy
+from raysim.registry import get_algorithm, import_plugins
 from raysim.robust.step import RobustStep
 from raysim.runlog import RunLog
 from raysim.system.clock import RoundClock, Settlement
@@ -463,11 +463,9 @@ class Driver:
         """Personalised (correct, total) test counts per client, and the pooled accuracy over all their samples."""
         clients = [c for c in clients if self.data.num_test(c) > 0]
         shared_ref, own, _ = self._downloads(clients, -1)
-        n_chunks = max(1, min(len(clients), self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker))
-        chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]
-        jobs = [EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
-                        own_payload_refs=[own.get(c) for c in chunk] if own else None) for chunk in chunks]
-        done = self.executor.run([EvalCall(job, [self.states.get(c) for c in job.client_ids]) for job in jobs])
+        calls = plan_evaluation(clients, rnd, shared_ref, own, self.states.get,
+                                self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker)
+        done = self.executor.run(calls)
         rows = [row for chunk_rows in done for row in chunk_rows]
         counts = {r.client_id: (r.correct, r.total) for r in rows}
         total = sum(r.total for r in rows)
@@ -476,11 +474,15 @@ class Driver:
 
     def _evaluate_server_test(self, rnd: int) -> Optional[float]:
         """Accuracy on the official test split of the model a client without personal state would use after this
-        round (the global model): one evaluation job for the pseudo-client ``data.server_client_id``."""
-        work = EvalJob(client_ids=[self.data.server_client_id], round=rnd,
-                       payload_ref=self.executor.put(self.algorithm.eval_payload(self.server_state)))
-        row = self.executor.run([EvalCall(work, [None])])[0][0]
-        return row.correct / row.total if row.total else None
+        round (the global model), for the pseudo-client ``data.server_client_id``: its rows shared out among the
+        workers in whole blocks of ``eval.chunk``, the block each prediction is computed in whatever the split."""
+        sid = self.data.server_client_id
+        payload = self.executor.put(self.algorithm.eval_payload(self.server_state))
+        calls = plan_server_test(sid, self.data.num_test(sid), self.cfg.eval.chunk, self.cfg.engine.num_workers, rnd,
+                                 payload)
+        rows = [done[0] for done in self.executor.run(calls)]
+        total = sum(r.total for r in rows)
+        return sum(r.correct for r in rows) / total if total else None
 
     def checkpoint(self) -> None:
         history = self.history.save(checkpoint_dir(self.run_dir))  # new entries' files, before server.pt names them

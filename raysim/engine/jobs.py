@@ -81,6 +81,7 @@ class EvalJob:
     round: int
     payload_ref: Any  # the shared evaluation payload
     own_payload_refs: Optional[list[Any]] = None  # per client, when the algorithm sends per-client payloads
+    rows: Optional[tuple[int, int]] = None  # [start, end) of one client's test rows: the server's split, shared out
 
 
 @dataclass

@@ -17,10 +17,12 @@ whole groups, and the driver adds the groups in group order).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 from raysim.algorithms.aggregation import fixed_groups
-from raysim.engine.jobs import TrainCall, TrainJob
+from raysim.engine.jobs import EvalCall, EvalJob, TrainCall, TrainJob
 
 AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
 TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much measured client time
@@ -88,3 +90,25 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
                                stacked=stacked, groups=tuple(len(u) for u in packed) if sum_group > 0 else (),
                                weighting=weighting))
     return calls
+
+
+def plan_evaluation(clients: Sequence[int], rnd: int, shared_ref: Any, own: dict[int, Any],
+                    state_of: Callable[[int], Any], slots: int) -> list[EvalCall]:
+    """The evaluation of ``clients`` as calls: consecutive chunks, one per worker slot at most (each client's
+    accuracy is its own, so the cut changes no number)."""
+    n_chunks = max(1, min(len(clients), slots))
+    chunks = [list(map(int, c)) for c in np.array_split(np.array(clients, dtype=np.int64), n_chunks) if len(c)]
+    jobs = [EvalJob(client_ids=chunk, round=rnd, payload_ref=shared_ref,
+                    own_payload_refs=[own.get(c) for c in chunk] if own else None) for chunk in chunks]
+    return [EvalCall(job, [state_of(c) for c in job.client_ids]) for job in jobs]
+
+
+def plan_server_test(client_id: int, rows: int, chunk: int, workers: int, rnd: int, payload: Any) -> list[EvalCall]:
+    """The server's test split (``rows`` rows of the pseudo-client ``client_id``) as one call per worker, each of
+    whole blocks of ``chunk`` rows (``eval.chunk``): a prediction is computed in the same block whatever the
+    split, and the correct counts are integers, so their sum is the same however many calls there are."""
+    blocks = -(-rows // chunk)
+    parts = max(1, min(blocks, workers))
+    return [EvalCall(EvalJob(client_ids=[client_id], round=rnd, payload_ref=payload,
+                             rows=(chunk * (blocks * i // parts), min(rows, chunk * (blocks * (i + 1) // parts)))),
+                     [None]) for i in range(parts)]

@@ -42,8 +42,9 @@ def test_cifar_official_test_split_and_augmentation_deterministic_for_any_worker
     """Clients train on the training batches, acc_global is the global model's accuracy on test_batch, and with
     data.augment on the metrics are the same in this process and on two Ray workers."""
     _tiny_cifar10(tmp_path / "data")
+    # eval.chunk=4: on two workers the 13 test rows are predicted as two calls of whole 4-row blocks
     extra = dict(data__name="cifar10", data__root=str(tmp_path / "data"), data__augment="true", rounds=2,
-                 data__cache_dir=str(tmp_path / "cache"), model__hidden="[8]", model__feature_dim=8)
+                 data__cache_dir=str(tmp_path / "cache"), model__hidden="[8]", model__feature_dim=8, eval__chunk=4)
     runs = {}
     for name, over in (("w1", {}), ("w2", {"engine__backend": "ray", "engine__num_workers": 2})):
         cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), **{**extra, **over}))

@@ -67,3 +67,17 @@ def test_the_work_does_not_depend_on_the_call_size():
         calls = plan_round(jobs, [None] * 50, sum_group=group_size("auto", 50), cohort=1, per_call=size)
         assert _summed_groups(calls) == expect
         assert all(sum(c.groups) <= max(size, 2) for c in calls)
+
+
+def test_the_server_test_split_is_shared_out_in_whole_blocks():
+    from raysim.engine.plan import plan_server_test
+
+    def bounds(rows: int, chunk: int, workers: int) -> list[tuple[int, int]]:
+        return [c.job.rows for c in plan_server_test(-1, rows, chunk, workers, 3, "payload")]
+
+    assert bounds(13, 4, 2) == [(0, 8), (8, 13)]  # blocks [0,4) [4,8) | [8,12) [12,13)
+    assert bounds(13, 4, 1) == [(0, 13)]
+    assert bounds(13, 1024, 8) == [(0, 13)]  # one block: one call, however many workers
+    assert bounds(10, 2, 3) == [(0, 2), (2, 6), (6, 10)]
+    calls = plan_server_test(7, 10, 2, 3, 3, "payload")
+    assert all(c.job.client_ids == [7] and c.job.round == 3 and c.job.payload_ref == "payload" for c in calls)
