@@ -27,7 +27,7 @@ from raysim.data import build_federated_data
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import CallResult, CentralCall, ProbeCall, ServerCall, ServerTrainJob, TrainJob, TrainResult
 from raysim.engine.plan import (clients_per_call, cohort_size, group_size, plan_evaluation, plan_round,
-                                plan_server_test)
+                                plan_server_test, round_sums)
 from raysim.engine.sampling import draw_clients, eval_cohort, sample_clients
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
@@ -316,14 +316,14 @@ class Driver:
         for rnd in sorted({j.round for j in jobs}):
             members = [i for i, j in enumerate(jobs) if j.round == rnd]
             calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
-                                cohort=self.cohort_size, per_call=per_call,
+                                cohort=self.cohort_size, per_call=per_call, workers=self.executor.workers,
                                 weighting=self.privacy.weighting(self.algorithm.weighting))
         done: dict[int, Any] = {}
-        sums: list[UploadSum] = []
-        for result, state_refs in self.executor.run(calls):
+        outputs = self.executor.run(calls)
+        sums: list[UploadSum] = round_sums(calls, [result for result, _ in outputs])
+        for result, state_refs in outputs:
             assert isinstance(result, CallResult)
             done.update((r.client_id, (r, ref)) for r, ref in zip(result.results, state_refs))
-            sums.extend(result.sums)
             if result.seconds > 0:
                 self._client_s = result.seconds if self._client_s is None else \
                     0.7 * self._client_s + 0.3 * result.seconds

@@ -49,6 +49,7 @@ class Executor:
     replacements: int = 0  # workers replaced after dying, this invocation (Ray only)
     progress: tuple[int, int, str] = (0, 0, "")  # (calls done, calls in this batch, what they do)
     slots: int = 1  # calls in flight at once (what the plan shares a round's clients over)
+    workers: int = 1  # processes that take calls at once (what the plan splits a round's last groups over)
 
     def put(self, obj: Any) -> Any:
         raise NotImplementedError
@@ -156,6 +157,7 @@ class RayExecutor(Executor):
         self._placement_group = placement_group
         self.pool: Any = None
         self.slots = cfg.engine.num_workers * cfg.engine.jobs_per_worker
+        self.workers = cfg.engine.num_workers
 
     @property
     def replacements(self) -> int:  # type: ignore[override]

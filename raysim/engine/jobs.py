@@ -210,6 +210,8 @@ class TrainCall(_JobsCall):
     stacked: bool = False
     groups: tuple[int, ...] = ()
     weighting: str = "samples"
+    part_of: Optional[int] = None  # the sum group (its index in the round) whose clients this call trains part of:
+    # the uploads come back, and the driver sums the group as a worker would (the plan's split tail)
     kind = "train"
 
     @property

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from raysim.algorithms.aggregation import fixed_groups
+from raysim.algorithms.aggregation import fixed_groups, sum_results
 from raysim.engine.jobs import EvalCall, EvalJob, TrainCall, TrainJob
 
 AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
@@ -74,22 +74,52 @@ def _pack(units: list[list[int]], limit: int) -> list[list[list[int]]]:
 
 
 def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: int, cohort: int, per_call: int,
-               weighting: str = "samples") -> list[TrainCall]:
+               weighting: str = "samples", workers: int = 1) -> list[TrainCall]:
     """The round's training calls, for ``jobs`` in client-id order with their state handles: ``sum_group`` > 0 sums
     uploads in fixed groups of that many clients (0: every upload travels); ``cohort`` > 1 stacks up to that many
-    clients a call (whole groups); otherwise calls of about ``per_call`` clients (whole groups)."""
+    clients a call (whole groups); otherwise calls of about ``per_call`` clients (whole groups).
+
+    ``workers``: with more than one worker and one group a call, the last ``workers`` groups train one client a
+    call (``part_of`` their group), so that the workers end a round within one client of each other, not within
+    one group; the driver sums such a group from its uploads with the workers' own :func:`sum_results`, so where a
+    group is summed changes no number (only the cut depends on the worker count)."""
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
     position = {jobs[i].client_id: i for i in order}
     clients = [jobs[i].client_id for i in order]
     units = fixed_groups(clients, sum_group) if sum_group > 0 else [[c] for c in clients]
     stacked = cohort > 1 and all(j.max_samples is None for j in jobs)  # a step budget trains one client at a time
+    packs = _pack(units, cohort if stacked else per_call)
+    split = workers > 1 and sum_group > 1 and not stacked and per_call == 1
+    split_from = len(packs) - workers if split else len(packs)
     calls = []
-    for packed in _pack(units, cohort if stacked else per_call):
+    for index, packed in enumerate(packs):
         members = [position[c] for unit in packed for c in unit]
+        if index >= split_from:
+            calls += [TrainCall(jobs=[jobs[i]], states=[states[i]], weighting=weighting, part_of=index)
+                      for i in members]
+            continue
         calls.append(TrainCall(jobs=[jobs[i] for i in members], states=[states[i] for i in members],
                                stacked=stacked, groups=tuple(len(u) for u in packed) if sum_group > 0 else (),
                                weighting=weighting))
     return calls
+
+
+def round_sums(calls: Sequence[TrainCall], results: Sequence[Any]) -> list[Any]:
+    """The round's group sums in group order from its calls' results (``CallResult``s, in call order): those the
+    workers took, and each split group's (``part_of``) from its uploads, summed here by :func:`sum_results`, in id
+    order, as its worker would have."""
+    sums: list[Any] = []
+    parts: dict[int, list[Any]] = {}
+    for call, result in zip(calls, results):
+        if call.part_of is None:
+            sums.extend(result.sums)
+            continue
+        if call.part_of not in parts:
+            parts[call.part_of] = []
+            sums.append(call.part_of)  # its place in group order, filled below
+        parts[call.part_of].extend(result.results)
+    return [sum_results(sorted(parts[s], key=lambda r: r.client_id), calls[0].weighting) if isinstance(s, int) else s
+            for s in sums]
 
 
 def plan_evaluation(clients: Sequence[int], rnd: int, shared_ref: Any, own: dict[int, Any],

@@ -3,6 +3,8 @@ from the config alone, calls sized by measurement without changing the work."""
 
 from __future__ import annotations
 
+import torch
+
 from raysim.engine.jobs import TrainJob
 from raysim.engine.plan import clients_per_call, group_size, plan_round
 
@@ -81,3 +83,34 @@ def test_the_server_test_split_is_shared_out_in_whole_blocks():
     assert bounds(10, 2, 3) == [(0, 2), (2, 6), (6, 10)]
     calls = plan_server_test(7, 10, 2, 3, 3, "payload")
     assert all(c.job.client_ids == [7] and c.job.round == 3 and c.job.payload_ref == "payload" for c in calls)
+
+
+def test_the_last_groups_train_one_client_a_call_on_several_workers():
+    from raysim.algorithms.aggregation import sum_results
+    from raysim.engine.jobs import CallResult, TrainResult
+    from raysim.engine.plan import round_sums
+
+    jobs = _jobs(list(range(10)))
+    calls = plan_round(jobs, [None] * 10, sum_group=2, cohort=1, per_call=1, workers=2)
+    # five groups; the last two (clients 6-7 and 8-9) as one call a client, each naming its group
+    assert [(c.clients, c.groups, c.part_of) for c in calls] == [
+        ([0, 1], (2,), None), ([2, 3], (2,), None), ([4, 5], (2,), None),
+        ([6], (), 3), ([7], (), 3), ([8], (), 4), ([9], (), 4)]
+    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, cohort=1, per_call=1)] == [None] * 5
+    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, cohort=4, per_call=1, workers=2)] == \
+        [None] * 3  # cohorts keep their groups whole
+
+    def result(c: int) -> TrainResult:
+        g = torch.Generator().manual_seed(c)
+        return TrainResult(client_id=c, round=1, upload={"w": torch.randn(3, generator=g)}, num_samples=c + 1,
+                           finite=True, loss=0.0, seconds=0.1)
+
+    # the workers' results: whole groups summed where they trained, the split ones' uploads as they came
+    outputs = [CallResult(results=[], sums=[sum_results([result(a), result(b)])]) for a, b in ((0, 1), (2, 3), (4, 5))]
+    outputs += [CallResult(results=[result(c)]) for c in (7, 6, 8, 9)]  # any order within a group's calls
+    calls_in_order = calls[:3] + [calls[4], calls[3], calls[5], calls[6]]
+    sums = round_sums(calls_in_order, outputs)
+    expected = [sum_results([result(a), result(b)]) for a, b in ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))]
+    assert [s.clients for s in sums] == [e.clients for e in expected]
+    for s, e in zip(sums, expected):
+        assert torch.equal(s.total, e.total) and s.weight == e.weight
