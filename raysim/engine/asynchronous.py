@@ -55,8 +55,9 @@ from dataclasses import astuple, dataclass
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
-from raysim.algorithms.aggregation import flatten, unflatten
+from raysim.algorithms.aggregation import Layout, layout_and_leaves
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
@@ -88,39 +89,60 @@ def buffer_weight(staleness: int, scaling: bool) -> float:
     return 1.0 / math.sqrt(1.0 + staleness) if scaling else 1.0
 
 
-def _flat(tree: dict, like: Any = None) -> tuple[Any, Any]:
-    layout, flat = flatten(tree)
+def _leaves64(tree: dict, like: Optional[Layout] = None) -> tuple[Layout, list[torch.Tensor]]:
+    """(layout, each tensor as float64, in layout order) of a nested dict of tensors; ``like``: the layout it must
+    have. The same values as :func:`flatten`'s one buffer, leaf by leaf (no concatenated copy)."""
+    layout, leaves = layout_and_leaves(tree)
     if like is not None and layout != like:
         raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
-    return layout, flat
+    return layout, [t.detach().reshape(-1).to(torch.float64) for t in leaves]
+
+
+def _unflatten_leaves(layout: Layout, leaves: list[torch.Tensor]) -> dict:
+    """:func:`unflatten` of float64 leaves: each cast back to its tensor's dtype (integers rounded first)."""
+    out: dict = {}
+    for (path, shape, dtype), flat in zip(layout, leaves):
+        value = flat.view(shape)
+        value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
 
 
 def mix(x: dict, new: dict, alpha: float) -> dict:
     """FedAsync's x̄ = (1 − α)·x + α·x_new, in float64, cast back to each tensor's dtype (integers rounded)."""
-    layout, xf = _flat(x)
-    _, nf = _flat(new, layout)
-    return unflatten(layout, xf * (1.0 - alpha) + nf * alpha)
+    layout, xs = _leaves64(x)
+    _, ns = _leaves64(new, layout)
+    return _unflatten_leaves(layout, [a * (1.0 - alpha) + b * alpha for a, b in zip(xs, ns)])
 
 
 def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
     started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
     before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
-    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
-    layout, xf = _flat(x)
-    total: Any = None  # float64, flat
+    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Tensor by tensor, with each
+    element's operations exactly those of one flat float64 buffer (:func:`flatten`), without its copies."""
+    layout, xs = _leaves64(x)
+    total: Optional[list[torch.Tensor]] = None  # float64, per tensor
     weight_sum = 0.0
-    starts: dict[int, Any] = {}  # the buffered jobs share few start versions: each flattened once
+    starts: dict[int, list[torch.Tensor]] = {}  # the buffered jobs share few start versions: each converted once
     for upload, start, weight in buffered:
         if id(start) not in starts:
-            starts[id(start)] = _flat(start, layout)[1]
-        term = _flat(upload, layout)[1].sub_(starts[id(start)]).mul_(float(weight))  # a fresh float64 buffer
-        total = term if total is None else total.add_(term)
-        weight_sum += float(weight)
+            starts[id(start)] = _leaves64(start, layout)[1]
+        ups = layout_and_leaves(upload)
+        if ups[0] != layout:
+            raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+        w = float(weight)
+        # y − x_τ in float64 (y's values converted exactly on the way: a fresh buffer), then ·w, then added
+        terms = [torch.sub(u.detach().reshape(-1), s).mul_(w) for u, s in zip(ups[1], starts[id(start)])]
+        total = terms if total is None else [t.add_(d) for t, d in zip(total, terms)]
+        weight_sum += w
     if total is None or weight_sum == 0:
-        return unflatten(layout, xf)
-    step = (total / weight_sum) * (server_lr * weight_sum / size)
-    return unflatten(layout, xf + step)
+        return _unflatten_leaves(layout, [t.clone() for t in xs])
+    scale = server_lr * weight_sum / size
+    return _unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
 
 
 # ---------------------------------------------------------------------------------------------- the queue
