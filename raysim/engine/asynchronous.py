@@ -51,7 +51,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -176,31 +176,53 @@ class EventQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, Any]] = []
+        self._busy: dict[int, int] = {}  # client -> its jobs in flight (kept as jobs come and go: no scan a draw)
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def push(self, item: Flight | Wait) -> None:
-        key = (item.finish, item.client, item.seq) if isinstance(item, Flight) else (item.time, -1, item.seq)
-        heapq.heappush(self._heap, (*key, item))
+        if isinstance(item, Flight):
+            heapq.heappush(self._heap, (item.finish, item.client, item.seq, item))
+            self._busy[item.client] = self._busy.get(item.client, 0) + 1
+        else:
+            heapq.heappush(self._heap, (item.time, -1, item.seq, item))
 
     def peek(self) -> Flight | Wait:
         return self._heap[0][3]
 
     def pop(self) -> Flight | Wait:
-        return heapq.heappop(self._heap)[3]
+        item = heapq.heappop(self._heap)[3]
+        if isinstance(item, Flight):
+            left = self._busy[item.client] - 1
+            if left:
+                self._busy[item.client] = left
+            else:
+                del self._busy[item.client]
+        return item
 
     def flights(self) -> list[Flight]:
         """The jobs in flight, in queue order."""
         return [entry[3] for entry in sorted(self._heap) if isinstance(entry[3], Flight)]
 
     def clients(self) -> set[int]:
-        return {entry[3].client for entry in self._heap if isinstance(entry[3], Flight)}
+        return set(self._busy)
+
+    def busy(self) -> dict[int, int]:
+        """The clients in flight (client -> jobs), live: read it, do not keep it."""
+        return self._busy
 
     def record(self) -> list[list]:
-        """What a checkpoint keeps: each entry as a list of plain values, in queue order."""
-        return [["flight", *astuple(e[3])] if isinstance(e[3], Flight) else ["wait", *astuple(e[3])]
-                for e in sorted(self._heap)]
+        """What a checkpoint keeps: each entry as a list of plain values, in queue order (the fields in their
+        dataclass order, as ``dataclasses.astuple`` gives them)."""
+        rows: list[list] = []
+        for *_, e in sorted(self._heap):
+            if isinstance(e, Flight):
+                rows.append(["flight", e.seq, e.client, e.start, e.finish, e.version, e.bytes_down, e.bytes_up,
+                             e.dropped])
+            else:
+                rows.append(["wait", e.seq, e.time, e.attempt])
+        return rows
 
     @classmethod
     def from_record(cls, rows: list[list]) -> EventQueue:
@@ -219,11 +241,16 @@ class EventQueue:
 @dataclass
 class Version:
     """A server model version that jobs in flight downloaded: its payload's handle, the payload (for FedBuff's
-    Δ = y − x_τ and the checkpoint) and its bytes."""
+    Δ = y − x_τ and the checkpoint), its bytes, and the bytes of its model's shared entries (a job's upload)."""
 
     ref: Any
     payload: dict
     bytes: int
+    model_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.model_bytes < 0:
+            self.model_bytes = nbytes(self.payload.get("model", {}))
 
 
 # ---------------------------------------------------------------------------------------------- the driver
@@ -281,13 +308,13 @@ class AsyncDriver(Driver):
 
     def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:
         """A client available at ``t`` and not in flight, uniformly, from (seed, seq, attempt); None when none is."""
-        busy, num = self.queue.clients(), self.cfg.clients.num
-        rng = np.random.default_rng([self.cfg.seed, seq, attempt, SAMPLING_TAG])
+        busy, num = self.queue.busy(), self.cfg.clients.num
+        # numpy.random.default_rng's own construction, without its argument checks
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.cfg.seed, seq, attempt, SAMPLING_TAG])))
         for _ in range(DRAW_BATCHES):
-            batch = rng.integers(0, num, size=DRAW_BATCH)
-            for cid, ok in zip(batch.tolist(), self.system.available_many(batch, t).tolist()):
-                if ok and cid not in busy:
-                    return int(cid)
+            cid = self.system.first_available(rng.integers(0, num, size=DRAW_BATCH).tolist(), t, busy)
+            if cid is not None:
+                return int(cid)
         eligible: list[int] = []
         for a in range(0, num, CHUNK):
             found: Any = np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
@@ -304,7 +331,7 @@ class AsyncDriver(Driver):
             self.queue.push(Wait(seq, t + self.wait_s, attempt + 1))
             return
         version = self._current_version()
-        down, up = version.bytes, nbytes(version.payload.get("model", {}))  # the upload: the model's shared entries
+        down, up = version.bytes, version.model_bytes  # the upload: the model's shared entries
         samples = self.data.num_train(client) * self.cfg.train.local_epochs
         finish = t + self.system.duration(client, down, up, samples)
         self.queue.push(Flight(seq, client, t, finish, self.round, down, up, self.system.dropped(client, seq)))
