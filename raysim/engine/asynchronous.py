@@ -122,23 +122,32 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
     started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
     before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
-    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Tensor by tensor, with each
-    element's operations exactly those of one flat float64 buffer (:func:`flatten`), without its copies."""
+    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Tensor by tensor, each
+    element through exactly the operations it had in one flat float64 buffer (:func:`flatten`), with one scratch
+    buffer per tensor instead of a fresh flat copy of every upload."""
     layout, xs = _leaves64(x)
     total: Optional[list[torch.Tensor]] = None  # float64, per tensor
     weight_sum = 0.0
     starts: dict[int, list[torch.Tensor]] = {}  # the buffered jobs share few start versions: each converted once
-    for upload, start, weight in buffered:
-        if id(start) not in starts:
-            starts[id(start)] = _leaves64(start, layout)[1]
-        ups = layout_and_leaves(upload)
-        if ups[0] != layout:
-            raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
-        w = float(weight)
-        # y − x_τ in float64 (y's values converted exactly on the way: a fresh buffer), then ·w, then added
-        terms = [torch.sub(u.detach().reshape(-1), s).mul_(w) for u, s in zip(ups[1], starts[id(start)])]
-        total = terms if total is None else [t.add_(d) for t, d in zip(total, terms)]
-        weight_sum += w
+    scratch = [torch.empty(shape, dtype=torch.float64) for _, shape, _ in layout]  # y_i in float64, shaped as y_i
+    flat = [d.view(-1) for d in scratch]
+    with torch.no_grad():
+        for upload, start, weight in buffered:
+            if id(start) not in starts:
+                starts[id(start)] = _leaves64(start, layout)[1]
+            up_layout, ups = layout_and_leaves(upload)
+            if up_layout != layout:
+                raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+            w = float(weight)
+            for d, u in zip(scratch, ups):
+                d.copy_(u)  # y's values in float64, exactly
+            terms = [d.sub_(s).mul_(w) for d, s in zip(flat, starts[id(start)])]
+            if total is None:
+                total = [t.clone() for t in terms]
+            else:
+                for t, term in zip(total, terms):
+                    t.add_(term)
+            weight_sum += w
     if total is None or weight_sum == 0:
         return _unflatten_leaves(layout, [t.clone() for t in xs])
     scale = server_lr * weight_sum / size
