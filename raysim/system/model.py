@@ -172,6 +172,7 @@ class SystemModel:
             self._lognormal_keys = [self._keys[s] for s in (SPEED, DOWN, UP, LATENCY)]
             self._sigmas = np.array([lognormal_sigma(float(t.spread)) for t in traits])
             self._medians = np.array([float(t.median) for t in traits])
+            self._all_spread = bool((self._sigmas > 0).all())  # no trait fixed at its median: z as drawn
         if cfg.availability.mode == "trace":
             self._trace = self._read_trace(str(cfg.availability.trace))
 
@@ -282,7 +283,9 @@ class SystemModel:
         from scipy.special import ndtri
 
         z = ndtri(np.array([uniform(key, client_id) for key in self._lognormal_keys]))
-        speed, down, up, latency = (self._medians * np.exp(self._sigmas * np.where(self._sigmas > 0, z, 0.0))).tolist()
+        if not self._all_spread:
+            z = np.where(self._sigmas > 0, z, 0.0)
+        speed, down, up, latency = (self._medians * np.exp(self._sigmas * z)).tolist()
         return ClientTraits(speed, down, up, latency)
 
     def duration(self, client_id: int, bytes_down: float, bytes_up: float, samples_times_epochs: float) -> float:
