@@ -154,6 +154,14 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
     return _unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
 
 
+def _entropy(words: list[int]) -> np.random.SeedSequence:
+    """``numpy.random.SeedSequence(words)``, as ``default_rng(words)`` seeds its generator; words below 2**32 passed
+    as one uint32 array (the same entropy words SeedSequence makes of such ints, without its per-int coercion)."""
+    if all(0 <= w < 1 << 32 for w in words):
+        return np.random.SeedSequence(np.array(words, dtype=np.uint32))
+    return np.random.SeedSequence(words)
+
+
 # ---------------------------------------------------------------------------------------------- the queue
 @dataclass
 class Flight:
@@ -318,8 +326,7 @@ class AsyncDriver(Driver):
     def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:
         """A client available at ``t`` and not in flight, uniformly, from (seed, seq, attempt); None when none is."""
         busy, num = self.queue.busy(), self.cfg.clients.num
-        # numpy.random.default_rng's own construction, without its argument checks
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.cfg.seed, seq, attempt, SAMPLING_TAG])))
+        rng = np.random.Generator(np.random.PCG64(_entropy([self.cfg.seed, seq, attempt, SAMPLING_TAG])))
         for _ in range(DRAW_BATCHES):
             cid = self.system.first_available(rng.integers(0, num, size=DRAW_BATCH).tolist(), t, busy)
             if cid is not None:
