@@ -193,7 +193,7 @@ class EventQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, Any]] = []
-        self._busy: dict[int, int] = {}  # client -> its jobs in flight (kept as jobs come and go: no scan a draw)
+        self._busy: dict[int, int] = {}  # client -> its jobs in flight, kept as jobs come and go (no scan per draw)
 
     def __len__(self) -> int:
         return len(self._heap)
