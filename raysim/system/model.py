@@ -3,7 +3,8 @@ do), except what the user's own files list (``system.csv``, an availability trac
 
 Every random draw is a counter-based hash: a uniform in (0, 1) from (seed, stream, client[, round or time slot]) by
 splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014), in numpy's
-unsigned 64-bit arithmetic, so one client or a million at once give the same numbers, in any order.
+unsigned 64-bit arithmetic (or, for one client, the same arithmetic on Python ints: :func:`uniform`), so one client or
+a million at once give the same numbers, in any order.
 
 - traits: lognormal (a median and a spread), device tiers with shares, or a CSV row;
 - availability ``onoff``: the two-state Markov process (on -> off at rate 1/mean_on, off -> on at 1/mean_off),
