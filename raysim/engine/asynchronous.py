@@ -51,12 +51,13 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
-from raysim.algorithms.aggregation import flatten, unflatten
+from raysim.algorithms.aggregation import Layout, layout_and_leaves
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
@@ -88,39 +89,77 @@ def buffer_weight(staleness: int, scaling: bool) -> float:
     return 1.0 / math.sqrt(1.0 + staleness) if scaling else 1.0
 
 
-def _flat(tree: dict, like: Any = None) -> tuple[Any, Any]:
-    layout, flat = flatten(tree)
+def _leaves64(tree: dict, like: Optional[Layout] = None) -> tuple[Layout, list[torch.Tensor]]:
+    """(layout, each tensor as float64, in layout order) of a nested dict of tensors; ``like``: the layout it must
+    have. The same values as :func:`flatten`'s one buffer, leaf by leaf (no concatenated copy)."""
+    layout, leaves = layout_and_leaves(tree)
     if like is not None and layout != like:
         raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
-    return layout, flat
+    return layout, [t.detach().reshape(-1).to(torch.float64) for t in leaves]
+
+
+def _unflatten_leaves(layout: Layout, leaves: list[torch.Tensor]) -> dict:
+    """:func:`unflatten` of float64 leaves: each cast back to its tensor's dtype (integers rounded first)."""
+    out: dict = {}
+    for (path, shape, dtype), flat in zip(layout, leaves):
+        value = flat.view(shape)
+        value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
 
 
 def mix(x: dict, new: dict, alpha: float) -> dict:
     """FedAsync's x̄ = (1 − α)·x + α·x_new, in float64, cast back to each tensor's dtype (integers rounded)."""
-    layout, xf = _flat(x)
-    _, nf = _flat(new, layout)
-    return unflatten(layout, xf * (1.0 - alpha) + nf * alpha)
+    layout, xs = _leaves64(x)
+    _, ns = _leaves64(new, layout)
+    return _unflatten_leaves(layout, [a * (1.0 - alpha) + b * alpha for a, b in zip(xs, ns)])
 
 
 def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
     started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
     before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
-    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype."""
-    layout, xf = _flat(x)
-    total: Any = None  # float64, flat
+    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Tensor by tensor, each
+    element through exactly the operations it had in one flat float64 buffer (:func:`flatten`), with one scratch
+    buffer per tensor instead of a fresh flat copy of every upload."""
+    layout, xs = _leaves64(x)
+    total: Optional[list[torch.Tensor]] = None  # float64, per tensor
     weight_sum = 0.0
-    starts: dict[int, Any] = {}  # the buffered jobs share few start versions: each flattened once
-    for upload, start, weight in buffered:
-        if id(start) not in starts:
-            starts[id(start)] = _flat(start, layout)[1]
-        term = _flat(upload, layout)[1].sub_(starts[id(start)]).mul_(float(weight))  # a fresh float64 buffer
-        total = term if total is None else total.add_(term)
-        weight_sum += float(weight)
+    starts: dict[int, list[torch.Tensor]] = {}  # the buffered jobs share few start versions: each converted once
+    scratch = [torch.empty(shape, dtype=torch.float64) for _, shape, _ in layout]  # y_i in float64, shaped as y_i
+    flat = [d.view(-1) for d in scratch]
+    with torch.no_grad():
+        for upload, start, weight in buffered:
+            if id(start) not in starts:
+                starts[id(start)] = _leaves64(start, layout)[1]
+            up_layout, ups = layout_and_leaves(upload)
+            if up_layout != layout:
+                raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+            w = float(weight)
+            for d, u in zip(scratch, ups):
+                d.copy_(u)  # y's values in float64, exactly
+            terms = [d.sub_(s).mul_(w) for d, s in zip(flat, starts[id(start)])]
+            if total is None:
+                total = [t.clone() for t in terms]
+            else:
+                for t, term in zip(total, terms):
+                    t.add_(term)
+            weight_sum += w
     if total is None or weight_sum == 0:
-        return unflatten(layout, xf)
-    step = (total / weight_sum) * (server_lr * weight_sum / size)
-    return unflatten(layout, xf + step)
+        return _unflatten_leaves(layout, [t.clone() for t in xs])
+    scale = server_lr * weight_sum / size
+    return _unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
+
+
+def _entropy(words: list[int]) -> np.random.SeedSequence:
+    """``numpy.random.SeedSequence(words)``, as ``default_rng(words)`` seeds its generator; words below 2**32 passed
+    as one uint32 array (the same entropy words SeedSequence makes of such ints, without its per-int coercion)."""
+    if all(0 <= w < 1 << 32 for w in words):
+        return np.random.SeedSequence(np.array(words, dtype=np.uint32))
+    return np.random.SeedSequence(words)
 
 
 # ---------------------------------------------------------------------------------------------- the queue
@@ -154,31 +193,53 @@ class EventQueue:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, Any]] = []
+        self._busy: dict[int, int] = {}  # client -> its jobs in flight, kept as jobs come and go (no scan per draw)
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def push(self, item: Flight | Wait) -> None:
-        key = (item.finish, item.client, item.seq) if isinstance(item, Flight) else (item.time, -1, item.seq)
-        heapq.heappush(self._heap, (*key, item))
+        if isinstance(item, Flight):
+            heapq.heappush(self._heap, (item.finish, item.client, item.seq, item))
+            self._busy[item.client] = self._busy.get(item.client, 0) + 1
+        else:
+            heapq.heappush(self._heap, (item.time, -1, item.seq, item))
 
     def peek(self) -> Flight | Wait:
         return self._heap[0][3]
 
     def pop(self) -> Flight | Wait:
-        return heapq.heappop(self._heap)[3]
+        item = heapq.heappop(self._heap)[3]
+        if isinstance(item, Flight):
+            left = self._busy[item.client] - 1
+            if left:
+                self._busy[item.client] = left
+            else:
+                del self._busy[item.client]
+        return item
 
     def flights(self) -> list[Flight]:
         """The jobs in flight, in queue order."""
         return [entry[3] for entry in sorted(self._heap) if isinstance(entry[3], Flight)]
 
     def clients(self) -> set[int]:
-        return {entry[3].client for entry in self._heap if isinstance(entry[3], Flight)}
+        return set(self._busy)
+
+    def busy(self) -> dict[int, int]:
+        """The clients in flight (client -> jobs), live: read it, do not keep it."""
+        return self._busy
 
     def record(self) -> list[list]:
-        """What a checkpoint keeps: each entry as a list of plain values, in queue order."""
-        return [["flight", *astuple(e[3])] if isinstance(e[3], Flight) else ["wait", *astuple(e[3])]
-                for e in sorted(self._heap)]
+        """What a checkpoint keeps: each entry as a list of plain values, in queue order (the fields in their
+        dataclass order, as ``dataclasses.astuple`` gives them)."""
+        rows: list[list] = []
+        for *_, e in sorted(self._heap):
+            if isinstance(e, Flight):
+                rows.append(["flight", e.seq, e.client, e.start, e.finish, e.version, e.bytes_down, e.bytes_up,
+                             e.dropped])
+            else:
+                rows.append(["wait", e.seq, e.time, e.attempt])
+        return rows
 
     @classmethod
     def from_record(cls, rows: list[list]) -> EventQueue:
@@ -197,11 +258,16 @@ class EventQueue:
 @dataclass
 class Version:
     """A server model version that jobs in flight downloaded: its payload's handle, the payload (for FedBuff's
-    Δ = y − x_τ and the checkpoint) and its bytes."""
+    Δ = y − x_τ and the checkpoint), its bytes, and the bytes of its model's shared entries (a job's upload)."""
 
     ref: Any
     payload: dict
     bytes: int
+    model_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.model_bytes < 0:
+            self.model_bytes = nbytes(self.payload.get("model", {}))
 
 
 # ---------------------------------------------------------------------------------------------- the driver
@@ -259,13 +325,12 @@ class AsyncDriver(Driver):
 
     def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:
         """A client available at ``t`` and not in flight, uniformly, from (seed, seq, attempt); None when none is."""
-        busy, num = self.queue.clients(), self.cfg.clients.num
-        rng = np.random.default_rng([self.cfg.seed, seq, attempt, SAMPLING_TAG])
+        busy, num = self.queue.busy(), self.cfg.clients.num
+        rng = np.random.Generator(np.random.PCG64(_entropy([self.cfg.seed, seq, attempt, SAMPLING_TAG])))
         for _ in range(DRAW_BATCHES):
-            batch = rng.integers(0, num, size=DRAW_BATCH)
-            for cid, ok in zip(batch.tolist(), self.system.available_many(batch, t).tolist()):
-                if ok and cid not in busy:
-                    return int(cid)
+            cid = self.system.first_available(rng.integers(0, num, size=DRAW_BATCH).tolist(), t, busy)
+            if cid is not None:
+                return int(cid)
         eligible: list[int] = []
         for a in range(0, num, CHUNK):
             found: Any = np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
@@ -282,7 +347,7 @@ class AsyncDriver(Driver):
             self.queue.push(Wait(seq, t + self.wait_s, attempt + 1))
             return
         version = self._current_version()
-        down, up = version.bytes, nbytes(version.payload.get("model", {}))  # the upload: the model's shared entries
+        down, up = version.bytes, version.model_bytes  # the upload: the model's shared entries
         samples = self.data.num_train(client) * self.cfg.train.local_epochs
         finish = t + self.system.duration(client, down, up, samples)
         self.queue.push(Flight(seq, client, t, finish, self.round, down, up, self.system.dropped(client, seq)))

@@ -105,9 +105,22 @@ def _corrupt(path: Path) -> CheckpointCorrupt:
                              f"resume from: restore the file or start a new run")
 
 
+_PLAIN = (int, float, str, bool, type(None))  # exactly these types (no subclass): hashed as their repr
+
+
+def _plain(obj: Any) -> str:
+    return f"{type(obj).__name__}:{obj!r};"
+
+
 def _feed(h: Any, obj: Any) -> None:
-    """Hash ``obj`` (what a checkpoint holds: tensors, dicts, lists, tuples, plain values) by content and structure."""
-    if isinstance(obj, torch.Tensor):
+    """Hash ``obj`` (what a checkpoint holds: tensors, dicts, lists, tuples, plain values) by content and structure.
+    A list, tuple or dict of plain values goes in as one string: the same bytes, so the same digest, as one
+    ``update`` per value (the asynchronous queue's rows, a run's file maps)."""
+    if type(obj) in (list, tuple) and all(type(v) in _PLAIN for v in obj):
+        h.update((f"{'L' if type(obj) is list else 'U'}{len(obj)};" + "".join(map(_plain, obj))).encode())
+    elif type(obj) is dict and all(type(k) in _PLAIN and type(v) in _PLAIN for k, v in obj.items()):
+        h.update((f"D{len(obj)};" + "".join(_plain(k) + _plain(v) for k, v in obj.items())).encode())
+    elif isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own buffer: the same bytes, no copy

@@ -3,7 +3,8 @@ do), except what the user's own files list (``system.csv``, an availability trac
 
 Every random draw is a counter-based hash: a uniform in (0, 1) from (seed, stream, client[, round or time slot]) by
 splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014), in numpy's
-unsigned 64-bit arithmetic, so one client or a million at once give the same numbers, in any order.
+unsigned 64-bit arithmetic (or, for one client, the same arithmetic on Python ints: :func:`uniform`), so one client or
+a million at once give the same numbers, in any order.
 
 - traits: lognormal (a median and a spread), device tiers with shares, or a CSV row;
 - availability ``onoff``: the two-state Markov process (on -> off at rate 1/mean_on, off -> on at 1/mean_off),
@@ -58,6 +59,25 @@ def uniforms(key: int, *counters: np.ndarray | int) -> np.ndarray:
         for part in parts:
             h = _mix(h ^ _mix(part.astype(np.uint64) + _GOLDEN))
     return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+
+
+_MASK, _IM1, _IM2, _IGOLDEN = (1 << 64) - 1, int(_M1), int(_M2), int(_GOLDEN)
+
+
+def _mix_int(z: int) -> int:
+    """:func:`_mix` on one Python int (the same wrapping 64-bit arithmetic)."""
+    z = ((z ^ (z >> 30)) * _IM1) & _MASK
+    z = ((z ^ (z >> 27)) * _IM2) & _MASK
+    return z ^ (z >> 31)
+
+
+def uniform(key: int, *counters: int) -> float:
+    """``uniforms(key, *counters)`` for scalar counters, in plain Python ints: the same number, bit for bit (the
+    event queue draws one client at a time, where numpy's per-call cost would dominate)."""
+    h = key
+    for c in counters:
+        h = _mix_int(h ^ _mix_int(((c & _MASK) + _IGOLDEN) & _MASK))
+    return (float(h >> 11) + 0.5) * (1.0 / (1 << 53))
 
 
 def stream_key(seed: int, stream: int) -> int:
@@ -148,6 +168,12 @@ class SystemModel:
             self._tier_values = np.array([[t.speed, t.down, t.up, t.latency] for t in cfg.tiers], dtype=np.float64)
         if cfg.traits == "csv":
             self._table = self._read_traits(str(cfg.csv))
+        if cfg.traits == "lognormal":  # per trait: its stream's key, log-scale sigma and median (one client's draw)
+            traits = (cfg.speed, cfg.down, cfg.up, cfg.latency)
+            self._lognormal_keys = [self._keys[s] for s in (SPEED, DOWN, UP, LATENCY)]
+            self._sigmas = np.array([lognormal_sigma(float(t.spread)) for t in traits])
+            self._medians = np.array([float(t.median) for t in traits])
+            self._all_spread = bool((self._sigmas > 0).all())  # no trait fixed at its median: z as drawn
         if cfg.availability.mode == "trace":
             self._trace = self._read_trace(str(cfg.availability.trace))
 
@@ -250,8 +276,18 @@ class SystemModel:
         return out
 
     def traits(self, client_id: int) -> ClientTraits:
-        speed, down, up, latency = self.traits_many(np.array([client_id]))[0]
-        return ClientTraits(float(speed), float(down), float(up), float(latency))
+        """One client's traits: :meth:`traits_many`'s numbers, with lognormal traits drawn by :func:`uniform` (the
+        same elementwise operations on the client's four draws at once: a few microseconds, not a hundred)."""
+        if self.cfg.traits != "lognormal":
+            speed, down, up, latency = self.traits_many(np.array([client_id]))[0]
+            return ClientTraits(float(speed), float(down), float(up), float(latency))
+        from scipy.special import ndtri
+
+        z = ndtri(np.array([uniform(key, client_id) for key in self._lognormal_keys]))
+        if not self._all_spread:
+            z = np.where(self._sigmas > 0, z, 0.0)
+        speed, down, up, latency = (self._medians * np.exp(self._sigmas * z)).tolist()
+        return ClientTraits(speed, down, up, latency)
 
     def duration(self, client_id: int, bytes_down: float, bytes_up: float, samples_times_epochs: float) -> float:
         """Simulated seconds of one job: latency + bytes_down / down + samples x epochs / speed + bytes_up / up."""
@@ -288,7 +324,28 @@ class SystemModel:
         return out
 
     def available(self, client_id: int, t_seconds: float) -> bool:
+        """One client's :meth:`available_many`; ``always`` and ``diurnal`` in scalar arithmetic (the same IEEE
+        operations: for t, phase >= 0 Python's float % and numpy's mod are both fmod)."""
+        av = self.cfg.availability
+        if av.mode == "always":
+            return True
+        if av.mode == "diurnal":
+            period = float(av.period_s)
+            return (t_seconds + uniform(self._keys[PHASE], client_id) * period) % period < float(av.on_share) * period
         return bool(self.available_many(np.array([client_id]), t_seconds)[0])
+
+    def first_available(self, candidates: list[int], t: float, skip: set | dict) -> Optional[int]:
+        """The first of ``candidates`` available at ``t`` and not in ``skip``, or None: one scalar check per
+        candidate where that is cheap (``always``, ``diurnal``), else all of them at once, vectorised."""
+        if self.cfg.availability.mode in ("always", "diurnal"):
+            for cid in candidates:
+                if cid not in skip and self.available(cid, t):
+                    return cid
+            return None
+        for cid, ok in zip(candidates, self.available_many(np.array(candidates, dtype=np.int64), t).tolist()):
+            if ok and cid not in skip:
+                return cid
+        return None
 
     def _onoff(self, clients: np.ndarray, t: float) -> np.ndarray:
         """The on/off process by uniformisation (module docstring): slot by slot back from t's slot, the state drawn
@@ -329,7 +386,7 @@ class SystemModel:
     def dropped(self, client_id: int, round: int) -> bool:
         """Whether the client, having started ``round``, never reports (probability ``system.dropout``)."""
         p = float(self.cfg.dropout)
-        return p > 0 and bool(uniforms(self._keys[DROPOUT], client_id, round)[()] < p)
+        return p > 0 and uniform(self._keys[DROPOUT], client_id, round) < p
 
     def sample_available(self, round: int, t: float, count: int) -> list[int]:
         """``count`` clients drawn uniformly without replacement among those available at ``t`` (all of them when
