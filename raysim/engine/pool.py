@@ -157,12 +157,17 @@ class WorkerPool:
         self.progress = (0, len(calls), kind)  # (done, total, kind), read by Driver.progress
         per_worker = self.cfg.engine.jobs_per_worker
         while queue or inflight:
-            for w in range(len(self.workers)):
-                while queue and load[w] < per_worker and self._starting[w] is None:
-                    index = queue.popleft()
-                    out = self._submit(calls[index], self.workers[w])
-                    inflight[out[-1] if isinstance(out, list) else out] = (index, w, out)
-                    load[w] += 1
+            # breadth first: each ready worker takes one call before any takes a second, so that a round of two
+            # calls (two evaluation blocks, two sum groups) runs on two workers, not queued on the first
+            while queue:
+                ready = [w for w in range(len(self.workers)) if load[w] < per_worker and self._starting[w] is None]
+                if not ready:
+                    break
+                w = min(ready, key=lambda k: load[k])
+                index = queue.popleft()
+                out = self._submit(calls[index], self.workers[w])
+                inflight[out[-1] if isinstance(out, list) else out] = (index, w, out)
+                load[w] += 1
             starting = [r for r in self._starting if r is not None]
             ready, _ = ray.wait(list(inflight) + starting, num_returns=1)
             ref = ready[0]

@@ -3,7 +3,9 @@ results back in call order whatever order they finish in; a worker's death is te
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from types import SimpleNamespace
 
 import ray
@@ -53,8 +55,11 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
         calls = [TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref=payload) for c in clients[i:i + 4]],
                          states=[None] * len(clients[i:i + 4])) for i in range(0, 53, 4)]
         done = pool.run(calls)
+        # both workers are up now: two calls go to two workers (breadth first), not both to the first one
+        pids = pool.run([CentralCall(train=lambda device: (time.sleep(0.5), os.getpid())[1]) for _ in range(2)])
     finally:
         pool.shutdown()
+    assert len(set(pids)) == 2
     assert len(done) == len(calls)
     seen = []
     for call, (result, state_refs) in zip(calls, done):
