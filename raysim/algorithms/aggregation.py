@@ -26,9 +26,11 @@ per-client formula ``Σ_i u_i · (w_i / Σ w)`` it differs only by float64 round
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 
 # one entry per tensor of an upload, in order: (its key path in the nested dict, shape, dtype)
@@ -109,8 +111,32 @@ class UploadSum:
     total: Optional[torch.Tensor] = None  # float64, flat; None while empty or while it holds a single upload
     single: Optional[dict] = None  # the one upload added so far, not yet flattened
 
+    _shared = False  # ``total`` is a read-only view of Ray's object store (see __setstate__), copied before a write
+
     def __len__(self) -> int:
         return len(self.clients)
+
+    def __getstate__(self) -> dict:
+        """For Ray's object store: the buffer as a numpy array, which Ray ships out of band and the reader maps
+        without a copy (a group's float64 sum is 8 bytes a parameter; the driver reads each one once, to add it)."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_shared"}
+        if self.total is not None and self.total.device.type == "cpu":  # else the tensor's reducer refuses it
+            state["total"] = self.total.numpy()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        total = state.get("total")
+        if isinstance(total, np.ndarray):
+            self._shared = not total.flags.writeable
+            with warnings.catch_warnings():  # read-only memory: _writable() copies it before anything is added
+                warnings.simplefilter("ignore", UserWarning)
+                state = {**state, "total": torch.from_numpy(total)}
+        self.__dict__.update(state)
+
+    def _writable(self) -> None:
+        """Copy a buffer that still lies in the object store before adding to it."""
+        if self._shared and self.total is not None:
+            self.total, self._shared = self.total.clone(), False
 
     def _buffer(self) -> None:
         """Turn a single kept upload into the buffer: ``flat * weight``, as ``add`` does for every other upload."""
@@ -125,6 +151,7 @@ class UploadSum:
 
     def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
         self._check(layout, who)
+        self._writable()
         if self.total is None:
             self.total = scaled
         else:
@@ -139,6 +166,7 @@ class UploadSum:
             layout, leaves = layout_and_leaves(upload)
             self._check(layout, f"client {client_id}")
             assert self.total is not None and self.layout is not None
+            self._writable()
             # tensor by tensor into the buffer: u·w in float64, then added, with no float64 copy of the whole upload
             w = float(weight)
             for view, leaf in zip(flat_views(self.layout, self.total), leaves):

@@ -249,3 +249,32 @@ def test_the_fused_add_gives_the_bits_of_the_unfused_one():
             expect = expect + u.double() * w
         total.merge(UploadSum())  # buffers a single upload, as mean() would
         assert torch.equal(combine([total]).total, expect)
+
+
+def test_a_sum_read_from_the_object_store_is_mapped_then_copied_before_a_write():
+    """An UploadSum travels as a numpy buffer, out of band (pickle 5, as Ray ships it): the reader maps it read-only
+    without a copy, merging it reads it, and adding to it copies it first, leaving the shared buffer as it was."""
+    import pickle
+
+    from raysim.algorithms.aggregation import UploadSum
+
+    g = torch.Generator().manual_seed(0)
+    ups = [{"w": torch.randn(4, 3, generator=g), "b": torch.randn(3, generator=g)} for _ in range(3)]
+    group = UploadSum()
+    for c, u in enumerate(ups[:2]):
+        group.add(c, u, 2.0 + c)
+    buffers: list = []
+    data = pickle.dumps(group, protocol=5, buffer_callback=buffers.append)
+    assert buffers  # the float64 buffer went out of band
+    frozen = [memoryview(bytes(b.raw())) for b in buffers]  # read-only, like the object store's memory
+    shared = pickle.loads(data, buffers=frozen)
+    assert shared._shared and torch.equal(shared.total, group.total) and shared.clients == [0, 1]
+    merged = UploadSum()
+    merged.merge(shared)
+    merged.merge(shared)
+    assert torch.equal(merged.total, group.total * 2)
+    before = shared.total.clone()
+    shared.add(2, ups[2], 4.0)  # a write: the mapped buffer is copied first
+    group.add(2, ups[2], 4.0)
+    assert not shared._shared and torch.equal(shared.total, group.total)
+    assert torch.equal(torch.frombuffer(bytearray(frozen[0]), dtype=torch.float64), before)
