@@ -593,7 +593,34 @@ def _section_class(base: type, key: str, sections: tuple[tuple[str, type], ...])
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The config as OmegaConf writes it (``OmegaConf.to_yaml(OmegaConf.structured(cfg))``, byte for byte), without
+    building the structured config (~0.1 s a run directory) where every value is a plain one."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    try:
+        container = _plain(cfg)
+    except TypeError:  # a plugin's value of another type: OmegaConf's own conversion
+        return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return yaml.dump(container, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                     Dumper=get_omega_conf_dumper())
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, dicts and sequences as the dicts and lists ``OmegaConf.to_container`` gives, enums by name."""
+    import enum
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.name
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(type(value).__name__)
 
 
 def to_flat_dict(cfg: ExperimentConfig) -> dict[str, Any]:
