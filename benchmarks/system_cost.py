@@ -60,8 +60,11 @@ def round_time(variant: str, rounds: int, i: int) -> tuple[float, float]:
 
     out = OUT / "system_cost" / f"{variant}-{i}"
     shutil.rmtree(out, ignore_errors=True)
+    # engine.vectorize=off in every variant: auto's timed probe may choose another cohort size in each run (it
+    # changes no number, but the training's speed), and the queue's own cost is what is measured here
     cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
-                                    *VARIANTS[variant], f"log.dir={out}", "log.progress=false"])
+                                    "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
+                                    "log.progress=false"])
     cpu = [time.process_time()]
     _, rows, _ = run_experiment(cfg, on_round=lambda m: cpu.append(time.process_time()))
     walls = [float(r["wall_s"]) for r in rows][1:-1]
