@@ -76,8 +76,14 @@ def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
 
 def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
     """The nested dict ``flatten`` took apart, each tensor cast back to its dtype (integers rounded first)."""
+    return unflatten_leaves(layout, flat_views(layout, flat))
+
+
+def unflatten_leaves(layout: Layout, leaves: Sequence[torch.Tensor]) -> dict:
+    """The nested dict of ``layout`` from its tensors' flat values, one tensor each, each cast back to its dtype
+    (integers rounded first)."""
     out: dict = {}
-    for (path, shape, dtype), part in zip(layout, flat_views(layout, flat)):
+    for (path, shape, dtype), part in zip(layout, leaves):
         value = part.view(shape)
         value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
         node = out

@@ -57,7 +57,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregation import Layout, layout_and_leaves
+from raysim.algorithms.aggregation import Layout, layout_and_leaves, unflatten_leaves
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
@@ -98,24 +98,11 @@ def _leaves64(tree: dict, like: Optional[Layout] = None) -> tuple[Layout, list[t
     return layout, [t.detach().reshape(-1).to(torch.float64) for t in leaves]
 
 
-def _unflatten_leaves(layout: Layout, leaves: list[torch.Tensor]) -> dict:
-    """:func:`unflatten` of float64 leaves: each cast back to its tensor's dtype (integers rounded first)."""
-    out: dict = {}
-    for (path, shape, dtype), flat in zip(layout, leaves):
-        value = flat.view(shape)
-        value = value.to(dtype) if dtype.is_floating_point or dtype.is_complex else value.round().to(dtype)
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return out
-
-
 def mix(x: dict, new: dict, alpha: float) -> dict:
     """FedAsync's x̄ = (1 − α)·x + α·x_new, in float64, cast back to each tensor's dtype (integers rounded)."""
     layout, xs = _leaves64(x)
     _, ns = _leaves64(new, layout)
-    return _unflatten_leaves(layout, [a * (1.0 - alpha) + b * alpha for a, b in zip(xs, ns)])
+    return unflatten_leaves(layout, [a * (1.0 - alpha) + b * alpha for a, b in zip(xs, ns)])
 
 
 def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
@@ -149,9 +136,9 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
                     t.add_(term)
             weight_sum += w
     if total is None or weight_sum == 0:
-        return _unflatten_leaves(layout, [t.clone() for t in xs])
+        return unflatten_leaves(layout, [t.clone() for t in xs])
     scale = server_lr * weight_sum / size
-    return _unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
+    return unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
 
 
 def _entropy(words: list[int]) -> np.random.SeedSequence:

@@ -62,7 +62,7 @@ class PrivacyConfig:
 
 
 def clients_per_round(cfg: Any) -> int:
-    """The cohort a round samples (``raysim.engine.driver.cohort_size``, which a test holds this equal to):
+    """The cohort a round samples (``raysim.engine.plan.cohort_size``, which a test holds this equal to):
     ``clients.fraction x clients.num`` rounded half up, at least one; here so that raysim.privacy imports no engine."""
     return max(1, int(math.floor(cfg.clients.fraction * cfg.clients.num + 0.5)))
 
