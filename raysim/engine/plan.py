@@ -109,16 +109,17 @@ def round_sums(calls: Sequence[TrainCall], results: Sequence[Any]) -> list[Any]:
     workers took, and each split group's (``part_of``) from its uploads, summed here by :func:`sum_results`, in id
     order, as its worker would have."""
     sums: list[Any] = []
-    parts: dict[int, list[Any]] = {}
+    parts: dict[tuple[int, int], tuple[str, list[Any]]] = {}  # (round, group) -> (weighting, its clients' results)
     for call, result in zip(calls, results):
         if call.part_of is None:
             sums.extend(result.sums)
             continue
-        if call.part_of not in parts:
-            parts[call.part_of] = []
-            sums.append(call.part_of)  # its place in group order, filled below
-        parts[call.part_of].extend(result.results)
-    return [sum_results(sorted(parts[s], key=lambda r: r.client_id), calls[0].weighting) if isinstance(s, int) else s
+        key = (call.round, call.part_of)
+        if key not in parts:
+            parts[key] = (call.weighting, [])
+            sums.append(key)  # its place in group order, filled below
+        parts[key][1].extend(result.results)
+    return [sum_results(sorted(parts[s][1], key=lambda r: r.client_id), parts[s][0]) if isinstance(s, tuple) else s
             for s in sums]
 
 
