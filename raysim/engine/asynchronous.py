@@ -51,7 +51,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -209,9 +209,6 @@ class EventQueue:
         """The jobs in flight, in queue order."""
         return [entry[3] for entry in sorted(self._heap) if isinstance(entry[3], Flight)]
 
-    def clients(self) -> set[int]:
-        return set(self._busy)
-
     def busy(self) -> dict[int, int]:
         """The clients in flight (client -> jobs), live: read it, do not keep it."""
         return self._busy
@@ -249,12 +246,12 @@ class Version:
 
     ref: Any
     payload: dict
-    bytes: int
-    model_bytes: int = -1
+    bytes: int = field(init=False)
+    model_bytes: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        if self.model_bytes < 0:
-            self.model_bytes = nbytes(self.payload.get("model", {}))
+    def __post_init__(self) -> None:  # counted once a version, not once a job
+        self.bytes = nbytes(self.payload)
+        self.model_bytes = nbytes(self.payload.get("model", {}))
 
 
 # ---------------------------------------------------------------------------------------------- the driver
@@ -299,7 +296,7 @@ class AsyncDriver(Driver):
         self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
         self.pending_dropped = int(record["pending_dropped"])
         self.queue = EventQueue.from_record(record["queue"])
-        self.versions = {int(v): Version(self.executor.put(p), p, nbytes(p)) for v, p in record["versions"].items()}
+        self.versions = {int(v): Version(self.executor.put(p), p) for v, p in record["versions"].items()}
 
     # ------------------------------------------------------------------ jobs
     def _current_version(self) -> Version:
@@ -307,7 +304,7 @@ class AsyncDriver(Driver):
         v = self.round
         if v not in self.versions:
             shared = copy_tree(self._shared_payload(v + 1))
-            self.versions[v] = Version(self.executor.put(shared), shared, nbytes(shared))
+            self.versions[v] = Version(self.executor.put(shared), shared)
         return self.versions[v]
 
     def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, killed_worker_matches_inline, read_rows, refused_config, strip_timing, tiny_overrides
@@ -88,7 +89,7 @@ def test_event_queue_orders_by_time_then_client_then_sequence():
     q.push(Flight(seq=4, client=3, start=0.5, finish=1.0, version=1, bytes_down=1, bytes_up=1, dropped=True))
     q.push(Flight(seq=1, client=3, start=0.2, finish=1.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
     q.push(Wait(seq=9, time=1.0, attempt=2))  # a waiting slot counts as client −1
-    assert q.clients() == {3, 7} and len(q) == 5
+    assert set(q.busy()) == {3, 7} and q.busy()[3] == 3 and len(q) == 5
     copy = EventQueue.from_record(json.loads(json.dumps(q.record())))  # what a checkpoint keeps gives it back
     order = []
     while len(q):
@@ -97,6 +98,16 @@ def test_event_queue_orders_by_time_then_client_then_sequence():
     # time 1.0: the wait (−1), client 3's jobs by sequence (1, then 4), client 7; then time 2.0
     assert order == [(1.0, -1, 9), (1.0, 3, 1), (1.0, 3, 4), (1.0, 7, 2), (2.0, 3, 5)]
     assert [e.seq for e in [copy.pop() for _ in range(5)]] == [9, 1, 4, 2, 5]
+    assert q.busy() == {} and set(copy.busy()) == set()  # the clients in flight follow the pops
+
+
+def test_the_client_draws_seed_sequence_is_default_rngs():
+    """_entropy's shortcut (words below 2**32 as one uint32 array) seeds the generator default_rng seeds."""
+    from raysim.engine.asynchronous import _entropy
+
+    for words in ([0, 1, 2, 3], [7, 12345, 0, 2**32 - 1], [2**32, 5, 1, 9], [2**40 + 3, 2**33, 0, 1]):
+        ours = np.random.Generator(np.random.PCG64(_entropy(words))).integers(0, 1000, size=64)
+        assert np.array_equal(ours, np.random.default_rng(words).integers(0, 1000, size=64)), words
 
 
 # ---------------------------------------------------------------------------------------------- runs

@@ -13,7 +13,7 @@ import pytest
 
 from raysim.config import ConfigError
 from raysim.system.config import AvailabilityConfig, SystemConfig, TierConfig, TraitConfig, selected_count
-from raysim.system.model import ClientTraits, SystemModel, job_duration, lognormal_sigma, uniforms
+from raysim.system.model import DROPOUT, ClientTraits, SystemModel, job_duration, lognormal_sigma, uniforms
 
 
 def system(**fields) -> SystemConfig:
@@ -98,6 +98,25 @@ def test_dropout_is_a_bernoulli_per_client_and_round():
     assert np.mean(draws) == pytest.approx(0.2, abs=0.02)
     assert model.dropped(5, 3) == model.dropped(5, 3)
     assert not SystemModel(system(), seed=0, num_clients=3).dropped(0, 1)
+
+
+def test_one_clients_scalar_draws_are_the_vectorised_ones():
+    """uniform, available, dropped and first_available (the event queue's one-at-a-time path) give exactly the
+    numbers of uniforms and available_many."""
+    from raysim.system.model import uniform
+
+    clients = np.arange(500)
+    assert [uniform(99, int(c), 4) for c in clients] == uniforms(99, clients, 4).tolist()
+    for mode in ("always", "diurnal", "onoff"):
+        model = SystemModel(system(availability=AvailabilityConfig(mode=mode), dropout=0.3), seed=1, num_clients=500)
+        for t in (0.0, 3_600.5, 90_000.0):
+            many = model.available_many(clients, t).tolist()
+            assert [model.available(int(c), t) for c in clients] == many, (mode, t)
+            skip = {int(c) for c in clients[:40]}
+            scan = next((int(c) for c, ok in zip(clients, many) if ok and int(c) not in skip), None)
+            assert model.first_available(clients.tolist(), t, skip) == scan
+        key = model._keys[DROPOUT]
+        assert [model.dropped(int(c), 7) for c in clients] == (uniforms(key, clients, 7) < 0.3).tolist()
 
 
 def test_uniforms_are_a_pure_function_of_their_counters():
