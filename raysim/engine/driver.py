@@ -478,7 +478,7 @@ class Driver:
         workers in whole blocks of ``eval.chunk``, the block each prediction is computed in whatever the split."""
         sid = self.data.server_client_id
         payload = self.executor.put(self.algorithm.eval_payload(self.server_state))
-        calls = plan_server_test(sid, self.data.num_test(sid), self.cfg.eval.chunk, self.cfg.engine.num_workers, rnd,
+        calls = plan_server_test(sid, self.data.num_test(sid), self.cfg.eval.chunk, self.executor.workers, rnd,
                                  payload)
         rows = [done[0] for done in self.executor.run(calls)]
         total = sum(r.total for r in rows)
