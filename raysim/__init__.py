@@ -13,7 +13,7 @@ import sys
 import types
 from typing import Any
 
-from raysim.api import RunResult, TuneResult, load_run, report, run, tune
+from raysim.api import RunResult, TuneResult, load_run, report, run, tune, warm_workers
 from raysim.config import ExperimentConfig, load_config
 from raysim.errors import RunStopped, UserError
 from raysim.registry import register_algorithm, register_dataset, register_model
@@ -21,7 +21,7 @@ from raysim.registry import register_algorithm, register_dataset, register_model
 __version__ = "0.2.0"
 __all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResult", "UserError", "__version__",
            "load_config", "load_run", "register_algorithm", "register_dataset", "register_model", "report", "run",
-           "tune"]
+           "tune", "warm_workers"]
 
 
 class _Package(types.ModuleType):

@@ -1,4 +1,4 @@
-"""The Python API: ``raysim.run``, ``raysim.tune``, ``raysim.report`` and ``raysim.load_run``.
+"""The Python API: ``raysim.run``, ``raysim.tune``, ``raysim.report``, ``raysim.load_run`` and ``raysim.warm_workers``.
 
 Each verb does what the command of the same name does and returns an object instead of printing. A run on the
 in-process executor (``engine.backend=inline``, or ``auto`` with one worker) starts no Ray; otherwise Ray is started
@@ -8,10 +8,11 @@ and is left running, so a notebook pays Ray's start-up (seconds) once; ``ray.shu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.tables import counted
@@ -81,6 +82,19 @@ def _ensure_ray(cfg: ExperimentConfig) -> None:
 
     if not ray.is_initialized():
         start_ray(cfg.engine, cfg.plugins)
+
+
+@contextlib.contextmanager
+def warm_workers() -> Iterator[None]:
+    """Runs on Ray inside this block reuse the Ray worker processes of the run before (with the same
+    ``engine.cpus_per_worker`` and ``engine.gpus_per_worker``) instead of starting new ones, each of which imports
+    torch (seconds); the numbers are those of fresh workers. Kept workers hold their CPUs while idle: a sweep
+    (``raysim.tune``) or a run of another shape ends them first, your own Ray tasks do not, so leave the block
+    (which ends them) before scheduling your own work on this Ray."""
+    from raysim.engine.pool import warm_workers as keep
+
+    with keep():
+        yield
 
 
 def _frame(rows: list[dict]) -> "pandas.DataFrame":

@@ -26,13 +26,15 @@ def ray_cluster():
     """The session's Ray: 2 CPUs and no GPU, whatever the machine has (the GPU fail-fast tests need none)."""
     import ray
 
+    from raysim.engine.pool import warm_workers
     from raysim.engine.resources import init_local_ray
 
     # workers inherit the environment of the Ray that this process starts: let them import tests/plugins
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TEST_PLUGINS), str(EXAMPLE_PLUGINS),
                                                             os.environ.get("PYTHONPATH")]))
     init_local_ray(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.WARNING)
-    yield ray
+    with warm_workers():  # runs hand their workers on to the next run (each new worker process imports torch)
+        yield ray
     ray.shutdown()
 
 
@@ -94,10 +96,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-    # the files with the most slow tests first, the rest in their order: `make test`'s --dist loadfile hands whole
-    # files to its workers in this order, so the longest files no longer come last and end the run on one worker
+    # longest first: `make test`'s --dist loadfile hands whole files to its workers in this order, so that the two
+    # end together instead of one finishing a long file alone. LONGEST: the files over 25 s, longest first (seconds
+    # in a `make test` at 2 workers, 2026-12-03); then the files with the most slow tests; the rest in their order.
     slow: dict[str, int] = {}
     for item in items:
         slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + \
             (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+    rank = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: (rank.get(item.nodeid.split("::")[0], len(rank)), -slow[item.nodeid.split("::")[0]]))
+
+
+LONGEST = ("tests/test_crash_safety.py",  # 147 s
+           "tests/test_preemption.py",  # 112
+           "tests/engine/test_multinode.py",  # 87
+           "tests/engine/test_faults.py",  # 41
+           "tests/tune/test_running.py",  # 41
+           "tests/tune/test_search.py",  # 37
+           "tests/engine/test_cohort.py",  # 34
+           "tests/tune/test_study.py",  # 32
+           "tests/engine/test_state.py")  # 29

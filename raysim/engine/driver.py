@@ -190,8 +190,8 @@ class Driver:
             except WriteFailed:
                 if not failing:  # else the first error is the one to report
                     raise
-            finally:
-                self.executor.shutdown()
+            finally:  # a run that ended: no call in flight, so its workers may serve the next (warm_workers)
+                self.executor.shutdown(keep_workers=not failing)
 
     def _writing(self, what: str) -> contextlib.AbstractContextManager:
         """A failed write to the run directory stops the run in one line (:func:`raysim.fsutil.run_dir_write`)."""

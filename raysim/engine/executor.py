@@ -72,8 +72,9 @@ class Executor:
     def info(self) -> list[dict]:
         return []
 
-    def shutdown(self) -> None:
-        pass
+    def shutdown(self, keep_workers: bool = False) -> None:
+        """Release what the executor holds; ``keep_workers``: the run ended, so its Ray workers may serve the next
+        one (``raysim.engine.pool.warm_workers``)."""
 
 
 # ---------------------------------------------------------------------------------------------------- in-process
@@ -96,7 +97,7 @@ class InlineExecutor(Executor):
 
         self.jobs = ClientJobs(self.cfg, data, self.device)
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_workers: bool = False) -> None:
         """Give the process back its torch settings (a GPU run switched determinism on)."""
         restore(self._restore)
         self._restore = {}
@@ -191,6 +192,6 @@ class RayExecutor(Executor):
     def info(self) -> list[dict]:
         return self.pool.info() if self.pool is not None else []
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_workers: bool = False) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.shutdown(keep=keep_workers)

@@ -17,8 +17,9 @@ worker: its calls run again.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
@@ -47,8 +48,64 @@ def kill_quietly(actors: list[Any]) -> None:
             pass
 
 
+# ------------------------------------------------------------------------------------------- warm workers
+# Inside warm_workers(), a run on Ray that ended hands its live workers to the next run in this process that asks for
+# the same share of a node; each new worker process costs ~3 s of CPU here, most of it importing torch.
+_warm: dict[str, Any] = {"depth": 0, "idle": []}  # idle: [(key, actor)] of ended runs, kept for the next
+
+
+@contextlib.contextmanager
+def warm_workers() -> Iterator[None]:
+    """Runs on Ray inside this block (a notebook cell, a script that loops over configs) reuse the worker actors of
+    the run before with the same ``engine.cpus_per_worker`` and ``engine.gpus_per_worker``, instead of starting new
+    processes; leaving it ends them. A reused worker is reset to the new config before its data arrives, so it
+    computes what a fresh one does (tested). Idle kept workers hold their CPUs, so anything else that schedules on
+    this Ray meanwhile (a Tune sweep, a worker of another shape) ends them first."""
+    _warm["depth"] += 1
+    try:
+        yield
+    finally:
+        _warm["depth"] -= 1
+        if not _warm["depth"]:
+            release_warm_workers()
+
+
+def release_warm_workers() -> None:
+    """End the kept workers (before something else needs their CPUs)."""
+    idle, _warm["idle"] = _warm["idle"], []
+    kill_quietly([actor for _, actor in idle])
+
+
+def _warm_key(cfg: ExperimentConfig) -> tuple:
+    """What a kept worker must share with a run to serve it: this Ray session (job) and the resources it holds."""
+    return (ray.get_runtime_context().get_job_id(), cfg.engine.cpus_per_worker, cfg.engine.gpus_per_worker)
+
+
+def _keep(cfg: ExperimentConfig, actors: list[Any]) -> bool:
+    """Keep ``actors`` for the next run (inside warm_workers(), on this Ray); False: the caller ends them."""
+    if not _warm["depth"] or not ray.is_initialized():
+        return False
+    key = _warm_key(cfg)
+    _warm["idle"].extend((key, actor) for actor in actors)
+    return True
+
+
+def _take_warm(cfg: ExperimentConfig, count: int) -> list[Any]:
+    """Up to ``count`` kept workers that fit ``cfg``, reset to it; every other kept worker is ended (its CPUs are
+    for the new ones)."""
+    key = _warm_key(cfg) if _warm["idle"] else None
+    fit = [actor for k, actor in _warm["idle"] if k == key][:count]
+    _warm["idle"] = [(k, actor) for k, actor in _warm["idle"] if not any(actor is f for f in fit)]
+    release_warm_workers()
+    for actor in fit:
+        actor.reset.remote(cfg)  # runs before the pool's first call to it (one caller's calls keep their order)
+    return fit
+
+
 def spawn_worker(cfg: ExperimentConfig, index: int, placement_group: Optional[Any] = None) -> Any:
-    """Create worker ``index``'s actor (no data yet: the driver sends it with ``attach``)."""
+    """Create worker ``index``'s actor (no data yet: the driver sends it with ``attach``); kept idle workers are
+    ended first, so that their CPUs are free for it."""
+    release_warm_workers()
     e = cfg.engine
     options: dict[str, Any] = {"num_cpus": e.cpus_per_worker, "num_gpus": e.gpus_per_worker, "max_restarts": 0}
     if placement_group is not None:
@@ -58,8 +115,16 @@ def spawn_worker(cfg: ExperimentConfig, index: int, placement_group: Optional[An
 
 def spawn_workers(cfg: ExperimentConfig, placement_group: Optional[Any] = None) -> list[Any]:
     """All of a run's workers, created by the host right after the driver so that the processes of all three
-    start at once; Ray prestarts only ``num_cpus`` processes, and a process that starts cold imports torch (~4 s)."""
-    return [spawn_worker(cfg, i, placement_group) for i in range(cfg.engine.num_workers)]
+    start at once; Ray prestarts only ``num_cpus`` processes, and a process that starts cold imports torch (~4 s).
+    Inside :func:`warm_workers`, the kept workers of the run before come first."""
+    kept = _take_warm(cfg, cfg.engine.num_workers) if placement_group is None else []
+    return kept + [spawn_worker(cfg, i, placement_group) for i in range(len(kept), cfg.engine.num_workers)]
+
+
+def end_workers(actors: list[Any]) -> None:
+    """End ``actors``, except those a pool kept for the next run (:func:`warm_workers`)."""
+    kept = [actor for _, actor in _warm["idle"]]
+    kill_quietly([a for a in actors if not any(a is k for k in kept)])
 
 
 class WorkerPool:
@@ -200,9 +265,12 @@ class WorkerPool:
             self.progress = (len(results), len(calls), kind)
         return [results[i] for i in range(len(calls))]
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep: bool = False) -> None:
+        """End the workers; ``keep`` (a run that ended, no call in flight): inside :func:`warm_workers`, keep them
+        for the next run instead (never those of a Tune trial's placement group)."""
         self._closed = True
-        kill_quietly(self.workers)
+        if not (keep and self._pg is None and _keep(self.cfg, self.workers)):
+            kill_quietly(self.workers)
         self.workers = []
 
 

@@ -243,6 +243,9 @@ def ray_session(engine: Any, plugins: Sequence[str] = ()) -> Iterator[bool]:
     try:
         yield True
     finally:
+        from raysim.engine.pool import release_warm_workers
+
+        release_warm_workers()  # their handles end with this Ray
         ray.shutdown()
 
 

@@ -268,7 +268,7 @@ def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_gr
                 record: Callable[[dict], None]) -> None:
     """The driver in this process, its jobs on Ray worker actors (``engine.backend=ray``). The workers are created
     first, so that their processes start (importing torch) while the driver builds the data and the model."""
-    from raysim.engine.pool import kill_quietly, spawn_workers
+    from raysim.engine.pool import end_workers, spawn_workers
     from raysim.engine.resources import check_resources, ray_session
 
     with ray_session(cfg.engine, cfg.plugins):
@@ -278,7 +278,7 @@ def _run_on_ray(cfg: ExperimentConfig, run_dir: Path, resume: bool, placement_gr
         try:  # from here on, the workers are ended whatever happens (a setup error included)
             _drive(cfg, run_dir, resume, started, record, placement_group=placement_group, workers=workers)
         finally:
-            kill_quietly(workers)  # the driver's pool has ended them and its replacements; these for a setup error
+            end_workers(workers)  # the driver's pool ended (or kept) them and its replacements; for a setup error
 
 
 def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool,

@@ -97,6 +97,11 @@ class ClientWorker:
         self._payload_ref: Optional[ray.ObjectRef] = None
         self._payload: dict = {}
 
+    def reset(self, cfg: ExperimentConfig) -> None:
+        """Serve another run (``raysim.engine.pool.warm_workers``): everything made from the last run's config and
+        data is dropped and made again from ``cfg``, as in a fresh worker; only the process stays."""
+        self.__init__(cfg)  # type: ignore[misc]
+
     def _guard(self, what: Any) -> Any:
         """Every call: refuse a GPU share this process cannot use; an out-of-memory error in ``what`` is one line."""
         if self._refusal is not None:

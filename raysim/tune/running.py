@@ -126,6 +126,7 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
             f"{counted(first.rounds, 'round')} each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
+            from raysim.engine.pool import release_warm_workers
             from raysim.tracking import tune_callbacks
 
             callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback(),
@@ -150,6 +151,7 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
             # Tuner.restore keeps the original run config; the progress callback has to be re-attached
             if resume:
                 tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
+            release_warm_workers()  # Tune's trials need the CPUs that a run's kept workers hold (warm_workers)
             with _one_line_trial_errors(), _stops_on_signals(), _restarts_only_lost_trials(spec, sweep_dir), \
                     _stops_when_tune_cannot_save(tune_dir) as unsaved:
                 try:

@@ -71,3 +71,40 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
     assert sorted(seen) == list(range(53))
     first, second = ray.get([done[0][1][0], done[0][1][1]])
     assert not torch.equal(first["head.weight"], second["head.weight"])
+
+
+def _pids(tmp_path, name: str, **extra: object) -> tuple[set[int], list[dict]]:
+    """A run on two Ray workers: its workers' pids (read at its start) and its metrics."""
+    from helpers import strip_timing, tiny_overrides
+    from raysim.engine.runner import run_experiment
+
+    pids: set[int] = set()
+    cfg = load_config(None, tiny_overrides(tmp_path / name, engine__backend="ray", engine__num_workers=2, **extra))
+    _, rows, _ = run_experiment(cfg, on_round=lambda m: None,
+                                on_start=lambda s: pids.update(i["pid"] for i in s["control"].worker_info()))
+    return pids, strip_timing(rows)
+
+
+def test_warm_workers_serve_the_next_run_with_a_fresh_workers_numbers(ray_cluster, tmp_path):
+    """Inside warm_workers() (the test session is), a run that ended hands its two workers to the next run of the
+    same shape: the same processes, reset, compute what fresh ones do (a stateful algorithm with another config);
+    a worker of another shape, or a release, ends the kept ones and gives their CPUs back."""
+    from helpers import strip_timing, tiny_overrides
+    from raysim.engine import pool
+    from raysim.engine.runner import run_experiment
+
+    first, _ = _pids(tmp_path, "a")
+    assert len(first) == 2 and len(pool._warm["idle"]) == 2
+    second, warm = _pids(tmp_path, "b", algorithm__name="scaffold", train__lr=0.05, clients__num=6)
+    assert second == first  # the same processes ...
+    plain = load_config(None, tiny_overrides(tmp_path / "c", algorithm__name="scaffold", train__lr=0.05,
+                                             clients__num=6))
+    assert warm == strip_timing(run_experiment(plain)[1])  # ... with a fresh worker's numbers (in process here)
+    third, _ = _pids(tmp_path, "d", engine__cpus_per_worker=0.5)  # another share: new workers, the kept ones end
+    assert not third & first
+    pool.release_warm_workers()
+    assert pool._warm["idle"] == []
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
