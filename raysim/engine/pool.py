@@ -91,15 +91,13 @@ def _keep(cfg: ExperimentConfig, actors: list[Any]) -> bool:
 
 
 def _take_warm(cfg: ExperimentConfig, count: int) -> list[Any]:
-    """Up to ``count`` kept workers that fit ``cfg``, reset to it; every other kept worker is ended (its CPUs are
-    for the new ones)."""
+    """Up to ``count`` kept workers that fit ``cfg``; every other kept worker is ended (its CPUs are for the new
+    ones)."""
     key = _warm_key(cfg) if _warm["idle"] else None
     fit = [actor for k, actor in _warm["idle"] if k == key][:count]
     _warm["idle"] = [(k, actor) for k, actor in _warm["idle"] if not any(actor is f for f in fit)]
     release_warm_workers()
-    for actor in fit:
-        actor.reset.remote(cfg)  # runs before the pool's first call to it (one caller's calls keep their order)
-    return fit
+    return fit  # the pool's first call to each names its config (ClientWorker._serve)
 
 
 def spawn_worker(cfg: ExperimentConfig, index: int, placement_group: Optional[Any] = None) -> Any:
@@ -159,7 +157,9 @@ class WorkerPool:
             self._attach(i, worker)
 
     def _attach(self, index: int, actor: Any) -> Any:
-        probe = actor.attach.remote(self._data_ref) if self._data_ref is not None else actor.info.remote()
+        # the first call names the run's config, which a worker kept from another run then serves (warm_workers)
+        probe = (actor.attach.remote(self._data_ref, self.cfg) if self._data_ref is not None
+                 else actor.info.remote(self.cfg))
         if index < len(self._starting):
             self._starting[index], self._nodes[index] = probe, None
         else:

@@ -97,10 +97,12 @@ class ClientWorker:
         self._payload_ref: Optional[ray.ObjectRef] = None
         self._payload: dict = {}
 
-    def reset(self, cfg: ExperimentConfig) -> None:
-        """Serve another run (``raysim.engine.pool.warm_workers``): everything made from the last run's config and
-        data is dropped and made again from ``cfg``, as in a fresh worker; only the process stays."""
-        self.__init__(cfg)  # type: ignore[misc]
+    def _serve(self, cfg: Optional[ExperimentConfig]) -> None:
+        """Serve the run of ``cfg`` (None: the one it serves): a worker kept from another run
+        (``raysim.engine.pool.warm_workers``) drops everything made from that run's config and data and makes it
+        again from ``cfg``, as a fresh worker would; only the process stays."""
+        if cfg is not None:
+            self.__init__(cfg)  # type: ignore[misc]
 
     def _guard(self, what: Any) -> Any:
         """Every call: refuse a GPU share this process cannot use; an out-of-memory error in ``what`` is one line."""
@@ -108,18 +110,22 @@ class ClientWorker:
             raise UserError(self._refusal)
         return job_guard(what, self.where, self.cfg)
 
-    def attach(self, data: Any) -> dict:
-        """Receive the run's dataset (an object-store reference that Ray resolves for this call); returns info().
+    def attach(self, data: Any, cfg: Optional[ExperimentConfig] = None) -> dict:
+        """Receive the run's dataset (an object-store reference that Ray resolves for this call), for the run of
+        ``cfg`` (the pool's first call to a worker names it); returns info().
 
         Data comes after construction so that a worker's process can be started before the driver has built the
         data: the host creates the workers beside the driver, and their cold starts overlap instead of queueing.
         """
+        self._serve(cfg)
         with self._guard("attaching the data"):
             self.jobs = ClientJobs(self.cfg, data, self.device)
         return self.info()
 
-    def info(self) -> dict:
-        """pid, device, torch threads, Ray node id and, on a GPU, this process's peak CUDA memory."""
+    def info(self, cfg: Optional[ExperimentConfig] = None) -> dict:
+        """pid, device, torch threads, Ray node id and, on a GPU, this process's peak CUDA memory (``cfg``: first
+        serve that run, as in :meth:`attach`)."""
+        self._serve(cfg)
         with self._guard("reporting its state"):
             return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads(),
                     "node": ray.get_runtime_context().get_node_id(), **memory_info(self.device)}
