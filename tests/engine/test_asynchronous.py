@@ -82,6 +82,32 @@ def test_fedbuff_step_is_the_same_whether_updates_share_their_start_model_or_not
                                                  for u, w in zip(ups, weights)) for j in range(3)]
     assert shared["w"].tolist() == pytest.approx(expected, abs=1e-6)
 
+def test_fedbuff_step_is_its_float64_formula_bit_for_bit():
+    # each term (y_i − x_τ)·w_i rounded in float64 (a weight of 1 multiplies by nothing), summed in arrival order,
+    # its mean times η_g·Σw/K added to x in float64, cast back (integers rounded): a plain reference, bit for bit
+    from raysim.algorithms.aggregation import layout_and_leaves, unflatten_leaves
+
+    g = torch.Generator().manual_seed(3)
+    shapes = {"body.w": (7, 5), "body.b": (7,), "n": ()}
+    def model(offset: int) -> dict:
+        return {k: torch.randn(s, generator=g) if k != "n" else torch.tensor(offset) for k, s in shapes.items()}
+    x, starts = model(4), [model(1), model(2)]
+    ups = [{k: v + 0.01 * torch.randn(v.shape, generator=g) if k != "n" else v + i for k, v in starts[i % 2].items()}
+           for i in range(5)]
+    weights = [buffer_weight(s, True) for s in (0, 1, 0, 3, 8)]  # w = 1 (fresh) among the stale ones
+    got = buffered_target(x, [(u, starts[i % 2], w) for i, (u, w) in enumerate(zip(ups, weights))], 0.8, 5)
+    layout, xs = layout_and_leaves(x)
+    total = None
+    for i, (u, w) in enumerate(zip(ups, weights)):
+        terms = [(a.double().reshape(-1) - b.double().reshape(-1)) * w
+                 for a, b in zip(layout_and_leaves(u)[1], layout_and_leaves(starts[i % 2])[1])]
+        total = terms if total is None else [t + d for t, d in zip(total, terms)]
+    scale = 0.8 * sum(weights) / 5
+    want = unflatten_leaves(layout, [a.double().reshape(-1) + (t / sum(weights)) * scale for a, t in zip(xs, total)])
+    for key in x:
+        assert torch.equal(got[key], want[key]) and got[key].dtype == x[key].dtype, key
+
+
 def test_event_queue_orders_by_time_then_client_then_sequence():
     q = EventQueue()
     q.push(Flight(seq=5, client=3, start=0.0, finish=2.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
