@@ -33,3 +33,11 @@ def test_all_finite():
     assert all_finite({"a": torch.ones(3), "n": torch.tensor([1, 2])})
     assert not all_finite({"a": torch.tensor([1.0, float("nan")])})
     assert not all_finite([torch.tensor([float("inf")])])
+    # the sum first: +Inf and -Inf in one tensor sum to NaN, still not finite; a -Inf among finite values too
+    assert not all_finite({"a": torch.tensor([float("inf"), float("-inf")]), "b": torch.zeros(2)})
+    assert not all_finite({"a": torch.ones(4), "b": {"c": torch.tensor([2.0, float("-inf"), 1.0])}})
+    # finite values whose sum overflows (float32, float16) are finite: checked element by element then
+    assert all_finite({"a": torch.tensor([3e38, 3e38]), "h": torch.full((8,), 60000.0, dtype=torch.float16)})
+    assert not all_finite({"h": torch.tensor([60000.0, float("nan")], dtype=torch.float16)})
+    assert all_finite({"e": torch.zeros(0), "n": torch.tensor([2**62, 2**62]), "d": torch.ones(3, dtype=torch.float64)})
+    assert all_finite({}) and all_finite({"x": 3})
