@@ -71,7 +71,11 @@ def flatten(tree: dict) -> tuple[Layout, torch.Tensor]:
     layout, leaves = layout_and_leaves(tree)
     if not leaves:
         return layout, torch.zeros(0, dtype=torch.float64)
-    return layout, torch.cat([t.detach().reshape(-1).to(torch.float64) for t in leaves])
+    sizes = [t.numel() for t in leaves]
+    flat = torch.empty(sum(sizes), dtype=torch.float64, device=leaves[0].device)
+    for view, t in zip(flat.split(sizes), leaves):  # each value converted exactly, straight into its place
+        view.copy_(t.detach().reshape(-1))
+    return layout, flat
 
 
 def unflatten(layout: Layout, flat: torch.Tensor) -> dict:
@@ -148,7 +152,7 @@ class UploadSum:
         """Turn a single kept upload into the buffer: ``flat * weight``, as ``add`` does for every other upload."""
         if self.single is not None:
             self.layout, flat = flatten(self.single)
-            self.total, self.single = flat * self.weight, None
+            self.total, self.single = flat.mul_(self.weight), None  # a fresh buffer: multiplied in place
 
     def _check(self, layout: Layout, who: str) -> None:
         if layout != self.layout:
