@@ -77,8 +77,10 @@ def release_warm_workers() -> None:
 
 
 def _warm_key(cfg: ExperimentConfig) -> tuple:
-    """What a kept worker must share with a run to serve it: this Ray session (job) and the resources it holds."""
-    return (ray.get_runtime_context().get_job_id(), cfg.engine.cpus_per_worker, cfg.engine.gpus_per_worker)
+    """What a kept worker must share with a run to serve it: this Ray session (the driver's node, whose id is new with
+    every Ray started, and its job) and the resources the worker holds."""
+    context = ray.get_runtime_context()
+    return (context.get_node_id(), context.get_job_id(), cfg.engine.cpus_per_worker, cfg.engine.gpus_per_worker)
 
 
 def _keep(cfg: ExperimentConfig, actors: list[Any]) -> bool:
