@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+import raysim
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.errors import UserError
 from raysim.tune import (SweepError, candidate_overrides, load_sweep, parse_seeds,
                          trial_bundles)
-from conftest import TINY, read_rows
+from conftest import TINY, read_rows, tiny_overrides
 
 
 def write_sweep(tmp_path: Path, **sweep: object) -> Path:
@@ -27,9 +28,16 @@ def write_sweep(tmp_path: Path, **sweep: object) -> Path:
 
 
 def test_two_trial_sweep_writes_table_best_config_and_hparams(ray_cluster, tmp_path, capsys):
+    from raysim.engine import pool
+
+    # a run on two Ray workers first: inside the session's warm_workers() they stay, holding both of its CPUs, and
+    # the sweep must end them before its trials ask for CPUs (else the trials would wait for ever)
+    raysim.run(None, *tiny_overrides(tmp_path / "before", engine__backend="ray", engine__num_workers=2))
+    assert len(pool._warm["idle"]) == 2
     sweep = write_sweep(tmp_path)
     out = tmp_path / "sw"
     assert main(["tune", str(sweep), f"dir={out}", "--quiet"]) == 0
+    assert pool._warm["idle"] == []
     printed = capsys.readouterr().out
     assert "2/2 trials done" in printed and "best acc_mean" in printed
 
