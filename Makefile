@@ -22,8 +22,8 @@ endif
 	touch $(STAMP)
 
 # SITE_BYTECODE: pip compiles what it installs one file at a time (~2 min here of a 3.7 min set-up); installed with
-# --no-compile and compiled by compileall on every core, the set-up took 2.5 min. The packages' own test suites
-# (a fifth of the files, never imported here) are left out; a few of them do not compile on this Python (py312
+# --no-compile and compiled by compileall on every core, the set-up took 2.5 min. The packages' own test suites (a
+# fifth of the files, which raysim does not import) are left out; a few of them do not compile on this Python (py312
 # syntax), as pip's compile step skips them too: `|| true`.
 
 # raysim's own bytecode, written once: pip compiles what it installs, but not an editable source tree, and where
