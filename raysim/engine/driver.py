@@ -463,8 +463,7 @@ class Driver:
         """Personalised (correct, total) test counts per client, and the pooled accuracy over all their samples."""
         clients = [c for c in clients if self.data.num_test(c) > 0]
         shared_ref, own, _ = self._downloads(clients, -1)
-        calls = plan_evaluation(clients, rnd, shared_ref, own, self.states.get,
-                                self.cfg.engine.num_workers * self.cfg.engine.jobs_per_worker)
+        calls = plan_evaluation(clients, rnd, shared_ref, own, self.states.get, self.executor.slots)
         done = self.executor.run(calls)
         rows = [row for chunk_rows in done for row in chunk_rows]
         counts = {r.client_id: (r.correct, r.total) for r in rows}
