@@ -41,7 +41,8 @@ always available and never drops.
 ``bytes_up``: the applied uploads), ``sim_time_s`` (with the totals, as synchronous rounds log it with
 ``system.enabled``), ``round_sim_s``, ``staleness_mean``, ``staleness_max`` and ``dropouts`` (the jobs that dropped
 since the last step). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
-client and the server version it downloaded) and each of those versions' payloads, so ``--resume`` re-trains the
+client and the server version it downloaded) and names the file of each of those versions' payloads (written once
+each, ``checkpoint/versions/``, with its sha256), so ``--resume`` re-trains the
 jobs in flight from exactly what they downloaded and continues with the metrics of a run that was never
 interrupted.
 """
@@ -52,16 +53,17 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregation import Layout, layout_and_leaves, unflatten_leaves
+from raysim.algorithms.aggregation import Layout, flatten, layout_and_leaves, unflatten_leaves
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
-from raysim.engine.state import read_checkpoint
+from raysim.engine.state import checkpoint_dir, read_checkpoint, safe_load, save_all_durably, server_file
 from raysim.errors import UserError
 from raysim.system.config import SystemConfig
 from raysim.system.model import CHUNK, SystemModel
@@ -109,36 +111,42 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
     started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
     before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
-    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Tensor by tensor, each
-    element through exactly the operations it had in one flat float64 buffer (:func:`flatten`), with one scratch
-    buffer per tensor instead of a fresh flat copy of every upload."""
+    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Each upload goes into one
+    flat float64 scratch buffer (:func:`flatten`'s values) and its term is three operations on the whole buffer,
+    not three per tensor: every element through the same operations, so the same bits, at a fraction of the
+    per-operation cost on a model of many small tensors."""
     layout, xs = _leaves64(x)
-    total: Optional[list[torch.Tensor]] = None  # float64, per tensor
-    weight_sum = 0.0
-    starts: dict[int, list[torch.Tensor]] = {}  # the buffered jobs share few start versions: each converted once
-    scratch = [torch.empty(shape, dtype=torch.float64) for _, shape, _ in layout]  # y_i in float64, shaped as y_i
-    flat = [d.view(-1) for d in scratch]
+    sizes = [math.prod(shape) for _, shape, _ in layout]
+    total = torch.zeros(sum(sizes), dtype=torch.float64)
+    scratch = torch.empty_like(total)  # y_i in float64, then its term
+    views = scratch.split(sizes)
+    weight_sum, count = 0.0, 0
+    starts: dict[int, torch.Tensor] = {}  # the buffered jobs share few start versions: each flattened once
     with torch.no_grad():
         for upload, start, weight in buffered:
             if id(start) not in starts:
-                starts[id(start)] = _leaves64(start, layout)[1]
+                start_layout, starts[id(start)] = flatten(start)
+                if start_layout != layout:
+                    raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
             up_layout, ups = layout_and_leaves(upload)
             if up_layout != layout:
                 raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
             w = float(weight)
-            for d, u in zip(scratch, ups):
-                d.copy_(u)  # y's values in float64, exactly
-            terms = [d.sub_(s).mul_(w) for d, s in zip(flat, starts[id(start)])]
-            if total is None:
-                total = [t.clone() for t in terms]
+            for view, u in zip(views, ups):
+                view.copy_(u.detach().reshape(-1))  # y's values in float64, exactly
+            scratch.sub_(starts[id(start)])
+            if w != 1.0:  # x·1 is x: the multiplication would change no bit
+                scratch.mul_(w)
+            if count:
+                total.add_(scratch)
             else:
-                for t, term in zip(total, terms):
-                    t.add_(term)
+                total.copy_(scratch)  # the first term as it is (0 + t is t, except -0.0)
             weight_sum += w
-    if total is None or weight_sum == 0:
+            count += 1
+    if not count or weight_sum == 0:
         return unflatten_leaves(layout, [t.clone() for t in xs])
     scale = server_lr * weight_sum / size
-    return unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total)])
+    return unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total.split(sizes))])
 
 
 def _entropy(words: list[int]) -> np.random.SeedSequence:
@@ -147,6 +155,14 @@ def _entropy(words: list[int]) -> np.random.SeedSequence:
     if all(0 <= w < 1 << 32 for w in words):
         return np.random.SeedSequence(np.array(words, dtype=np.uint32))
     return np.random.SeedSequence(words)
+
+
+VERSIONS_DIR = "versions"  # in the checkpoint directory: one file per server version that jobs in flight hold
+
+
+def version_file(ckpt_dir: Path, version: int) -> Path:
+    """The file of a server version's payload in a checkpoint: ``versions/v000007.pt``."""
+    return Path(ckpt_dir) / VERSIONS_DIR / f"v{int(version):06d}.pt"
 
 
 # ---------------------------------------------------------------------------------------------- the queue
@@ -274,6 +290,7 @@ class AsyncDriver(Driver):
         self.pending_down = 0  # bytes downloaded by the jobs started since the last server step
         self.pending_dropped = 0  # jobs that dropped since the last server step
         self.versions: dict[int, Version] = {}
+        self._version_files: dict[int, tuple[str, str]] = {}  # version -> (its file, sha256), written once each
         self.results: dict[int, tuple[TrainResult, Any]] = {}  # job sequence -> its computed (result, state handle)
         self.buffer: list[tuple[Flight, TrainResult]] = []  # FedBuff's arrivals since the last step
         self.totals.setdefault("sim_time_s", 0.0)  # simulated seconds at the last server step (logged with totals)
@@ -282,11 +299,27 @@ class AsyncDriver(Driver):
 
     # ------------------------------------------------------------------ checkpoint
     def _checkpoint_extra(self) -> dict:
-        """The queue and the payloads its jobs downloaded (the buffer is empty after every server step)."""
+        """The queue and the versions its jobs downloaded (the buffer is empty after every server step). A version
+        never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, and ``server.pt`` names its
+        file and sha256: a step rewrites only the newest version, not the three or four its jobs in flight hold."""
+        ckpt = checkpoint_dir(self.run_dir)
+        new = [v for v in sorted(self.versions) if v not in self._version_files]
+        sums = save_all_durably([(self.versions[v].payload, version_file(ckpt, v)) for v in new]) if new else {}
+        for v in new:
+            name = version_file(ckpt, v).name
+            self._version_files[v] = (name, sums[name])
         return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
                                  "next_seq": self.next_seq, "pending_down": self.pending_down,
                                  "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
-                                 "versions": {v: self.versions[v].payload for v in sorted(self.versions)}}}
+                                 "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)}}}
+
+    def checkpoint(self) -> None:
+        """The synchronous checkpoint, then the files of versions no job in flight holds any more are deleted
+        (after the new ``server.pt`` stopped naming them)."""
+        super().checkpoint()
+        for v in [v for v in self._version_files if v not in self.versions]:
+            version_file(checkpoint_dir(self.run_dir), v).unlink(missing_ok=True)
+            del self._version_files[v]
 
     def _restore(self, record: Optional[dict]) -> None:
         if record is None:
@@ -296,7 +329,24 @@ class AsyncDriver(Driver):
         self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
         self.pending_dropped = int(record["pending_dropped"])
         self.queue = EventQueue.from_record(record["queue"])
-        self.versions = {int(v): Version(self.executor.put(p), p) for v, p in record["versions"].items()}
+        ckpt = checkpoint_dir(self.run_dir)
+        for v, entry in record["versions"].items():
+            if isinstance(entry, dict):  # a checkpoint of raysim before version files: the payload itself
+                payload = entry
+            else:
+                name, digest = entry
+                if name != version_file(ckpt, int(v)).name:
+                    raise UserError(f"{server_file(self.run_dir)} names {name!r} for server version {v}, not "
+                                    f"{version_file(ckpt, int(v)).name!r}: the checkpoint is damaged")
+                payload = safe_load(version_file(ckpt, int(v)), digest)
+                self._version_files[int(v)] = (name, digest)
+            self.versions[int(v)] = Version(self.executor.put(payload), payload)
+        folder = ckpt / VERSIONS_DIR
+        if folder.is_dir():  # files of a run stopped between writing a version and the server.pt naming it
+            named = {name for name, _ in self._version_files.values()}
+            for f in folder.iterdir():
+                if f.name not in named:
+                    f.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ jobs
     def _current_version(self) -> Version:

@@ -4,9 +4,11 @@ one and two Ray workers with one killed), and the algorithms they refuse."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +23,8 @@ from raysim.config import load_config
 from raysim.engine.asynchronous import (EventQueue, Flight, Wait, buffer_weight, buffered_target, mix,
                                         staleness_weight)
 from raysim.engine.runner import run_experiment
-from raysim.engine.state import read_checkpoint
+from raysim.engine.state import content_digest, read_checkpoint
+from raysim.errors import UserError
 
 ASYNC = dict(asynchronous__mode="fedbuff", asynchronous__buffer_size=2, asynchronous__concurrency=3,
              clients__num=6, train__local_epochs=2, data__partition="dirichlet")
@@ -163,6 +166,53 @@ def test_fedbuff_run_steps_every_k_arrivals_in_time_order_and_resumes(tmp_path):
                                            **{**ASYNC, "rounds": 5}))
     run_experiment(cfg, resume=True)
     assert strip_timing(read_rows(tmp_path / "part")) == strip_timing(rows)
+
+
+def test_each_version_is_a_file_written_once_and_a_damaged_one_refuses_to_resume(tmp_path):
+    """server.pt names the file and sha256 of every version a job in flight holds; a step writes only the new
+    version (older files keep their bytes and times), the files of versions no job holds are gone, a stray file is
+    removed on resume, and a damaged version file stops ``--resume`` with one line."""
+    _run(tmp_path, "v", rounds=3)
+    ckpt = tmp_path / "v" / "checkpoint"
+    record = read_checkpoint(tmp_path / "v")["asynchronous"]
+    names = {name for name, _ in record["versions"].values()}
+    assert {f.name for f in (ckpt / "versions").iterdir()} == names
+    assert all(hashlib.sha256((ckpt / "versions" / name).read_bytes()).hexdigest() == digest
+               for name, digest in record["versions"].values())
+    before = {f.name: f.stat().st_mtime_ns for f in (ckpt / "versions").iterdir()}
+    (ckpt / "versions" / "v999999.pt").write_bytes(b"left by a crash")
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "v"), log__tensorboard="false",
+                                           **{**ASYNC, "rounds": 4}))
+    run_experiment(cfg, resume=True)
+    after = read_checkpoint(tmp_path / "v")["asynchronous"]["versions"]
+    on_disk = {f.name: f.stat().st_mtime_ns for f in (ckpt / "versions").iterdir()}
+    assert set(on_disk) == {name for name, _ in after.values()} and "v999999.pt" not in on_disk
+    assert all(on_disk[name] == before[name] for name in set(before) & set(on_disk))  # kept, not rewritten
+    victim = ckpt / "versions" / sorted(on_disk)[0]
+    victim.write_bytes(victim.read_bytes()[:-1] + b"x")
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "v"), log__tensorboard="false",
+                                           **{**ASYNC, "rounds": 5}))
+    with pytest.raises(UserError, match=f"{victim.name} fails its sha256 checksum"):
+        run_experiment(cfg, resume=True)
+
+
+def test_a_checkpoint_with_its_versions_inline_still_resumes(tmp_path):
+    """A checkpoint written before version files (each version's payload inside server.pt) resumes to the numbers
+    of the run that was never stopped."""
+    rows = _run(tmp_path, "full", rounds=4)
+    _run(tmp_path, "old", rounds=2)
+    ckpt = tmp_path / "old" / "checkpoint"
+    server = torch.load(ckpt / "server.pt", weights_only=True)
+    server.pop("sha256")
+    versions = server["asynchronous"]["versions"]
+    server["asynchronous"]["versions"] = {v: torch.load(ckpt / "versions" / name, weights_only=True)
+                                          for v, (name, _) in versions.items()}
+    torch.save({**server, "sha256": content_digest(server)}, ckpt / "server.pt")
+    shutil.rmtree(ckpt / "versions")
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "old"), log__tensorboard="false",
+                                           **{**ASYNC, "rounds": 4}))
+    run_experiment(cfg, resume=True)
+    assert strip_timing(read_rows(tmp_path / "old")) == strip_timing(rows)
 
 
 def test_with_a_system_model_jobs_start_on_available_clients_and_some_drop(tmp_path):
