@@ -89,6 +89,9 @@ def lognormal_sigma(spread: float) -> float:
     return math.log(spread) / (2.0 * Z90)
 
 
+TRAITS_KEPT = 1 << 16  # clients whose traits SystemModel.traits keeps (about 10 MB at most)
+
+
 @dataclass(frozen=True)
 class ClientTraits:
     speed: float  # samples trained per second
@@ -176,6 +179,7 @@ class SystemModel:
             self._all_spread = bool((self._sigmas > 0).all())  # no trait fixed at its median: z as drawn
         if cfg.availability.mode == "trace":
             self._trace = self._read_trace(str(cfg.availability.trace))
+        self._traits_seen: dict[int, ClientTraits] = {}  # the event queue prices the same clients again and again
 
     # ------------------------------------------------------------------ files
     def _read_traits(self, path: str) -> np.ndarray:
@@ -277,7 +281,19 @@ class SystemModel:
 
     def traits(self, client_id: int) -> ClientTraits:
         """One client's traits: :meth:`traits_many`'s numbers, with lognormal traits drawn by :func:`uniform` (the
-        same elementwise operations on the client's four draws at once: a few microseconds, not a hundred)."""
+        same elementwise operations on the client's four draws at once). Kept for the newest
+        ``TRAITS_KEPT`` clients asked for: the event queue prices a client at every job it starts, and a client's
+        traits are a pure function of (seed, client), so a kept one is the same number (bounded: nothing grows
+        with the population)."""
+        kept = self._traits_seen.get(client_id)
+        if kept is not None:
+            return kept
+        if len(self._traits_seen) >= TRAITS_KEPT:
+            self._traits_seen.clear()
+        traits = self._traits_seen[client_id] = self._draw_traits(client_id)
+        return traits
+
+    def _draw_traits(self, client_id: int) -> ClientTraits:
         if self.cfg.traits != "lognormal":
             speed, down, up, latency = self.traits_many(np.array([client_id]))[0]
             return ClientTraits(float(speed), float(down), float(up), float(latency))
