@@ -13,8 +13,11 @@ Three variants run as interleaved groups (off, clock, queue; off, clock, queue; 
   queue  FedBuff with C = K = 100 on the same system model: each server step is 100 updates, every one of them
          through the event queue (the same work as a synchronous round, plus the queue and FedBuff's buffered step)
 
-Per run: the median of the rounds' ``wall_s`` over rounds 2..R-1 (no start-up, no evaluation), and of the CPU
-time this process spent per round (``time.process_time`` between rounds; less sensitive to a loaded machine).
+Per run, over rounds 2..R-1 (no start-up, no evaluation): the median real time from one round's end to the next's
+(its log lines and checkpoint included), the CPU time this process spent in it (``time.process_time``), and the
+engine's own time: the real time less the clients' training (time inside ``ClientJobs.train``), which is what the
+clock and the queue can add; the variants train different clients (the clock samples among the available ones), so
+their training differs by more than the engine's cost.
 Per group: each variant's ratio to its group's ``off``. Reported: median (min–max) of the ratios over the groups.
 
 **The clock alone** (``--clock-work``): ``RoundClock.sample`` and ``settle`` for 200 rounds of 100 clients outside any
@@ -53,9 +56,16 @@ VARIANTS = {
 }
 
 
-def round_time(variant: str, rounds: int, i: int) -> tuple[float, float]:
-    """(median wall seconds, median CPU seconds of this process) of rounds 2..R-1 of one fresh run."""
+def round_time(variant: str, rounds: int, i: int) -> tuple[float, float, float]:
+    """(median wall seconds, median CPU seconds of this process, median engine seconds) of rounds 2..R-1 of one
+    fresh run, each from the end of one round to the end of the next (its log lines and checkpoint included, which
+    the metrics' ``wall_s`` leaves out). The engine's seconds are that time less the time spent inside
+    ``ClientJobs.train`` (the
+    clients' local training, the same work whichever variant runs it): what the driver, the clock and the queue
+    cost, free of which clients each variant happens to sample (the clock samples only among the available ones,
+    so the variants train different clients with different sample counts)."""
     from raysim.config import load_config
+    from raysim.engine import core
     from raysim.engine.runner import run_experiment
 
     out = OUT / "system_cost" / f"{variant}-{i}"
@@ -65,12 +75,34 @@ def round_time(variant: str, rounds: int, i: int) -> tuple[float, float]:
     cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
                                     "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
                                     "log.progress=false"])
-    cpu = [time.process_time()]
-    _, rows, _ = run_experiment(cfg, on_round=lambda m: cpu.append(time.process_time()))
-    walls = [float(r["wall_s"]) for r in rows][1:-1]
+    training = [0.0]
+    train = core.ClientJobs.train
+
+    def timed_train(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return train(self, *args, **kwargs)
+        finally:
+            training[0] += time.perf_counter() - t0
+
+    cpu, wall, trained = [time.process_time()], [time.perf_counter()], [0.0]
+
+    def on_round(_metrics: dict) -> None:
+        cpu.append(time.process_time())
+        wall.append(time.perf_counter())
+        trained.append(training[0])
+
+    core.ClientJobs.train = timed_train
+    try:
+        _, rows, _ = run_experiment(cfg, on_round=on_round)
+    finally:
+        core.ClientJobs.train = train
+    assert len(rows) == rounds
+    walls = [b - a for a, b in zip(wall, wall[1:])][1:-1]
     cpus = [b - a for a, b in zip(cpu, cpu[1:])][1:-1]
+    engine = [w - (b - a) for w, a, b in zip([b - a for a, b in zip(wall, wall[1:])], trained, trained[1:])][1:-1]
     shutil.rmtree(out, ignore_errors=True)
-    return statistics.median(walls), statistics.median(cpus)
+    return statistics.median(walls), statistics.median(cpus), statistics.median(engine)
 
 
 MILLION = {
@@ -144,13 +176,16 @@ def main() -> None:
     if not args.skip_rounds:
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        engine: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for i in range(args.pairs):
             for variant in VARIANTS:
-                wall, cpu = round_time(variant, args.rounds, i)
+                wall, cpu, own = round_time(variant, args.rounds, i)
                 times[variant].append(wall)
                 cpus[variant].append(cpu)
-            print(f"group {i}: " + "  ".join(f"{v} {times[v][-1] * 1e3:.0f} ms ({cpus[v][-1] * 1e3:.0f} ms CPU)"
-                                             for v in VARIANTS) + f"  load {loadavg():.1f}", flush=True)
+                engine[variant].append(own)
+            print(f"group {i}: " + "  ".join(f"{v} {times[v][-1] * 1e3:.0f} ms ({cpus[v][-1] * 1e3:.0f} ms CPU, "
+                                             f"{engine[v][-1] * 1e3:.1f} ms engine)" for v in VARIANTS)
+                  + f"  load {loadavg():.1f}", flush=True)
         print(f"\nround time at 100 clients a round, {args.pairs} interleaved groups, median of rounds "
               f"2..{args.rounds - 1} per run; load {payload['load_start']:.1f} at the start, {loadavg():.1f} now")
         for what, table in (("wall", times), ("CPU", cpus)):
@@ -162,7 +197,16 @@ def main() -> None:
                     ratios = [a / b for a, b in zip(t, table["off"])]
                     line += f"  ratio to off {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})"
                 print(line)
-        payload["round_wall_s"], payload["round_cpu_s"] = times, cpus
+        for variant in VARIANTS:
+            own = engine[variant]
+            line = (f"engine {variant:6s} {statistics.median(own) * 1e3:.1f} ms a round "
+                    f"({min(own) * 1e3:.1f}–{max(own) * 1e3:.1f}), outside the clients' training")
+            if variant != "off":
+                added = [(a - b) / w for a, b, w in zip(own, engine["off"], times["off"])]
+                line += (f"; adds {statistics.median(added) * 100:+.1f} % ({min(added) * 100:+.1f} to "
+                         f"{max(added) * 100:+.1f}) of off's round")
+            print(line)
+        payload["round_wall_s"], payload["round_cpu_s"], payload["round_engine_s"] = times, cpus, engine
     if args.clock_work:
         work = clock_work()
         print(f"the clock's own work: {work['clock_cpu_s_per_round'] * 1e3:.2f} ms CPU per 100-client round "
