@@ -57,6 +57,18 @@ def test_lognormal_traits_have_the_median_and_spread_asked_for_and_one_client_eq
     assert other.traits(0) != model.traits(0)  # another seed, other draws
 
 
+def test_the_traits_kept_for_recent_clients_are_their_own_and_bounded(monkeypatch):
+    from raysim.system import model as system_model
+
+    monkeypatch.setattr(system_model, "TRAITS_KEPT", 3)
+    model = SystemModel(system(speed=TraitConfig(100.0, 10.0)), seed=3, num_clients=1_000)
+    table = model.traits_many(np.arange(1_000))
+    for cid in (7, 7, 8, 9, 10, 7, 11, 999, 7):  # asked again, and after the kept ones were dropped
+        assert model.traits(cid) == ClientTraits(*table[cid].tolist())
+        assert len(model._traits_seen) <= 3
+    assert model.traits(7) is model.traits(7)  # kept: the same object, not drawn again
+
+
 def test_device_tiers_follow_their_shares():
     tiers = [TierConfig(share=3, speed=10.0, down=1e5, up=1e5, latency=1.0),
              TierConfig(share=1, speed=100.0, down=1e6, up=1e6, latency=0.1)]
