@@ -182,7 +182,9 @@ class UploadSum:
             for view, leaf in zip(flat_views(self.layout, self.total), leaves):
                 flat = leaf.detach().reshape(-1)
                 if _exact_product(flat.dtype, w):  # u·w is exact in float64: fused or not, one rounding, the same bits
-                    view.add_(flat, alpha=w)
+                    # through a float64 copy: torch's same-dtype add is vectorised, the mixed-dtype one is not
+                    # (a 1.6 M-parameter upload: 1.8 against 2.6 ms here)
+                    view.add_(flat.to(torch.float64), alpha=w)
                 else:  # the two roundings of a float64 copy's ``flat * w`` and ``add_``, never a fused multiply-add
                     view.add_(flat.to(torch.float64, copy=True).mul_(w))
         self.clients.append(int(client_id))
