@@ -24,6 +24,11 @@ Per group: each variant's ratio to its group's ``off``. Reported: median (min–
 run, CPU per round: the clock's absolute cost, which a loaded machine's noise cannot hide as it can a few percent of a
 round.
 
+**Where the engine's time goes** (``--parts``): one more run of ``off`` and of ``queue`` (``--rounds`` rounds each)
+with the driver's steps timed (perf_counter around each call, summed per round; medians over rounds 2..R-1): the
+sums taken in the training calls, the executor's own cost (copies in and out of its calls), FedBuff's buffered step,
+the jobs' starts (a client drawn and priced), the checkpoint and the log.
+
 **Memory** (``--million``; issue 36: within 1.2x of the synthetic million-client run). ``raysim run`` in a
 subprocess on benchmarks/scale.py's synthetic million-client setting (FedProx's Synthetic(1, 1) made on demand, a
 512-wide MLP, 100 clients a round, evaluation on the sampled clients), in process (one worker), ``--million-rounds``
@@ -41,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -103,6 +109,71 @@ def round_time(variant: str, rounds: int, i: int) -> tuple[float, float, float]:
     engine = [w - (b - a) for w, a, b in zip([b - a for a, b in zip(wall, wall[1:])], trained, trained[1:])][1:-1]
     shutil.rmtree(out, ignore_errors=True)
     return statistics.median(walls), statistics.median(cpus), statistics.median(engine)
+
+
+PARTS = {  # (module, class, method) -> the part it is counted in
+    ("raysim.engine.core", "ClientJobs", "train"): "training",
+    ("raysim.engine.core", "ClientJobs", "run_call"): "calls",
+    ("raysim.engine.executor", "InlineExecutor", "run"): "executor",
+    ("raysim.engine.driver", "Driver", "checkpoint"): "checkpoint",
+    ("raysim.runlog", "RunLog", "write"): "log",
+    ("raysim.engine.driver", "Driver", "_aggregate"): "server step",
+    ("raysim.engine.asynchronous", "AsyncDriver", "_target"): "server step",
+    ("raysim.engine.asynchronous", "AsyncDriver", "_start_job"): "job starts",
+}
+
+
+def engine_parts(variant: str, rounds: int) -> dict[str, float]:
+    """Median milliseconds per round of each part of the engine's time (:data:`PARTS`), over rounds 2..R-1 of one
+    run; ``sums in the calls`` is the training calls' time less the training, ``executor`` the executor's calls
+    less the training calls, ``rest`` the round's time less everything named."""
+    import importlib
+
+    from raysim.config import load_config
+    from raysim.engine.runner import run_experiment
+
+    spent: dict[str, float] = defaultdict(float)
+    saved = []
+    for (module, cls, name), part in PARTS.items():
+        owner = getattr(importlib.import_module(module), cls)
+        if name not in vars(owner):
+            continue
+        original = vars(owner)[name]
+        saved.append((owner, name, original))
+
+        def timed(*args, _original=original, _part=part, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                spent[_part] += time.perf_counter() - t0
+        setattr(owner, name, timed)
+    out = OUT / "system_cost" / f"parts-{variant}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
+                                    "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
+                                    "log.progress=false"])
+    ends, per_round = [time.perf_counter()], []
+
+    def on_round(_metrics: dict) -> None:
+        ends.append(time.perf_counter())
+        per_round.append(dict(spent))
+        spent.clear()
+    try:
+        run_experiment(cfg, on_round=on_round)
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    shutil.rmtree(out, ignore_errors=True)
+    rows = []
+    for period, p in list(zip([b - a for a, b in zip(ends, ends[1:])], per_round))[1:-1]:
+        row = {"round": period, "training": p.get("training", 0.0),
+               "sums in the calls": p.get("calls", 0.0) - p.get("training", 0.0),
+               "executor": p.get("executor", 0.0) - p.get("calls", 0.0)}
+        row.update({k: p.get(k, 0.0) for k in ("server step", "job starts", "checkpoint", "log")})
+        row["rest"] = period - sum(v for k, v in row.items() if k != "round")
+        rows.append(row)
+    return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
 
 
 MILLION = {
@@ -170,10 +241,11 @@ def main() -> None:
     parser.add_argument("--million", action="store_true", help="also the million-client memory check")
     parser.add_argument("--million-rounds", type=int, default=3)
     parser.add_argument("--clock-work", action="store_true", help="also the clock's own work per round, alone")
+    parser.add_argument("--parts", action="store_true", help="also where the engine's time goes, off and queue")
     parser.add_argument("--skip-rounds", action="store_true", help="only the million-client memory check")
     args = parser.parse_args()
     payload: dict = {"machine": machine_info(), "load_start": loadavg()}
-    if not args.skip_rounds:
+    if not args.skip_rounds and args.pairs > 0:
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
         engine: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -207,6 +279,12 @@ def main() -> None:
                          f"{max(added) * 100:+.1f}) of off's round")
             print(line)
         payload["round_wall_s"], payload["round_cpu_s"], payload["round_engine_s"] = times, cpus, engine
+    if args.parts:
+        parts = {variant: engine_parts(variant, args.rounds) for variant in ("off", "queue")}
+        print("\nms a round (medians of rounds 2..R-1, one run each)   " + "  ".join(f"{v:>8s}" for v in parts))
+        for key in parts["off"]:
+            print(f"  {key:52s} " + "  ".join(f"{parts[v][key]:8.2f}" for v in parts))
+        payload["parts_ms"] = parts
     if args.clock_work:
         work = clock_work()
         print(f"the clock's own work: {work['clock_cpu_s_per_round'] * 1e3:.2f} ms CPU per 100-client round "
