@@ -53,7 +53,6 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -63,7 +62,8 @@ from raysim.algorithms.aggregation import Layout, flatten, layout_and_leaves, un
 from raysim.algorithms.base import ClientUpdate, RoundUpdates
 from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.jobs import TrainJob, TrainResult
-from raysim.engine.state import checkpoint_dir, read_checkpoint, safe_load, save_all_durably, server_file
+from raysim.engine.state import (VERSIONS_DIR, checkpoint_dir, read_checkpoint, safe_load, save_all_durably,
+                                 server_file, version_file)
 from raysim.errors import UserError
 from raysim.system.config import SystemConfig
 from raysim.system.model import CHUNK, SystemModel
@@ -155,14 +155,6 @@ def _entropy(words: list[int]) -> np.random.SeedSequence:
     if all(0 <= w < 1 << 32 for w in words):
         return np.random.SeedSequence(np.array(words, dtype=np.uint32))
     return np.random.SeedSequence(words)
-
-
-VERSIONS_DIR = "versions"  # in the checkpoint directory: one file per server version that jobs in flight hold
-
-
-def version_file(ckpt_dir: Path, version: int) -> Path:
-    """The file of a server version's payload in a checkpoint: ``versions/v000007.pt``."""
-    return Path(ckpt_dir) / VERSIONS_DIR / f"v{int(version):06d}.pt"
 
 
 # ---------------------------------------------------------------------------------------------- the queue

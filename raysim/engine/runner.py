@@ -90,10 +90,11 @@ def check_no_links(run_dir: Path) -> None:
     """A run writes only inside its own directory: refuse one whose checkpoint folders or ``config.yaml`` are
     symbolic links (a write would follow them out). ``metrics.jsonl`` and ``client_metrics.jsonl`` need no check:
     a resume replaces them with files of its own before it appends. The run directory itself may be a link."""
-    from raysim.engine.state import CLIENTS_DIR, HISTORY_DIR
+    from raysim.engine.state import CLIENTS_DIR, HISTORY_DIR, VERSIONS_DIR
 
     ckpt = checkpoint_dir(run_dir)
-    for path in (ckpt, ckpt / CLIENTS_DIR, ckpt / HISTORY_DIR, ckpt / "server.pt", run_dir / "config.yaml"):
+    for path in (ckpt, ckpt / CLIENTS_DIR, ckpt / HISTORY_DIR, ckpt / VERSIONS_DIR, ckpt / "server.pt",
+                 run_dir / "config.yaml"):
         if path.is_symlink():
             raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); a run writes only inside its own "
                             f"directory: replace the link with what it points to")

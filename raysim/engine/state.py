@@ -46,6 +46,7 @@ CHECKPOINT_DIR = "checkpoint"
 SERVER_FILE = "server.pt"
 CLIENTS_DIR = "clients"
 HISTORY_DIR = "history"
+VERSIONS_DIR = "versions"  # the asynchronous modes: one file per server version that jobs in flight hold
 _ENTRY_FILE = re.compile(r"c(\d+)_r(\d+)\.pt$")
 
 
@@ -78,6 +79,11 @@ def parse_entry_name(name: str) -> Optional[tuple[int, int]]:
 def client_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
     """The file holding ``client_id``'s kept state as of ``round``, in the checkpoint directory ``ckpt_dir``."""
     return Path(ckpt_dir) / CLIENTS_DIR / entry_name(client_id, round)
+
+
+def version_file(ckpt_dir: Path, version: int) -> Path:
+    """The file of a server version's payload in an asynchronous run's checkpoint: ``versions/v000007.pt``."""
+    return Path(ckpt_dir) / VERSIONS_DIR / f"v{int(version):06d}.pt"
 
 
 def history_file(ckpt_dir: Path, client_id: int, round: int) -> Path:
@@ -390,24 +396,29 @@ def read_checkpoint(run_dir: Path) -> dict:
 
 
 def verify_files(run_dir: Path, ckpt: dict) -> None:
-    """Check every client and history file ``ckpt`` names against its recorded sha256 (a one-line UserError for
-    the first that is missing or fails), so that a resume refuses before it changes anything."""
+    """Check every client, history and server-version file ``ckpt`` names against its recorded sha256 (a one-line
+    UserError for the first that is missing or fails), so that a resume refuses before it changes anything."""
     ckpt_dir = checkpoint_dir(run_dir)
+    named: list[tuple[str, str, Optional[str]]] = []  # (folder, file name, its recorded sha256)
     for kind, names in ((CLIENTS_DIR, [entry_name(c, r) for c, r in sorted(ckpt.get("client_files", {}).items())]),
                         (HISTORY_DIR, [entry_name(c, r) for c, rs in sorted(ckpt.get("history", {}).items())
                                        for r in rs])):
         sums = checksums(ckpt, kind)
-        for name in names:
-            path = ckpt_dir / kind / name
-            if name not in sums:
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
-            except FileNotFoundError:
-                raise UserError(f"checkpoint file missing: {path}") from None
-            if digest != sums[name]:
-                raise _corrupt(path)
+        named += [(kind, name, sums.get(name)) for name in names]
+    versions = (ckpt.get("asynchronous") or {}).get("versions") or {}
+    named += [(VERSIONS_DIR, str(entry[0]), str(entry[1])) for _, entry in sorted(versions.items())
+              if isinstance(entry, (list, tuple))]  # (an older checkpoint holds each version's payload itself)
+    for kind, name, recorded in named:
+        path = ckpt_dir / kind / name
+        if recorded is None:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        except FileNotFoundError:
+            raise UserError(f"checkpoint file missing: {path}") from None
+        if digest != recorded:
+            raise _corrupt(path)
 
 
 def checksums(ckpt: dict, kind: str) -> dict[str, str]:

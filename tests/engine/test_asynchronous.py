@@ -192,8 +192,10 @@ def test_each_version_is_a_file_written_once_and_a_damaged_one_refuses_to_resume
     victim.write_bytes(victim.read_bytes()[:-1] + b"x")
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "v"), log__tensorboard="false",
                                            **{**ASYNC, "rounds": 5}))
+    metrics = (tmp_path / "v" / "metrics.jsonl").read_bytes()
     with pytest.raises(UserError, match=f"{victim.name} fails its sha256 checksum"):
         run_experiment(cfg, resume=True)
+    assert (tmp_path / "v" / "metrics.jsonl").read_bytes() == metrics  # refused before anything changed
 
 
 def test_a_checkpoint_with_its_versions_inline_still_resumes(tmp_path):
