@@ -89,7 +89,7 @@ def lognormal_sigma(spread: float) -> float:
     return math.log(spread) / (2.0 * Z90)
 
 
-TRAITS_KEPT = 1 << 16  # clients whose traits SystemModel.traits keeps (about 10 MB at most)
+TRAITS_KEPT = 1 << 16  # clients whose traits SystemModel.traits keeps at most
 
 
 @dataclass(frozen=True)
@@ -281,10 +281,10 @@ class SystemModel:
 
     def traits(self, client_id: int) -> ClientTraits:
         """One client's traits: :meth:`traits_many`'s numbers, with lognormal traits drawn by :func:`uniform` (the
-        same elementwise operations on the client's four draws at once). Kept for the newest
-        ``TRAITS_KEPT`` clients asked for: the event queue prices a client at every job it starts, and a client's
-        traits are a pure function of (seed, client), so a kept one is the same number (bounded: nothing grows
-        with the population)."""
+        same elementwise operations on the client's four draws at once). Kept once drawn, for up to
+        ``TRAITS_KEPT`` clients (then all are forgotten and kept afresh): the event queue prices a client at every
+        job it starts, and a client's traits are a pure function of (seed, client), so a kept one is the same
+        number; the bound keeps a million-client run's memory flat."""
         kept = self._traits_seen.get(client_id)
         if kept is not None:
             return kept
