@@ -91,12 +91,18 @@ def buffer_weight(staleness: int, scaling: bool) -> float:
     return 1.0 / math.sqrt(1.0 + staleness) if scaling else 1.0
 
 
+def _require_layout(layout: Layout, model: Layout) -> None:
+    """An asynchronous update (or the model it started from) has the server model's keys, shapes and dtypes."""
+    if layout != model:
+        raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+
+
 def _leaves64(tree: dict, like: Optional[Layout] = None) -> tuple[Layout, list[torch.Tensor]]:
     """(layout, each tensor as float64, in layout order) of a nested dict of tensors; ``like``: the layout it must
     have. The same values as :func:`flatten`'s one buffer, leaf by leaf (no concatenated copy)."""
     layout, leaves = layout_and_leaves(tree)
-    if like is not None and layout != like:
-        raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+    if like is not None:
+        _require_layout(layout, like)
     return layout, [t.detach().reshape(-1).to(torch.float64) for t in leaves]
 
 
@@ -126,11 +132,9 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
         for upload, start, weight in buffered:
             if id(start) not in starts:
                 start_layout, starts[id(start)] = flatten(start)
-                if start_layout != layout:
-                    raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+                _require_layout(start_layout, layout)
             up_layout, ups = layout_and_leaves(upload)
-            if up_layout != layout:
-                raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+            _require_layout(up_layout, layout)
             w = float(weight)
             for view, u in zip(views, ups):
                 view.copy_(u.detach().reshape(-1))  # y's values in float64, exactly
@@ -291,26 +295,26 @@ class AsyncDriver(Driver):
 
     # ------------------------------------------------------------------ checkpoint
     def _checkpoint_extra(self) -> dict:
-        """The queue and the versions its jobs downloaded (the buffer is empty after every server step). A version
-        never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, and ``server.pt`` names its
-        file and sha256: a step rewrites only the newest version, not the three or four its jobs in flight hold."""
-        ckpt = checkpoint_dir(self.run_dir)
-        new = [v for v in sorted(self.versions) if v not in self._version_files]
-        sums = save_all_durably([(self.versions[v].payload, version_file(ckpt, v)) for v in new]) if new else {}
-        for v in new:
-            name = version_file(ckpt, v).name
-            self._version_files[v] = (name, sums[name])
+        """The queue and the files of the versions its jobs downloaded (the buffer is empty after every server
+        step)."""
         return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
                                  "next_seq": self.next_seq, "pending_down": self.pending_down,
                                  "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
                                  "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)}}}
 
     def checkpoint(self) -> None:
-        """The synchronous checkpoint, then the files of versions no job in flight holds any more are deleted
-        (after the new ``server.pt`` stopped naming them)."""
+        """A version never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, before the
+        synchronous checkpoint's ``server.pt`` names it with its sha256 (a step writes only its new version, not
+        the three or four its jobs in flight hold); then the files of versions no job holds any more are deleted."""
+        ckpt = checkpoint_dir(self.run_dir)
+        new = [v for v in sorted(self.versions) if v not in self._version_files]
+        if new:
+            sums = save_all_durably([(self.versions[v].payload, version_file(ckpt, v)) for v in new])
+            self._version_files.update({v: (version_file(ckpt, v).name, sums[version_file(ckpt, v).name])
+                                        for v in new})
         super().checkpoint()
         for v in [v for v in self._version_files if v not in self.versions]:
-            version_file(checkpoint_dir(self.run_dir), v).unlink(missing_ok=True)
+            version_file(ckpt, v).unlink(missing_ok=True)
             del self._version_files[v]
 
     def _restore(self, record: Optional[dict]) -> None:

@@ -405,9 +405,9 @@ def verify_files(run_dir: Path, ckpt: dict) -> None:
                                        for r in rs])):
         sums = checksums(ckpt, kind)
         named += [(kind, name, sums.get(name)) for name in names]
-    versions = (ckpt.get("asynchronous") or {}).get("versions") or {}
-    named += [(VERSIONS_DIR, str(entry[0]), str(entry[1])) for _, entry in sorted(versions.items())
-              if isinstance(entry, (list, tuple))]  # (an older checkpoint holds each version's payload itself)
+    versions = (ckpt.get("asynchronous") or {}).get("versions") or {}  # version -> [file, sha256]
+    named += [(VERSIONS_DIR, version_file(ckpt_dir, int(v)).name, str(entry[1]))  # (an older checkpoint holds
+              for v, entry in sorted(versions.items()) if isinstance(entry, (list, tuple))]  # each payload itself)
     for kind, name, recorded in named:
         path = ckpt_dir / kind / name
         if recorded is None:
