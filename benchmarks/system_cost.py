@@ -62,56 +62,7 @@ VARIANTS = {
 }
 
 
-def round_time(variant: str, rounds: int, i: int) -> tuple[float, float, float]:
-    """(median wall seconds, median CPU seconds of this process, median engine seconds) of rounds 2..R-1 of one
-    fresh run, each from the end of one round to the end of the next (its log lines and checkpoint included, which
-    the metrics' ``wall_s`` leaves out). The engine's seconds are that time less the time spent inside
-    ``ClientJobs.train`` (the
-    clients' local training, the same work whichever variant runs it): what the driver, the clock and the queue
-    cost, free of which clients each variant happens to sample (the clock samples only among the available ones,
-    so the variants train different clients with different sample counts)."""
-    from raysim.config import load_config
-    from raysim.engine import core
-    from raysim.engine.runner import run_experiment
-
-    out = OUT / "system_cost" / f"{variant}-{i}"
-    shutil.rmtree(out, ignore_errors=True)
-    # engine.vectorize=off in every variant: auto's timed probe may choose another cohort size in each run (it
-    # changes no number, but the training's speed), and the queue's own cost is what is measured here
-    cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
-                                    "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
-                                    "log.progress=false"])
-    training = [0.0]
-    train = core.ClientJobs.train
-
-    def timed_train(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return train(self, *args, **kwargs)
-        finally:
-            training[0] += time.perf_counter() - t0
-
-    cpu, wall, trained = [time.process_time()], [time.perf_counter()], [0.0]
-
-    def on_round(_metrics: dict) -> None:
-        cpu.append(time.process_time())
-        wall.append(time.perf_counter())
-        trained.append(training[0])
-
-    core.ClientJobs.train = timed_train
-    try:
-        _, rows, _ = run_experiment(cfg, on_round=on_round)
-    finally:
-        core.ClientJobs.train = train
-    assert len(rows) == rounds
-    walls = [b - a for a, b in zip(wall, wall[1:])][1:-1]
-    cpus = [b - a for a, b in zip(cpu, cpu[1:])][1:-1]
-    engine = [w - (b - a) for w, a, b in zip([b - a for a, b in zip(wall, wall[1:])], trained, trained[1:])][1:-1]
-    shutil.rmtree(out, ignore_errors=True)
-    return statistics.median(walls), statistics.median(cpus), statistics.median(engine)
-
-
-PARTS = {  # (module, class, method) -> the part it is counted in
+PARTS = {  # (module, class, method) -> the part of a round it is counted in
     ("raysim.engine.core", "ClientJobs", "train"): "training",
     ("raysim.engine.core", "ClientJobs", "run_call"): "calls",
     ("raysim.engine.executor", "InlineExecutor", "run"): "executor",
@@ -121,25 +72,34 @@ PARTS = {  # (module, class, method) -> the part it is counted in
     ("raysim.engine.asynchronous", "AsyncDriver", "_target"): "server step",
     ("raysim.engine.asynchronous", "AsyncDriver", "_start_job"): "job starts",
 }
+TRAINING = {k: v for k, v in PARTS.items() if v == "training"}
 
 
-def engine_parts(variant: str, rounds: int) -> dict[str, float]:
-    """Median milliseconds per round of each part of the engine's time (:data:`PARTS`), over rounds 2..R-1 of one
-    run; ``sums in the calls`` is the training calls' time less the training, ``executor`` the executor's calls
-    less the training calls, ``rest`` the round's time less everything named."""
+def timed_rounds(variant: str, rounds: int, name: str, parts: dict) -> list[dict[str, float]]:
+    """One fresh run of ``variant`` in this process with the methods of ``parts`` timed (perf_counter around each
+    call, summed per part); per round 2..R-1: ``round`` (real seconds from the end of the round before to the end
+    of this one: its log lines and checkpoint included, which the metrics' ``wall_s`` leaves out), ``cpu`` (this
+    process's CPU seconds in it) and each part's seconds."""
     import importlib
 
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
 
+    out = OUT / "system_cost" / name
+    shutil.rmtree(out, ignore_errors=True)
+    # engine.vectorize=off in every variant: auto's timed probe may choose another cohort size in each run (it
+    # changes no number, but the training's speed), and the queue's own cost is what is measured here
+    cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
+                                    "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
+                                    "log.progress=false"])
     spent: dict[str, float] = defaultdict(float)
     saved = []
-    for (module, cls, name), part in PARTS.items():
+    for (module, cls, method), part in parts.items():
         owner = getattr(importlib.import_module(module), cls)
-        if name not in vars(owner):
+        if method not in vars(owner):
             continue
-        original = vars(owner)[name]
-        saved.append((owner, name, original))
+        original = vars(owner)[method]
+        saved.append((owner, method, original))
 
         def timed(*args, _original=original, _part=part, **kwargs):
             t0 = time.perf_counter()
@@ -147,31 +107,47 @@ def engine_parts(variant: str, rounds: int) -> dict[str, float]:
                 return _original(*args, **kwargs)
             finally:
                 spent[_part] += time.perf_counter() - t0
-        setattr(owner, name, timed)
-    out = OUT / "system_cost" / f"parts-{variant}"
-    shutil.rmtree(out, ignore_errors=True)
-    cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
-                                    "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
-                                    "log.progress=false"])
-    ends, per_round = [time.perf_counter()], []
+        setattr(owner, method, timed)
+    marks = [(time.perf_counter(), time.process_time())]
+    per_round: list[dict[str, float]] = []
 
     def on_round(_metrics: dict) -> None:
-        ends.append(time.perf_counter())
-        per_round.append(dict(spent))
+        now = (time.perf_counter(), time.process_time())
+        per_round.append({"round": now[0] - marks[-1][0], "cpu": now[1] - marks[-1][1], **spent})
+        marks.append(now)
         spent.clear()
     try:
-        run_experiment(cfg, on_round=on_round)
+        _, rows, _ = run_experiment(cfg, on_round=on_round)
     finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
+        for owner, method, original in saved:
+            setattr(owner, method, original)
     shutil.rmtree(out, ignore_errors=True)
+    assert len(rows) == rounds
+    return per_round[1:-1]
+
+
+def round_time(variant: str, rounds: int, i: int) -> tuple[float, float, float]:
+    """(median real seconds, median CPU seconds of this process, median engine seconds) of rounds 2..R-1 of one
+    fresh run (:func:`timed_rounds`). The engine's seconds are a round less the time spent inside
+    ``ClientJobs.train`` (the clients' local training, the same work whichever variant runs it): what the driver,
+    the clock and the queue cost, free of which clients each variant happens to sample (the clock samples only
+    among the available ones, so the variants train different clients with different sample counts)."""
+    timed = timed_rounds(variant, rounds, f"{variant}-{i}", TRAINING)
+    return (statistics.median(r["round"] for r in timed), statistics.median(r["cpu"] for r in timed),
+            statistics.median(r["round"] - r.get("training", 0.0) for r in timed))
+
+
+def engine_parts(variant: str, rounds: int) -> dict[str, float]:
+    """Median milliseconds per round of each part of the engine's time (:data:`PARTS`), over rounds 2..R-1 of one
+    run; ``sums in the calls`` is the training calls' time less the training, ``executor`` the executor's calls
+    less the training calls, ``rest`` the round's time less everything named."""
     rows = []
-    for period, p in list(zip([b - a for a, b in zip(ends, ends[1:])], per_round))[1:-1]:
-        row = {"round": period, "training": p.get("training", 0.0),
+    for p in timed_rounds(variant, rounds, f"parts-{variant}", PARTS):
+        row = {"round": p["round"], "training": p.get("training", 0.0),
                "sums in the calls": p.get("calls", 0.0) - p.get("training", 0.0),
                "executor": p.get("executor", 0.0) - p.get("calls", 0.0)}
         row.update({k: p.get(k, 0.0) for k in ("server step", "job starts", "checkpoint", "log")})
-        row["rest"] = period - sum(v for k, v in row.items() if k != "round")
+        row["rest"] = p["round"] - sum(v for k, v in row.items() if k != "round")
         rows.append(row)
     return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
 
