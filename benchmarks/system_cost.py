@@ -67,6 +67,7 @@ PARTS = {  # (module, class, method) -> the part of a round it is counted in
     ("raysim.engine.core", "ClientJobs", "run_call"): "calls",
     ("raysim.engine.executor", "InlineExecutor", "run"): "executor",
     ("raysim.engine.driver", "Driver", "checkpoint"): "checkpoint",
+    ("raysim.engine.asynchronous", "AsyncDriver", "checkpoint"): "checkpoint",  # its version files, then Driver's
     ("raysim.runlog", "RunLog", "write"): "log",
     ("raysim.engine.driver", "Driver", "_aggregate"): "server step",
     ("raysim.engine.asynchronous", "AsyncDriver", "_target"): "server step",
@@ -93,6 +94,7 @@ def timed_rounds(variant: str, rounds: int, name: str, parts: dict) -> list[dict
                                     "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",
                                     "log.progress=false"])
     spent: dict[str, float] = defaultdict(float)
+    depth: dict[str, int] = defaultdict(int)  # a part's calls in progress: only the outermost is counted
     saved = []
     for (module, cls, method), part in parts.items():
         owner = getattr(importlib.import_module(module), cls)
@@ -103,10 +105,13 @@ def timed_rounds(variant: str, rounds: int, name: str, parts: dict) -> list[dict
 
         def timed(*args, _original=original, _part=part, **kwargs):
             t0 = time.perf_counter()
+            depth[_part] += 1
             try:
                 return _original(*args, **kwargs)
             finally:
-                spent[_part] += time.perf_counter() - t0
+                depth[_part] -= 1
+                if not depth[_part]:  # AsyncDriver.checkpoint calls Driver.checkpoint: counted once
+                    spent[_part] += time.perf_counter() - t0
         setattr(owner, method, timed)
     marks = [(time.perf_counter(), time.process_time())]
     per_round: list[dict[str, float]] = []

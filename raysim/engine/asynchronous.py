@@ -28,8 +28,8 @@ order. The numbers depend only on the config and the seed: never on real timing,
 a worker that died (its calls are re-run with the same inputs).
 
 **Clients.** Each new job (sequence number q) draws its client uniformly among those available at its start time
-(``SystemModel.available``) and not already in flight, from a generator seeded with (seed, q, attempt); when none
-is, the slot waits ``system.wait_s`` and draws again. A job trains with ``job_seed(seed, client, round,
+(``SystemModel.available``) and not already in flight, by a counter hash of (seed, q, attempt)
+(``SystemModel.draw_client``); when none is, the slot waits ``system.wait_s`` and draws again. A job trains with ``job_seed(seed, client, round,
 ASYNC_STREAM, q)``, where its round (``ctx.round``) is the server step its update aims at (the downloaded version
 + 1). A job that drops (``SystemModel.dropped(client, q)``) frees its slot at its finish time and never reports.
 Without ``system.enabled``, every client has the system section's default traits (100 samples/s, 1.25 MB/s down,
@@ -66,12 +66,10 @@ from raysim.engine.state import (VERSIONS_DIR, checkpoint_dir, read_checkpoint, 
                                  server_file, version_file)
 from raysim.errors import UserError
 from raysim.system.config import SystemConfig
-from raysim.system.model import CHUNK, SystemModel
+from raysim.system.model import SystemModel
 from raysim.trees import copy_tree, nbytes
 
 ASYNC_STREAM = 4  # job_seed's tag for an asynchronous job (with its sequence number), beside core's 1-3
-SAMPLING_TAG = 7919  # the client draw's generator: (seed, job sequence, attempt, SAMPLING_TAG)
-DRAW_BATCH, DRAW_BATCHES = 64, 8  # candidates drawn per batch, batches before the whole population is scanned
 MAX_WAITS = 100_000  # a slot that found no available client this many times in a row stops the run
 
 
@@ -151,14 +149,6 @@ def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr
         return unflatten_leaves(layout, [t.clone() for t in xs])
     scale = server_lr * weight_sum / size
     return unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total.split(sizes))])
-
-
-def _entropy(words: list[int]) -> np.random.SeedSequence:
-    """``numpy.random.SeedSequence(words)``, as ``default_rng(words)`` seeds its generator; words below 2**32 passed
-    as one uint32 array (the same entropy words SeedSequence makes of such ints, without its per-int coercion)."""
-    if all(0 <= w < 1 << 32 for w in words):
-        return np.random.SeedSequence(np.array(words, dtype=np.uint32))
-    return np.random.SeedSequence(words)
 
 
 # ---------------------------------------------------------------------------------------------- the queue
@@ -353,26 +343,12 @@ class AsyncDriver(Driver):
             self.versions[v] = Version(self.executor.put(shared), shared)
         return self.versions[v]
 
-    def _draw_client(self, seq: int, attempt: int, t: float) -> Optional[int]:
-        """A client available at ``t`` and not in flight, uniformly, from (seed, seq, attempt); None when none is."""
-        busy, num = self.queue.busy(), self.cfg.clients.num
-        rng = np.random.Generator(np.random.PCG64(_entropy([self.cfg.seed, seq, attempt, SAMPLING_TAG])))
-        for _ in range(DRAW_BATCHES):
-            cid = self.system.first_available(rng.integers(0, num, size=DRAW_BATCH).tolist(), t, busy)
-            if cid is not None:
-                return int(cid)
-        eligible: list[int] = []
-        for a in range(0, num, CHUNK):
-            found: Any = np.flatnonzero(self.system.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
-            eligible += [int(c) for c in found.tolist() if int(c) not in busy]
-        return int(rng.choice(eligible)) if eligible else None
-
     def _start_job(self, t: float, seq: Optional[int] = None, attempt: int = 0) -> None:
         """Start job ``seq`` (a new one when None) at simulated time ``t`` on the newest model, or let its slot
         wait ``system.wait_s`` when no client can take it."""
         if seq is None:
             seq, self.next_seq = self.next_seq, self.next_seq + 1
-        client = self._draw_client(seq, attempt, t)
+        client = self.system.draw_client((seq, attempt), t, self.queue.busy())
         if client is None:
             self.queue.push(Wait(seq, t + self.wait_s, attempt + 1))
             return

@@ -35,10 +35,11 @@ from raysim.config import ConfigError
 from raysim.system.config import SystemConfig
 
 # stream tags: each kind of draw has its own
-SPEED, DOWN, UP, LATENCY, TIER, ONOFF_COUNT, ONOFF_AT, ONOFF_STATE, PHASE, DROPOUT, SAMPLING = range(1, 12)
+SPEED, DOWN, UP, LATENCY, TIER, ONOFF_COUNT, ONOFF_AT, ONOFF_STATE, PHASE, DROPOUT, SAMPLING, JOB_DRAW = range(1, 13)
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile: spread = exp(2 * Z90 * sigma)
 MAX_EVENTS = 16  # onoff: events per slot kept (a slot holds more with probability < 1e-14)
 CHUNK = 1 << 16  # clients per vectorised batch where a whole population is scanned
+DRAW_CANDIDATES, DRAW_BATCH = 512, 64  # draw_client: candidates before the population is scanned; per vectorised batch
 
 _M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
 _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
@@ -71,13 +72,19 @@ def _mix_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def uniform(key: int, *counters: int) -> float:
-    """``uniforms(key, *counters)`` for scalar counters, in plain Python ints: the same number, bit for bit (the
-    event queue draws one client at a time, where numpy's per-call cost would dominate)."""
+def hash_int(key: int, *counters: int) -> int:
+    """The 64-bit hash behind :func:`uniform`, folded over the counters: ``hash_int(hash_int(k, a), b)`` is
+    ``hash_int(k, a, b)``, so a prefix shared by many draws is hashed once."""
     h = key
     for c in counters:
         h = _mix_int(h ^ _mix_int(((c & _MASK) + _IGOLDEN) & _MASK))
-    return (float(h >> 11) + 0.5) * (1.0 / (1 << 53))
+    return h
+
+
+def uniform(key: int, *counters: int) -> float:
+    """``uniforms(key, *counters)`` for scalar counters, in plain Python ints: the same number, bit for bit (the
+    event queue draws one client at a time, where numpy's per-call cost would dominate)."""
+    return (float(hash_int(key, *counters) >> 11) + 0.5) * (1.0 / (1 << 53))
 
 
 def stream_key(seed: int, stream: int) -> int:
@@ -162,7 +169,7 @@ class SystemModel:
 
     def __init__(self, cfg: SystemConfig, seed: int, num_clients: int):
         self.cfg, self.seed, self.num_clients = cfg, int(seed), int(num_clients)
-        self._keys = {s: stream_key(self.seed, s) for s in range(1, 12)}
+        self._keys = {s: stream_key(self.seed, s) for s in range(1, JOB_DRAW + 1)}
         self._table: Optional[np.ndarray] = None  # traits=csv: (num_clients, 4) speed, down, up, latency
         self._trace: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = None
         if cfg.traits == "tiers":
@@ -350,18 +357,32 @@ class SystemModel:
             return (t_seconds + uniform(self._keys[PHASE], client_id) * period) % period < float(av.on_share) * period
         return bool(self.available_many(np.array([client_id]), t_seconds)[0])
 
-    def first_available(self, candidates: list[int], t: float, skip: set | dict) -> Optional[int]:
-        """The first of ``candidates`` available at ``t`` and not in ``skip``, or None: one scalar check per
-        candidate where that is cheap (``always``, ``diurnal``), else all of them at once, vectorised."""
+    def draw_client(self, draw: tuple[int, ...], t: float, skip: set | dict) -> Optional[int]:
+        """A client uniformly among those available at ``t`` and not in ``skip``, or None when none is; a pure
+        function of (seed, ``draw``, t, skip). Candidate i is floor(u_i x num_clients), u_i = ``uniform`` of (the
+        JOB_DRAW key, *draw, i): the first available one is taken, checked one at a time where that is cheap
+        (``always``, ``diurnal``: most draws take the first candidate, at a few microseconds), else in vectorised
+        batches; after DRAW_CANDIDATES, the population is scanned and one of the eligible drawn by u_DRAW_CANDIDATES.
+        (A counter hash, not a seeded generator per draw: constructing one cost ~25 us, a job's whole draw now.)"""
+        prefix, num = hash_int(self._keys[JOB_DRAW], *draw), self.num_clients
         if self.cfg.availability.mode in ("always", "diurnal"):
-            for cid in candidates:
+            for i in range(DRAW_CANDIDATES):
+                cid = min(int(uniform(prefix, i) * num), num - 1)
                 if cid not in skip and self.available(cid, t):
                     return cid
+        else:
+            for a in range(0, DRAW_CANDIDATES, DRAW_BATCH):
+                batch = np.minimum((uniforms(prefix, np.arange(a, a + DRAW_BATCH)) * num).astype(np.int64), num - 1)
+                for cid, ok in zip(batch.tolist(), self.available_many(batch, t).tolist()):
+                    if ok and cid not in skip:
+                        return cid
+        eligible: list[int] = []
+        for a in range(0, num, CHUNK):
+            found = np.flatnonzero(self.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
+            eligible += [c for c in found.tolist() if c not in skip]
+        if not eligible:
             return None
-        for cid, ok in zip(candidates, self.available_many(np.array(candidates, dtype=np.int64), t).tolist()):
-            if ok and cid not in skip:
-                return cid
-        return None
+        return eligible[min(int(uniform(prefix, DRAW_CANDIDATES) * len(eligible)), len(eligible) - 1)]
 
     def _onoff(self, clients: np.ndarray, t: float) -> np.ndarray:
         """The on/off process by uniformisation (module docstring): slot by slot back from t's slot, the state drawn

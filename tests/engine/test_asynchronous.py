@@ -130,15 +130,6 @@ def test_event_queue_orders_by_time_then_client_then_sequence():
     assert q.busy() == {} and set(copy.busy()) == set()  # the clients in flight follow the pops
 
 
-def test_the_client_draws_seed_sequence_is_default_rngs():
-    """_entropy's shortcut (words below 2**32 as one uint32 array) seeds the generator default_rng seeds."""
-    from raysim.engine.asynchronous import _entropy
-
-    for words in ([0, 1, 2, 3], [7, 12345, 0, 2**32 - 1], [2**32, 5, 1, 9], [2**40 + 3, 2**33, 0, 1]):
-        ours = np.random.Generator(np.random.PCG64(_entropy(words))).integers(0, 1000, size=64)
-        assert np.array_equal(ours, np.random.default_rng(words).integers(0, 1000, size=64)), words
-
-
 # ---------------------------------------------------------------------------------------------- runs
 def _run(tmp_path, name, **extra):
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / name), log__tensorboard="false",

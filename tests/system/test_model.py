@@ -113,8 +113,8 @@ def test_dropout_is_a_bernoulli_per_client_and_round():
 
 
 def test_one_clients_scalar_draws_are_the_vectorised_ones():
-    """uniform, available, dropped and first_available (the event queue's one-at-a-time path) give exactly the
-    numbers of uniforms and available_many."""
+    """uniform, available and dropped (the event queue's one-at-a-time path) give exactly the numbers of uniforms
+    and available_many."""
     from raysim.system.model import uniform
 
     clients = np.arange(500)
@@ -122,13 +122,47 @@ def test_one_clients_scalar_draws_are_the_vectorised_ones():
     for mode in ("always", "diurnal", "onoff"):
         model = SystemModel(system(availability=AvailabilityConfig(mode=mode), dropout=0.3), seed=1, num_clients=500)
         for t in (0.0, 3_600.5, 90_000.0):
-            many = model.available_many(clients, t).tolist()
-            assert [model.available(int(c), t) for c in clients] == many, (mode, t)
-            skip = {int(c) for c in clients[:40]}
-            scan = next((int(c) for c, ok in zip(clients, many) if ok and int(c) not in skip), None)
-            assert model.first_available(clients.tolist(), t, skip) == scan
+            assert [model.available(int(c), t) for c in clients] == model.available_many(clients, t).tolist(), (mode, t)
         key = model._keys[DROPOUT]
         assert [model.dropped(int(c), 7) for c in clients] == (uniforms(key, clients, 7) < 0.3).tolist()
+
+
+def test_hash_int_folds_so_a_shared_prefix_is_hashed_once():
+    from raysim.system.model import hash_int, uniform
+
+    assert hash_int(hash_int(11, 3, 4), 5) == hash_int(11, 3, 4, 5)
+    assert uniform(hash_int(11, 3, 4), 5) == uniform(11, 3, 4, 5) == uniforms(11, 3, 4, np.array([5]))[0]
+
+
+def test_draw_client_takes_the_first_available_candidate_of_its_hash_stream():
+    """Candidate i of a draw is floor(u_i x num) for u_i the JOB_DRAW stream's uniform of (draw, i); the first one
+    available and not skipped is the client, on the scalar (always, diurnal) and the vectorised (onoff) paths."""
+    from raysim.system.model import DRAW_CANDIDATES, JOB_DRAW, hash_int
+
+    num = 300
+    for mode in ("always", "diurnal", "onoff"):
+        model = SystemModel(system(availability=AvailabilityConfig(mode=mode)), seed=4, num_clients=num)
+        skip = set(range(0, num, 3))
+        for seq, attempt, t in ((1, 0, 0.0), (2, 0, 5_000.0), (17, 3, 40_000.0), (99, 1, 86_399.0)):
+            prefix = hash_int(model._keys[JOB_DRAW], seq, attempt)
+            candidates = (uniforms(prefix, np.arange(DRAW_CANDIDATES)) * num).astype(np.int64)
+            ok = model.available_many(candidates, t)
+            expected = next(int(c) for c, a in zip(candidates, ok) if a and int(c) not in skip)
+            assert model.draw_client((seq, attempt), t, skip) == expected, (mode, seq)
+            assert model.draw_client((seq, attempt), t, skip) == expected  # a pure function of its inputs
+
+
+def test_draw_client_is_uniform_and_scans_the_population_when_candidates_run_out():
+    from scipy.stats import chisquare
+
+    model = SystemModel(system(), seed=0, num_clients=50)
+    counts = np.bincount([model.draw_client((seq, 0), 0.0, {}) for seq in range(20_000)], minlength=50)
+    assert chisquare(counts).pvalue > 1e-3  # 400 a client expected
+    big = SystemModel(system(), seed=0, num_clients=200_000)
+    skip = set(range(200_000)) - {7, 123_456}  # 512 candidates miss both with probability 0.995
+    drawn = {big.draw_client((seq, 0), 0.0, skip) for seq in range(40)}
+    assert drawn == {7, 123_456}
+    assert big.draw_client((1, 0), 0.0, set(range(200_000))) is None
 
 
 def test_uniforms_are_a_pure_function_of_their_counters():
