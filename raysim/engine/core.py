@@ -92,6 +92,8 @@ class ClientJobs:
         self.data = data
         self.device = torch.device(device)
         self.algorithm = algorithm if algorithm is not None else get_algorithm(cfg.algorithm.name)(cfg)
+        # the base client_upload returns split_state's fresh clones, which nothing else holds (TrainResult.private)
+        self._fresh_uploads = type(self.algorithm).client_upload is Algorithm.client_upload
         self._models: dict[tuple, tuple[nn.Module, list[torch.Tensor], list[torch.Tensor]]] = {}
         self._shared_source: Any = None  # the shared payload last given, and its copy on the device
         self._shared: dict = {}
@@ -194,7 +196,8 @@ class ClientJobs:
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
                              seconds=time.perf_counter() - started.clock if seconds is None else seconds,
-                             has_state=bool(keep), upload_bytes=nbytes(upload), samples_seen=int(seen))
+                             has_state=bool(keep), upload_bytes=nbytes(upload), samples_seen=int(seen),
+                             private=self._fresh_uploads and started.job.clip is None)
         return result, (keep or None)
 
     def train(self, job: TrainJob, shared: dict, own: Optional[dict],

@@ -132,12 +132,14 @@ class InlineExecutor(Executor):
 
 def _private(objects: list) -> list:
     """What leaves an in-process call, copied so that nothing of the call's models stays shared: every tensor,
-    except the buffers of a training call's sums, which the sum made itself."""
+    except the buffers of a training call's sums, which the sum made itself, and the uploads the core marks
+    ``private`` (the base ``client_upload``'s clones: a second copy of 100 held uploads cost FedBuff ~3.5 ms a step)."""
     first = objects[0]
     if not isinstance(first, CallResult):
         return copy_tree(objects)
     for result in first.results:
-        result.upload = copy_tree(result.upload)
+        if not result.private:
+            result.upload = copy_tree(result.upload)
     for total in first.sums:
         total.single = copy_tree(total.single)
     return [first, *copy_tree(objects[1:])]

@@ -56,6 +56,9 @@ class TrainResult:
     upload_bytes: int = 0  # bytes of every tensor of the upload (``bytes_up``), counted even when it was summed
     samples_seen: int = 0  # samples its local steps took, all epochs (the simulated clock's samples x epochs)
     dp_steps: int = 0  # privacy.dpsgd: the DP-SGD steps it took (its sample-level accountant's count)
+    # the upload's tensors are the base client_upload's own clones (split_state), held by nothing else: an
+    # in-process executor hands them on as they are instead of copying them again
+    private: bool = False
 
 
 @dataclass

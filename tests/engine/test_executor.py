@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import EXAMPLE_PLUGINS, ROOT, read_rows, refused_config, strip_timing, tiny_overrides
 from raysim.config import load_config
@@ -153,3 +154,42 @@ def test_a_hook_breakpoint_stops_in_the_users_terminal(tmp_path):
     assert "('seen', 2, 2, " in done.stdout  # the hook's own frame: its ctx and batch
     assert "stopping.py" in done.stdout and "client_loss" in done.stdout  # `w`: the user's frame on the stack
     assert len(read_rows(tmp_path / "run")) == 2  # continued: the run finished
+
+
+class _AliasingUpload:
+    """An algorithm whose client_upload hands out the worker model's own tensors (detached, not copied)."""
+
+    @staticmethod
+    def client_upload(model, ctx):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def test_an_in_process_call_copies_an_upload_only_where_something_else_may_hold_it(tmp_path):
+    """The base client_upload's clones leave an in-process call as they are (a second copy of each held upload was
+    FedBuff's largest cost beside training); an upload an algorithm builds itself is copied, so the next job's
+    reset of the worker's model changes nothing the driver holds."""
+    from raysim.data import build_federated_data
+    from raysim.engine.core import ClientJobs
+    from raysim.engine.executor import InlineExecutor
+    from raysim.engine.jobs import TrainCall, TrainJob
+    from raysim.registry import get_algorithm
+
+    cfg = load_config(None, tiny_overrides(tmp_path, clients__num=4))
+    data = build_federated_data(cfg)
+    for algorithm_type, private in ((get_algorithm("fedavg"), True),
+                                    (type("Aliasing", (_AliasingUpload, get_algorithm("fedavg")), {}), False)):
+        executor = InlineExecutor(cfg)
+        executor.jobs = ClientJobs(cfg, data, algorithm=algorithm_type(cfg))
+        alg = executor.jobs.algorithm
+        model = executor.jobs.model(0)
+        payload = executor.put(alg.server_payload(alg.init_server_state(model.state_dict()), 1))
+        call = TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref=payload) for c in (0, 1)], states=[None] * 2)
+        (result, _), = executor.run([call])
+        first = result.results[0]
+        assert first.private is private
+        kept = {k: v.clone() for k, v in first.upload.items()}
+        worker_model = executor.jobs.model(0)  # the next job's reset, in place
+        live = {p.untyped_storage().data_ptr() for p in worker_model.state_dict().values()}
+        assert not live & {t.untyped_storage().data_ptr() for t in first.upload.values()}
+        assert all(torch.equal(first.upload[k], kept[k]) for k in kept)
+        assert not all(torch.equal(first.upload[k], v) for k, v in worker_model.state_dict().items())
