@@ -119,7 +119,7 @@ def test_event_queue_orders_by_time_then_client_then_sequence():
     q.push(Flight(seq=1, client=3, start=0.2, finish=1.0, version=0, bytes_down=1, bytes_up=1, dropped=False))
     q.push(Wait(seq=9, time=1.0, attempt=2))  # a waiting slot counts as client −1
     assert set(q.busy()) == {3, 7} and q.busy()[3] == 3 and len(q) == 5
-    copy = EventQueue.from_record(json.loads(json.dumps(q.record())))  # what a checkpoint keeps gives it back
+    copy = EventQueue.from_record(q.record())  # what a checkpoint keeps gives it back
     order = []
     while len(q):
         e = q.pop()
@@ -128,6 +128,23 @@ def test_event_queue_orders_by_time_then_client_then_sequence():
     assert order == [(1.0, -1, 9), (1.0, 3, 1), (1.0, 3, 4), (1.0, 7, 2), (2.0, 3, 5)]
     assert [e.seq for e in [copy.pop() for _ in range(5)]] == [9, 1, 4, 2, 5]
     assert q.busy() == {} and set(copy.busy()) == set()  # the clients in flight follow the pops
+
+
+def test_the_queues_record_gives_back_every_entry_through_a_checkpoint_file_and_from_old_rows(tmp_path):
+    from raysim.engine.state import atomic_save, safe_load
+
+    q = EventQueue()
+    q.push(Flight(seq=5, client=3, start=0.25, finish=2.0, version=0, bytes_down=210_000, bytes_up=7, dropped=False))
+    q.push(Flight(seq=4, client=3, start=0.5, finish=1.0 / 3.0, version=1, bytes_down=1, bytes_up=1, dropped=True))
+    q.push(Wait(seq=9, time=1e-300, attempt=2))
+    entries = [e for *_, e in sorted(q._heap)]
+    atomic_save({"queue": q.record()}, tmp_path / "q.pt")
+    back = EventQueue.from_record(safe_load(tmp_path / "q.pt")["queue"])
+    assert [e for *_, e in sorted(back._heap)] == entries and back.busy() == {3: 2}
+    rows = [["flight", 5, 3, 0.25, 2.0, 0, 210_000, 7, False], ["flight", 4, 3, 0.5, 1.0 / 3.0, 1, 1, 1, True],
+            ["wait", 9, 1e-300, 2]]  # a checkpoint of raysim before the record was tensors
+    assert [e for *_, e in sorted(EventQueue.from_record(json.loads(json.dumps(rows)))._heap)] == entries
+    assert EventQueue.from_record(EventQueue().record())._heap == []
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -148,8 +165,8 @@ def test_fedbuff_run_steps_every_k_arrivals_in_time_order_and_resumes(tmp_path):
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
     # the checkpoint holds the queue: 3 jobs in flight, and the payload of every version they downloaded
     record = read_checkpoint(tmp_path / "full")["asynchronous"]
-    flights = [e for e in record["queue"] if e[0] == "flight"]
-    assert len(flights) == 3 and {e[5] for e in flights} == set(record["versions"])
+    flights = EventQueue.from_record(record["queue"]).flights()
+    assert len(flights) == 3 and {f.version for f in flights} == set(record["versions"])
     # 3 rounds, then --resume to 5: the same numbers as the run that was never stopped
     first = _run(tmp_path, "part", rounds=3)
     assert strip_timing(first) == strip_timing(rows[:3])
@@ -221,12 +238,13 @@ def test_with_a_system_model_jobs_start_on_available_clients_and_some_drop(tmp_p
     assert sum(r["dropouts"] for r in rows) > 0 and all(r["clients"] == 2 for r in rows)
     cfg = load_config(None, tiny_overrides(tmp_path, **{**ASYNC, **system}))
     model = SystemModel(cfg.system, cfg.seed, cfg.clients.num)
-    queue = read_checkpoint(tmp_path / "sys")["asynchronous"]["queue"]
-    flights = [e for e in queue if e[0] == "flight"]
-    assert len(queue) == 3 and len({e[2] for e in flights}) == len(flights)  # 3 slots (some may wait); distinct
-    for _, seq, client, start, finish, _version, down, up, dropped in flights:
-        assert model.available(client, start) and dropped == model.dropped(client, seq)
-        assert finish - start == pytest.approx(model.duration(client, down, up, 2 * _train_count(cfg, client)))
+    queue = EventQueue.from_record(read_checkpoint(tmp_path / "sys")["asynchronous"]["queue"])
+    flights = queue.flights()
+    assert len(queue) == 3 and len({f.client for f in flights}) == len(flights)  # 3 slots (some may wait); distinct
+    for f in flights:
+        assert model.available(f.client, f.start) and f.dropped == model.dropped(f.client, f.seq)
+        assert f.finish - f.start == pytest.approx(model.duration(f.client, f.bytes_down, f.bytes_up,
+                                                                  2 * _train_count(cfg, f.client)))
 
 
 def _train_count(cfg, client):
