@@ -29,12 +29,12 @@ a worker that died (its calls are re-run with the same inputs).
 
 **Clients.** Each new job (sequence number q) draws its client uniformly among those available at its start time
 (``SystemModel.available``) and not already in flight, by a counter hash of (seed, q, attempt)
-(``SystemModel.draw_client``); when none is, the slot waits ``system.wait_s`` and draws again. A job trains with ``job_seed(seed, client, round,
-ASYNC_STREAM, q)``, where its round (``ctx.round``) is the server step its update aims at (the downloaded version
-+ 1). A job that drops (``SystemModel.dropped(client, q)``) frees its slot at its finish time and never reports.
-Without ``system.enabled``, every client has the system section's default traits (100 samples/s, 1.25 MB/s down,
-0.625 MB/s up, 50 ms latency: a job takes 0.05 s + its bytes over those bandwidths + samples x epochs / 100), is
-always available and never drops.
+(``SystemModel.draw_client``); when none is, the slot waits ``system.wait_s`` and draws again. A job trains with
+``job_seed(seed, client, round, ASYNC_STREAM, q)``, where its round (``ctx.round``) is the server step its update
+aims at (the downloaded version + 1). A job that drops (``SystemModel.dropped(client, q)``) frees its slot at its
+finish time and never reports. Without ``system.enabled``, every client has the system section's default traits (100
+samples/s, 1.25 MB/s down, 0.625 MB/s up, 50 ms latency: a job takes 0.05 s + its bytes over those bandwidths +
+samples x epochs / 100), is always available and never drops.
 
 **Rounds.** One server step is one logical round: ``metrics.jsonl`` gets one row per step with the usual keys
 (``clients``: the updates applied, ``bytes_down``: the downloads of the jobs started since the last step,
@@ -42,9 +42,9 @@ always available and never drops.
 ``system.enabled``), ``round_sim_s``, ``staleness_mean``, ``staleness_max`` and ``dropouts`` (the jobs that dropped
 since the last step). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
 client and the server version it downloaded) and names the file of each of those versions' payloads (written once
-each, ``checkpoint/versions/``, with its sha256), so ``--resume`` re-trains the
-jobs in flight from exactly what they downloaded and continues with the metrics of a run that was never
-interrupted.
+each, ``checkpoint/versions/``, with its sha256; the newest, the step's own model, is the payload of the server
+state it holds, its file written while the next step trains), so ``--resume`` re-trains the jobs in flight from
+exactly what they downloaded and continues with the metrics of a run that was never interrupted.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -289,6 +290,9 @@ class AsyncDriver(Driver):
         self.pending_dropped = 0  # jobs that dropped since the last server step
         self.versions: dict[int, Version] = {}
         self._version_files: dict[int, tuple[str, str]] = {}  # version -> (its file, sha256), written once each
+        self._derived: Optional[int] = None  # the newest version, when server.pt's server state gives it (no file)
+        self._pending: Optional[tuple[int, Future]] = None  # that version's file, being written meanwhile
+        self._writer: Optional[ThreadPoolExecutor] = None
         self.results: dict[int, tuple[TrainResult, Any]] = {}  # job sequence -> its computed (result, state handle)
         self.buffer: list[tuple[Flight, TrainResult]] = []  # FedBuff's arrivals since the last step
         self.totals.setdefault("sim_time_s", 0.0)  # simulated seconds at the last server step (logged with totals)
@@ -297,27 +301,75 @@ class AsyncDriver(Driver):
 
     # ------------------------------------------------------------------ checkpoint
     def _checkpoint_extra(self) -> dict:
-        """The queue and the files of the versions its jobs downloaded (the buffer is empty after every server
-        step)."""
+        """The queue, the files of the versions its jobs downloaded, and which version the server state gives (the
+        buffer is empty after every server step)."""
         return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
                                  "next_seq": self.next_seq, "pending_down": self.pending_down,
                                  "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
-                                 "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)}}}
+                                 "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)
+                                              if v in self._version_files},
+                                 "derived": self._derived}}
 
     def checkpoint(self) -> None:
-        """A version never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, before the
-        synchronous checkpoint's ``server.pt`` names it with its sha256 (a step writes only its new version, not
-        the three or four its jobs in flight hold); then the files of versions no job holds any more are deleted."""
+        """A version never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, before a
+        ``server.pt`` names it with its sha256; then the files of versions no job holds any more are deleted.
+
+        The newest version, the server's model at this step, is the payload of the server state this checkpoint
+        holds (``server_payload``, a function of that state, as a synchronous resume's next round relies on): this
+        ``server.pt`` names it ``derived``, and its file is written in a thread while the next step trains, to be
+        named by the next checkpoint if a job still holds it. (Written here instead, before ``server.pt``, its
+        fsync and serialisation were ~1.9 ms of a 100-client step.)"""
         ckpt = checkpoint_dir(self.run_dir)
-        new = [v for v in sorted(self.versions) if v not in self._version_files]
+        self._settle_pending()
+        newest = self.round if self.round in self.versions and self.round not in self._version_files else None
+        new = [v for v in sorted(self.versions) if v not in self._version_files and v != newest]
         if new:
             sums = save_all_durably([(self.versions[v].payload, version_file(ckpt, v)) for v in new])
             self._version_files.update({v: (version_file(ckpt, v).name, sums[version_file(ckpt, v).name])
                                         for v in new})
+        self._derived = newest
         super().checkpoint()
         for v in [v for v in self._version_files if v not in self.versions]:
             version_file(ckpt, v).unlink(missing_ok=True)
             del self._version_files[v]
+        if newest is not None and self.round < self.cfg.rounds:
+            self._writer = self._writer or ThreadPoolExecutor(1, thread_name_prefix="raysim-versions")
+            self._pending = (newest, self._writer.submit(save_all_durably, [(self.versions[newest].payload,
+                                                                             version_file(ckpt, newest))]))
+
+    def _settle_pending(self) -> None:
+        """Wait for the version file being written (its error, a full disk, is this checkpoint's) and record it."""
+        if self._pending is None:
+            return
+        v, future = self._pending
+        self._pending = None
+        name = version_file(checkpoint_dir(self.run_dir), v).name
+        self._version_files[v] = (name, future.result()[name])
+
+    def run(self) -> Iterator[dict]:
+        """The round loop; at its end, a version file written for a checkpoint that never came is removed (a
+        run stopped after a checkpoint leaves only what its ``server.pt`` names)."""
+        try:
+            yield from super().run()
+        finally:
+            self._drop_pending()
+
+    def shutdown(self) -> None:
+        self._drop_pending()
+        super().shutdown()
+
+    def _drop_pending(self) -> None:
+        if getattr(self, "_pending", None) is not None:  # (shutdown may come before _setup made it)
+            v, future = self._pending
+            self._pending = None
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - nothing names this file: its failure matters to no checkpoint (and
+                pass  # the run's own error, if it is ending on one, is the one to report)
+            version_file(checkpoint_dir(self.run_dir), v).unlink(missing_ok=True)
+        if getattr(self, "_writer", None) is not None:
+            self._writer.shutdown()
+            self._writer = None
 
     def _restore(self, record: Optional[dict]) -> None:
         if record is None:
@@ -339,6 +391,10 @@ class AsyncDriver(Driver):
                 payload = safe_load(version_file(ckpt, int(v)), digest)
                 self._version_files[int(v)] = (name, digest)
             self.versions[int(v)] = Version(self.executor.put(payload), payload)
+        derived = record.get("derived")  # None in a checkpoint of raysim before derived versions
+        if derived is not None:
+            payload = copy_tree(self._shared_payload(int(derived) + 1))  # as _current_version made it
+            self.versions[int(derived)] = Version(self.executor.put(payload), payload)
         folder = ckpt / VERSIONS_DIR
         if folder.is_dir():  # files of a run stopped between writing a version and the server.pt naming it
             named = {name for name, _ in self._version_files.values()}

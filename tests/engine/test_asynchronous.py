@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from conftest import ROOT, killed_worker_matches_inline, read_rows, refused_config, strip_timing, tiny_overrides
@@ -23,7 +22,7 @@ from raysim.config import load_config
 from raysim.engine.asynchronous import (EventQueue, Flight, Wait, buffer_weight, buffered_target, mix,
                                         staleness_weight)
 from raysim.engine.runner import run_experiment
-from raysim.engine.state import content_digest, read_checkpoint
+from raysim.engine.state import checkpoint_dir, content_digest, read_checkpoint, version_file
 from raysim.errors import UserError
 
 ASYNC = dict(asynchronous__mode="fedbuff", asynchronous__buffer_size=2, asynchronous__concurrency=3,
@@ -166,7 +165,9 @@ def test_fedbuff_run_steps_every_k_arrivals_in_time_order_and_resumes(tmp_path):
     # the checkpoint holds the queue: 3 jobs in flight, and the payload of every version they downloaded
     record = read_checkpoint(tmp_path / "full")["asynchronous"]
     flights = EventQueue.from_record(record["queue"]).flights()
-    assert len(flights) == 3 and {f.version for f in flights} == set(record["versions"])
+    assert len(flights) == 3 and {f.version for f in flights} == set(record["versions"]) | {record["derived"]}
+    # the newest version (the last step's model) is the checkpointed server state's payload: no file of its own
+    assert record["derived"] == 5 and not version_file(checkpoint_dir(tmp_path / "full"), 5).exists()
     # 3 rounds, then --resume to 5: the same numbers as the run that was never stopped
     first = _run(tmp_path, "part", rounds=3)
     assert strip_timing(first) == strip_timing(rows[:3])
@@ -205,6 +206,30 @@ def test_each_version_is_a_file_written_once_and_a_damaged_one_refuses_to_resume
     with pytest.raises(UserError, match=f"{victim.name} fails its sha256 checksum"):
         run_experiment(cfg, resume=True)
     assert (tmp_path / "v" / "metrics.jsonl").read_bytes() == metrics  # refused before anything changed
+
+
+def test_the_newest_version_file_is_written_while_the_next_step_trains_and_dropped_if_no_checkpoint_names_it(
+        tmp_path):
+    """After each checkpoint but the last, the newest version's file is written in a thread and named by the next
+    checkpoint (if a job still holds it); a run that stops after a checkpoint (here an error in the round callback
+    after round 2 of 4) leaves only the files its server.pt names; a resume from there derives the newest version
+    from the server state and ends with the uninterrupted run's metrics."""
+    rows = _run(tmp_path, "whole", rounds=4)
+    cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "cut"), log__tensorboard="false",
+                                           **{**ASYNC, "rounds": 4}))
+
+    def stop_after_two(metrics: dict) -> None:
+        if metrics["round"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, on_round=stop_after_two)
+    record = read_checkpoint(tmp_path / "cut")["asynchronous"]
+    ckpt = checkpoint_dir(tmp_path / "cut")
+    assert record["derived"] == 2 and read_checkpoint(tmp_path / "cut")["round"] == 2
+    assert {f.name for f in (ckpt / "versions").iterdir()} == {name for name, _ in record["versions"].values()}
+    run_experiment(cfg, resume=True)
+    assert strip_timing(read_rows(tmp_path / "cut")) == strip_timing(rows)
 
 
 def test_a_checkpoint_with_its_versions_inline_still_resumes(tmp_path):
