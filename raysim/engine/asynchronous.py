@@ -393,8 +393,7 @@ class AsyncDriver(Driver):
             self.versions[int(v)] = Version(self.executor.put(payload), payload)
         derived = record.get("derived")  # None in a checkpoint of raysim before derived versions
         if derived is not None:
-            payload = copy_tree(self._shared_payload(int(derived) + 1))  # as _current_version made it
-            self.versions[int(derived)] = Version(self.executor.put(payload), payload)
+            self._make_version(int(derived))  # as it was made after its step, from the restored server state
         folder = ckpt / VERSIONS_DIR
         if folder.is_dir():  # files of a run stopped between writing a version and the server.pt naming it
             named = {name for name, _ in self._version_files.values()}
@@ -405,10 +404,12 @@ class AsyncDriver(Driver):
     # ------------------------------------------------------------------ jobs
     def _current_version(self) -> Version:
         """The payload of the server's newest model (version = server steps so far), put once."""
-        v = self.round
-        if v not in self.versions:
-            shared = copy_tree(self._shared_payload(v + 1))
-            self.versions[v] = Version(self.executor.put(shared), shared)
+        return self.versions[self.round] if self.round in self.versions else self._make_version(self.round)
+
+    def _make_version(self, v: int) -> Version:
+        """Version ``v`` from the server state as it is now (after step ``v``): its payload, copied and put."""
+        shared = copy_tree(self._shared_payload(v + 1))
+        self.versions[v] = Version(self.executor.put(shared), shared)
         return self.versions[v]
 
     def _start_job(self, t: float, seq: Optional[int] = None, attempt: int = 0) -> None:

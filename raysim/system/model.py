@@ -357,6 +357,11 @@ class SystemModel:
             return (t_seconds + uniform(self._keys[PHASE], client_id) * period) % period < float(av.on_share) * period
         return bool(self.available_many(np.array([client_id]), t_seconds)[0])
 
+    def available_all(self, t: float) -> np.ndarray:
+        """Every client available at ``t``, in id order: the population scanned in chunks of CHUNK."""
+        return np.concatenate([np.flatnonzero(self.available_many(np.arange(a, min(a + CHUNK, self.num_clients)), t))
+                               + a for a in range(0, self.num_clients, CHUNK)])
+
     def draw_client(self, draw: tuple[int, ...], t: float, skip: set | dict) -> Optional[int]:
         """A client uniformly among those available at ``t`` and not in ``skip``, or None when none is; a pure
         function of (seed, ``draw``, t, skip). Candidate i is floor(u_i x num_clients), u_i = ``uniform`` of (the
@@ -376,10 +381,7 @@ class SystemModel:
                 for cid, ok in zip(batch.tolist(), self.available_many(batch, t).tolist()):
                     if ok and cid not in skip:
                         return cid
-        eligible: list[int] = []
-        for a in range(0, num, CHUNK):
-            found = np.flatnonzero(self.available_many(np.arange(a, min(a + CHUNK, num)), t)) + a
-            eligible += [c for c in found.tolist() if c not in skip]
+        eligible = [c for c in self.available_all(t).tolist() if c not in skip]
         if not eligible:
             return None
         return eligible[min(int(uniform(prefix, DRAW_CANDIDATES) * len(eligible)), len(eligible) - 1)]
@@ -444,9 +446,7 @@ class SystemModel:
                     if len(chosen) == count:
                         break
         if len(chosen) < count:  # few available: the whole population, in chunks
-            pool = np.concatenate([np.flatnonzero(self.available_many(np.arange(a, min(a + CHUNK, self.num_clients)),
-                                                                      t)) + a
-                                   for a in range(0, self.num_clients, CHUNK)])
+            pool = self.available_all(t)
             if len(pool) <= count:
                 return pool.tolist()
             return np.sort(rng.choice(pool, size=count, replace=False)).tolist()
