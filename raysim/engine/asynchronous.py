@@ -375,6 +375,13 @@ class AsyncDriver(Driver):
         if record is None:
             raise UserError(f"{self.run_dir}: its checkpoint was made by synchronous rounds, so it cannot resume "
                             f"with asynchronous.mode={self.mode.mode}")
+        try:
+            self._restore_record(record)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise UserError(f"{server_file(self.run_dir)}: its asynchronous record (the event queue, the server "
+                            f"versions) is malformed ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
+
+    def _restore_record(self, record: dict) -> None:
         self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
         self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
         self.pending_dropped = int(record["pending_dropped"])

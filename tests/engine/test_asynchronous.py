@@ -232,6 +232,28 @@ def test_the_newest_version_file_is_written_while_the_next_step_trains_and_dropp
     assert strip_timing(read_rows(tmp_path / "cut")) == strip_timing(rows)
 
 
+def test_a_malformed_asynchronous_record_with_a_valid_checksum_is_one_line(tmp_path):
+    """A server.pt whose queue or derived version is malformed, re-signed with its own sha256 (so only its
+    structure is wrong), stops ``--resume`` with one line naming the file, before metrics.jsonl changes."""
+    from raysim.engine.state import atomic_save, safe_load, server_file
+
+    _run(tmp_path, "good", rounds=2)
+    for name, damage in (("derived", lambda a: a.update(derived="abc")),
+                         ("queue", lambda a: a["queue"].update(flights=torch.zeros(3, 2, dtype=torch.int64)))):
+        run_dir = tmp_path / name
+        shutil.copytree(tmp_path / "good", run_dir)
+        record = safe_load(server_file(run_dir))
+        record.pop("sha256")
+        damage(record["asynchronous"])
+        atomic_save({**record, "sha256": content_digest(record)}, server_file(run_dir))
+        metrics = (run_dir / "metrics.jsonl").read_bytes()
+        cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(run_dir), log__tensorboard="false",
+                                               **{**ASYNC, "rounds": 3}))
+        with pytest.raises(UserError, match="asynchronous record .* is malformed .* the checkpoint is damaged"):
+            run_experiment(cfg, resume=True)
+        assert (run_dir / "metrics.jsonl").read_bytes() == metrics, name
+
+
 def test_a_checkpoint_with_its_versions_inline_still_resumes(tmp_path):
     """A checkpoint written before version files (each version's payload inside server.pt) resumes to the numbers
     of the run that was never stopped."""
