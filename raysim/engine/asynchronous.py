@@ -379,7 +379,8 @@ class AsyncDriver(Driver):
             self._restore_record(record)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise UserError(f"{server_file(self.run_dir)}: its asynchronous record (the event queue, the server "
-                            f"versions) is malformed ({type(exc).__name__}: {exc}): the checkpoint is damaged") from None
+                            f"versions) is malformed ({type(exc).__name__}: {exc}): the checkpoint is "
+                            f"damaged") from None
 
     def _restore_record(self, record: dict) -> None:
         self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
