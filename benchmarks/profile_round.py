@@ -99,22 +99,34 @@ def main() -> int:
         a, b = bounds[r]
         wall = b - a
         per_pid: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        spans: dict[int, list[tuple[float, float]]] = defaultdict(list)  # each worker's calls, (start, end) wall
         for c in calls:
             if a <= c["t"] <= b:
                 per_pid[c["pid"]][c["kind"]] += c["s"]
                 if c["kind"] == "call":
                     per_pid[c["pid"]]["calls"] += 1
+                    spans[c["pid"]].append((c["t"] - c["s"], c["t"]))
         row = {"round": r, "wall_s": round(wall, 3), **{k: round(v, 3) for k, v in spent[r].items()}}
         for i, (_pid, v) in enumerate(sorted(per_pid.items())):
             row[f"worker{i}"] = {"calls": int(v["calls"]), "busy_s": round(v["call"], 3),
                                  "train_s": round(v["train"], 3), "sum_s": round(v["sum"], 3),
                                  "other_in_call_s": round(v["call"] - v["train"] - v["sum"], 3),
-                                 "idle_s": round(wall - v["call"], 3)}
+                                 "idle_s": round(wall - v["call"], 3), **_idle_parts(sorted(spans[_pid]), a, b)}
         report.append(row)
         print(json.dumps(row))
     keys = [k for k in report[0] if k not in ("round",) and not k.startswith("worker")]
     print("median over rounds", {k: round(statistics.median(r.get(k, 0.0) for r in report), 3) for k in keys})
     return 0
+
+
+def _idle_parts(spans: list[tuple[float, float]], start: float, end: float) -> dict[str, float]:
+    """Where a worker's idle time falls: before its first call of the round (``lead_s``: the round's sampling,
+    payload and the call's way there), between its calls (``gaps_s``), after its last (``tail_s``: waiting for the
+    other worker, then the driver's sums, evaluation, log and checkpoint)."""
+    if not spans:
+        return {}
+    gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]))
+    return {"lead_s": round(spans[0][0] - start, 3), "gaps_s": round(gaps, 3), "tail_s": round(end - spans[-1][1], 3)}
 
 
 if __name__ == "__main__":

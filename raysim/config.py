@@ -274,7 +274,7 @@ class EngineConfig:
     # each group of sum_group clients trains in one call and only its sum travels to the driver. false: every
     # upload travels and the driver sums the same groups itself (the same numbers; raysim.algorithms.aggregation)
     partial_sums: bool = True
-    # the round's clients, in id order, in fixed groups of this many (auto: at most 32 groups). The groups, never
+    # the round's clients, in id order, in fixed groups of this many (auto: about √(2n) groups of n). The groups, never
     # the workers, fix the order of summation, so changing this changes the last float bits
     sum_group: str = "auto"
     # off | auto | N: train up to N same-architecture clients of a call as one batched computation (torch.func),

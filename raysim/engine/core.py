@@ -217,8 +217,12 @@ class ClientJobs:
         vectorised cohort; then each of its sum groups' finite uploads summed here, in id order. Returns (the
         call's result, each client's new state), in call order."""
         if call.stacked:
-            self.busy = call.jobs[0].client_id  # for an error's message: the cohort's first client
-            done = train_cohort(self, call.jobs, shared, owns, states)
+            done = []
+            step = call.cohort or len(call.jobs)  # a sum group larger than a cohort: cohort by cohort, in order
+            for at in range(0, len(call.jobs), step):
+                self.busy = call.jobs[at].client_id  # for an error's message: the cohort's first client
+                done += train_cohort(self, call.jobs[at:at + step], shared, owns[at:at + step],
+                                     states[at:at + step])
         else:
             done = []
             for job, own, state in zip(call.jobs, owns, states):

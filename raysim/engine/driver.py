@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregation import UploadSum, combine, sum_in_groups
+from raysim.algorithms.aggregation import UploadSum, sum_in_groups
 from raysim.algorithms.base import ClientUpdate, RoundUpdates, SummedUpload
 from raysim.algorithms.central import reserved_jobs
 from raysim.config import to_flat_dict
 from raysim.data import build_federated_data
 from raysim.engine.executor import Executor, InlineExecutor, RayExecutor
 from raysim.engine.jobs import CallResult, CentralCall, ProbeCall, ServerCall, ServerTrainJob, TrainJob, TrainResult
-from raysim.engine.plan import (clients_per_call, cohort_size, group_size, plan_evaluation, plan_round,
-                                plan_server_test, round_sums)
+from raysim.engine.plan import (RoundSum, clients_per_call, cohort_size, group_size, plan_evaluation, plan_round,
+                                plan_server_test)
 from raysim.engine.sampling import draw_clients, eval_cohort, sample_clients
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.engine.state import (ClientHistoryStore, ClientStateStore, checkpoint_dir, checksums, has_checkpoint,
@@ -201,13 +201,13 @@ class Driver:
         """One round, as named steps."""
         start = time.perf_counter()
         sampled, dropouts = self._sample(rnd)
-        bytes_down, results, sums = self._train_clients(sampled, rnd)
+        bytes_down, results, total = self._train_clients(sampled, rnd)
         results, settled = self._meet_deadline(results, rnd, len(sampled) + len(dropouts))
         finished, kept, skipped = self._collect(results, rnd)
-        updates = [_update(r, sums is not None) for r in finished]
+        updates = [_update(r, total is not None) for r in finished]
         self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
         self._keep_history(updates, rnd)
-        self._aggregate(updates, rnd, sampled, sums)
+        self._aggregate(updates, rnd, sampled, total)
         for cid, ref in kept:
             self.states.put(cid, ref)
         metrics = self._round_metrics(rnd, sampled, finished, skipped, bytes_down)
@@ -284,10 +284,10 @@ class Driver:
         return group_size(self.cfg.engine.sum_group, len(sampled)) if self.algorithm.sums_uploads else 0
 
     def _train_clients(self, sampled: list[int], rnd: int, budgets: Optional[dict[int, int]] = None,
-                       ) -> tuple[int, dict[int, Any], Optional[list[UploadSum]]]:
+                       ) -> tuple[int, dict[int, Any], Optional[UploadSum]]:
         """Run the sampled clients' training calls, as the round's plan cuts them (``raysim.engine.plan``); returns
-        (bytes_down, {client: (TrainResult, state handle)}, and the groups' upload sums in group order where the
-        uploads were summed where they trained, else None). ``budgets``: client -> the samples its steps may take
+        (bytes_down, {client: (TrainResult, state handle)}, and the round's one upload sum where the uploads were
+        summed where they trained, else None). ``budgets``: client -> the samples its steps may take
         (``system.late=partial``)."""
         shared_ref, own, bytes_down = self._downloads(sampled, rnd)
         budgets = budgets or {}
@@ -299,13 +299,14 @@ class Driver:
         # a robust aggregator (aggregator.name) or an attack on the uploads needs each upload on the driver
         summed = (self.cfg.engine.partial_sums and group > 0 and not (self.clock and self.clock.needs_every_upload)
                   and not (self.robust is not None and self.robust.needs_uploads))
-        done, sums = self._run_training(jobs, group if summed else 0)
-        return bytes_down, done, (sums if summed else None)
+        done, total = self._run_training(jobs, group if summed else 0)
+        return bytes_down, done, total
 
-    def _run_training(self, jobs: list[TrainJob], sum_group: int) -> tuple[dict[int, Any], list[UploadSum]]:
+    def _run_training(self, jobs: list[TrainJob], sum_group: int) -> tuple[dict[int, Any], Optional[UploadSum]]:
         """Run training ``jobs`` (distinct clients) as the plan cuts them, one plan per round's payload (the
         asynchronous modes train jobs of several server versions at once); returns ({client: (TrainResult, state
-        handle)}, the groups' upload sums in group order, none when ``sum_group`` is 0)."""
+        handle)}, the round's upload sum (:class:`~raysim.engine.plan.RoundSum`: the groups' sums added in group
+        order as their calls come in), None when ``sum_group`` is 0)."""
         states = [self.states.get(j.client_id) for j in jobs]
         if self.cohort_size is None and jobs:  # engine.vectorize=auto: a probe on this round's clients, once a run
             self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
@@ -319,15 +320,15 @@ class Driver:
                                 cohort=self.cohort_size, per_call=per_call, workers=self.executor.workers,
                                 weighting=self.privacy.weighting(self.algorithm.weighting))
         done: dict[int, Any] = {}
-        outputs = self.executor.run(calls)
-        sums: list[UploadSum] = round_sums(calls, [result for result, _ in outputs])
+        total = RoundSum(calls)
+        outputs = self.executor.run(calls, total.add if sum_group > 0 else None)
         for result, state_refs in outputs:
             assert isinstance(result, CallResult)
             done.update((r.client_id, (r, ref)) for r, ref in zip(result.results, state_refs))
             if result.seconds > 0:
                 self._client_s = result.seconds if self._client_s is None else \
                     0.7 * self._client_s + 0.3 * result.seconds
-        return done, sums
+        return done, (total.total() if sum_group > 0 else None)
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states
@@ -357,13 +358,13 @@ class Driver:
                 self.history.push(u.client_id, rnd, self.executor.put(kept))
 
     def _aggregate(self, updates: list[ClientUpdate], rnd: int, sampled: list[int],
-                   sums: Optional[list[UploadSum]]) -> None:
+                   total: Optional[UploadSum]) -> None:
         """The algorithm's aggregation on the driver, then its server-side training (if any) on a worker. With a
         summed aggregation, ``server_aggregate`` gets the round's mean from the one sum: the groups' sums added in
         group order, whether the workers took them or the driver does here from per-client uploads, in the same
         groups (``raysim.algorithms.aggregation``)."""
         if self.privacy.central is not None:
-            self._private_step(updates, rnd, sampled, sums)
+            self._private_step(updates, rnd, sampled, total)
             return
         if not updates:
             return
@@ -372,17 +373,17 @@ class Driver:
         def mean() -> dict:
             if self.robust is not None and self.robust.needs_uploads:
                 return self.robust.mean(updates, self.server_state, rnd, weighting)
-            total = combine(sums) if sums is not None else sum_in_groups(updates, sampled, size, weighting)
-            return total.mean()
+            summed = total if total is not None else sum_in_groups(updates, sampled, size, weighting)
+            return summed.mean()
 
         self._server_step(RoundUpdates(updates, mean), rnd)
 
     def _private_step(self, updates: list[ClientUpdate], rnd: int, sampled: list[int],
-                      sums: Optional[list[UploadSum]]) -> None:
+                      total: Optional[UploadSum]) -> None:
         """DP-FedAvg's server step: the clipped deltas' sum (the one sum, uniform weights), noised once, over the
         fixed denominator, added to the download: the round's mean for the algorithm's ``server_aggregate``."""
-        total = (combine(sums) if sums is not None else
-                 sum_in_groups(updates, sampled, group_size(self.cfg.engine.sum_group, len(sampled)), "uniform"))
+        if total is None:
+            total = sum_in_groups(updates, sampled, group_size(self.cfg.engine.sum_group, len(sampled)), "uniform")
         model = self.privacy.release(total, rnd)
         if updates:
             self._server_step(RoundUpdates(updates, lambda: model), rnd)

@@ -14,7 +14,7 @@ core and give the same numbers; neither knows what a call does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -64,9 +64,10 @@ class Executor:
         """Hand the run's prepared data to where the calls run (once, before the first client call)."""
         raise NotImplementedError
 
-    def run(self, calls: list[Call]) -> list[Any]:
+    def run(self, calls: list[Call], on_result: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
         """Run every call; returns their results in order: a call's one object, or (its first object, handles of
-        the others) for a call with several returns (a training call's kept states)."""
+        the others) for a call with several returns (a training call's kept states). ``on_result(index, first
+        object)`` is told of each call as its result comes in, in any order (the round's sum is taken so)."""
         raise NotImplementedError
 
     def info(self) -> list[dict]:
@@ -117,7 +118,7 @@ class InlineExecutor(Executor):
     def shared(self, handle: Any) -> Any:
         return handle  # the core gives every job its own copy of the shared payload
 
-    def run(self, calls: list[Call]) -> list[Any]:
+    def run(self, calls: list[Call], on_result: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
         out = []
         self.progress = (0, len(calls), calls[0].kind if calls else "")
         with torch_threads(self.cfg.engine.cpus_per_worker):
@@ -126,6 +127,8 @@ class InlineExecutor(Executor):
                 with job_guard(lambda: call.describe(self), self.where, self.cfg):  # noqa: B023
                     got = _private(call.run(self, values))
                 out.append((got[0], got[1:]) if call.returns > 1 else got[0])
+                if on_result is not None:
+                    on_result(len(out) - 1, got[0])
                 self.progress = (len(out), len(calls), call.kind)
         return out
 
@@ -186,10 +189,10 @@ class RayExecutor(Executor):
         self.start()
         self.pool.attach(self._ray.put(data))  # once per run; calls carry client ids, never samples
 
-    def run(self, calls: list[Call]) -> list[Any]:
+    def run(self, calls: list[Call], on_result: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
         """On whichever worker is free first; a call whose worker dies runs again elsewhere."""
         self.start()
-        return self.pool.run(calls)
+        return self.pool.run(calls, on_result)
 
     def info(self) -> list[dict]:
         return self.pool.info() if self.pool is not None else []

@@ -211,6 +211,7 @@ class TrainCall(_JobsCall):
     trained, or (no groups) every upload returned with its client's result."""
 
     stacked: bool = False
+    cohort: int = 0  # stacked: at most this many clients stacked at once (the cohort size), consecutively
     groups: tuple[int, ...] = ()
     weighting: str = "samples"
     part_of: Optional[int] = None  # the sum group (its index in the round) whose clients this call trains part of:

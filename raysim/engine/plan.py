@@ -6,12 +6,13 @@ order, never from the workers or from timing. What it takes from measurement (ho
 ``engine.clients_per_call=auto``) only changes how the same work is cut into calls, never the work:
 
 - the units are the sum groups (or, when the uploads travel per client, the clients one by one);
-- with cohorts, consecutive whole units fill a call of at most the cohort size, trained as one stacked computation
+- with cohorts, consecutive whole units fill a call of at most the cohort size (a group larger than a cohort is a
+  call of its own), trained in stacked computations of at most the cohort size
   (:func:`raysim.engine.cohort.train_cohort`); each of its groups is still summed on its own;
 - without, consecutive whole units fill a call of about :func:`clients_per_call` clients, trained one at a time.
 
 The executors only dispatch the calls; which worker takes which call changes no number (each call's sums are
-whole groups, and the driver adds the groups in group order).
+whole groups, and the driver adds the groups in group order as their calls come in: :class:`RoundSum`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from raysim.algorithms.aggregation import fixed_groups, sum_results
+from raysim.algorithms.aggregation import UploadSum, client_weight, fixed_groups
 from raysim.engine.jobs import EvalCall, EvalJob, TrainCall, TrainJob
 
-AUTO_GROUPS = 32  # engine.sum_group=auto: the round's clients in at most this many groups
 TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much measured client time
 MAX_CLIENTS_PER_CALL = 64
 
@@ -39,9 +39,18 @@ def cohort_size(num: int, fraction: float) -> int:
 
 
 def group_size(setting: str, num_clients: int) -> int:
-    """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round."""
+    """Clients per group (``engine.sum_group``: auto or a number) when ``num_clients`` clients train in a round.
+
+    ``auto``: about √(2n) groups. Each group's sum crosses to the driver as one float64 buffer (8 bytes a
+    parameter) and the plan's last groups train a client a call (4 bytes a parameter each, for an even tail), so
+    the bytes a round moves, about 8·(G − W) + 4·W·n/G parameters' worth for G groups on W workers, are least near
+    G = √(W·n/2). The workers may not choose a number, so G is the one for four workers: for 10-1,000 clients it
+    moves at most 1.5× the fewest bytes at 2-16 workers, where "at most 32 groups" moved up to 2.5×
+    (tests/engine/test_plan.py). It depends on n alone, so it changes no number between executors
+    (benchmarks/RESULTS.md: the CNN's rounds on two workers)."""
     if setting == "auto":
-        return max(1, math.ceil(num_clients / AUTO_GROUPS))
+        groups = max(1, math.ceil(math.sqrt(2 * num_clients)))
+        return max(1, math.ceil(num_clients / groups))
     return max(1, int(setting))
 
 
@@ -81,8 +90,8 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
 
     ``workers``: with more than one worker and one group a call, the last ``workers`` groups train one client a
     call (``part_of`` their group), so that the workers end a round within one client of each other, not within
-    one group; the driver sums such a group from its uploads with the workers' own :func:`sum_results`, so where a
-    group is summed changes no number (only the cut depends on the worker count)."""
+    one group; the driver sums such a group from its uploads as a worker's ``sum_results`` does
+    (:class:`RoundSum`), so where a group is summed changes no number (only the cut depends on the worker count)."""
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
     position = {jobs[i].client_id: i for i in order}
     clients = [jobs[i].client_id for i in order]
@@ -99,28 +108,59 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
                       for i in members]
             continue
         calls.append(TrainCall(jobs=[jobs[i] for i in members], states=[states[i] for i in members],
-                               stacked=stacked, groups=tuple(len(u) for u in packed) if sum_group > 0 else (),
-                               weighting=weighting))
+                               stacked=stacked, cohort=cohort if stacked else 0,
+                               groups=tuple(len(u) for u in packed) if sum_group > 0 else (), weighting=weighting))
     return calls
 
 
-def round_sums(calls: Sequence[TrainCall], results: Sequence[Any]) -> list[Any]:
-    """The round's group sums in group order from its calls' results (``CallResult``s, in call order): those the
-    workers took, and each split group's (``part_of``) from its uploads, summed here by :func:`sum_results`, in id
-    order, as its worker would have."""
-    sums: list[Any] = []
-    parts: dict[tuple[int, int], tuple[str, list[Any]]] = {}  # (round, group) -> (weighting, its clients' results)
-    for call, result in zip(calls, results):
-        if call.part_of is None:
-            sums.extend(result.sums)
-            continue
-        key = (call.round, call.part_of)
-        if key not in parts:
-            parts[key] = (call.weighting, [])
-            sums.append(key)  # its place in group order, filled below
-        parts[key][1].extend(result.results)
-    return [sum_results(sorted(parts[s][1], key=lambda r: r.client_id), parts[s][0]) if isinstance(s, tuple) else s
-            for s in sums]
+class RoundSum:
+    """The round's one sum, built while its calls run: results arrive in any order, and each call's is folded in
+    call order (the plan's calls are in group order) as soon as every call before it has been, so the driver's
+    additions overlap the workers' training instead of following the round's last call.
+
+    A whole group's sum (taken where it trained) is merged; a split group's uploads (``part_of``: a client a call,
+    in id order) are added into that group's own sum, which is merged once the group's last call is in. These are
+    the operations, in the order, of summing every group and then adding the groups in group order
+    (:func:`~raysim.algorithms.aggregation.combine`), so the bits are the same whoever finished first."""
+
+    def __init__(self, calls: Sequence[TrainCall]):
+        self._calls = calls
+        self._waiting: dict[int, Any] = {}  # call index -> its CallResult, until every call before it is folded
+        self._next = 0
+        self._total = UploadSum()
+        self._part: Optional[tuple[tuple[int, int], UploadSum]] = None  # the split group being summed
+
+    def add(self, index: int, result: Any) -> None:
+        """Call ``index``'s result (a ``CallResult``) is in."""
+        self._waiting[index] = result
+        while self._next in self._waiting:
+            self._fold(self._calls[self._next], self._waiting.pop(self._next))
+            self._next += 1
+
+    def _fold(self, call: TrainCall, result: Any) -> None:
+        group = None if call.part_of is None else (call.round, call.part_of)
+        if self._part is not None and self._part[0] != group:
+            self._total.merge(self._part[1])
+            self._part = None
+        if group is None:
+            for total in result.sums:
+                self._total.merge(total)
+            return
+        if self._part is None:
+            self._part = (group, UploadSum())
+        for r in sorted(result.results, key=lambda r: r.client_id):
+            if r.finite:
+                self._part[1].add(r.client_id, r.upload, client_weight(r.num_samples, call.weighting))
+            r.upload = {}  # only the sum travels on, as from a worker's sum_results
+
+    def total(self) -> UploadSum:
+        """The sum, once every call's result is in."""
+        if self._next != len(self._calls):
+            raise RuntimeError(f"the round's sum has {self._next} of {len(self._calls)} calls' results")
+        if self._part is not None:
+            self._total.merge(self._part[1])
+            self._part = None
+        return self._total
 
 
 def plan_evaluation(clients: Sequence[int], rnd: int, shared_ref: Any, own: dict[int, Any],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, WorkerCrashedError
@@ -211,10 +211,10 @@ class WorkerPool:
         except _WORKER_DIED:
             return None
 
-    def run(self, calls: list[Call]) -> list[Any]:
+    def run(self, calls: list[Call], on_result: Optional[Callable[[int, Any], None]] = None) -> list[Any]:
         """Run every call once (re-running those whose worker died) and return their results in order; for a call
         with several returns the result is (first value, [the other refs]), so a client's state stays in the
-        object store."""
+        object store. ``on_result(index, first value)``: told of each call once, as its result is fetched."""
         queue: deque[int] = deque(range(len(calls)))
         tries = [0] * len(calls)
         inflight: dict[ray.ObjectRef, tuple[int, int, Submitted]] = {}  # wait ref -> (call, worker, its refs)
@@ -264,6 +264,8 @@ class WorkerPool:
                     queue.appendleft(i)
                 continue
             results[index] = (value, out[1:]) if isinstance(out, list) else value
+            if on_result is not None:
+                on_result(index, value)
             self.progress = (len(results), len(calls), kind)
         return [results[i] for i in range(len(calls))]
 

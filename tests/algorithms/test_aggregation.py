@@ -78,8 +78,9 @@ def test_a_group_of_one_travels_at_its_uploads_size_and_sums_like_the_others():
 
 def test_groups_depend_on_the_client_list_alone():
     assert fixed_groups([9, 2, 5, 7, 1], 2) == [[1, 2], [5, 7], [9]]
-    assert group_size("auto", 7) == 1 and group_size("auto", 50) == 2 and group_size("auto", 1000) == 32
-    assert group_size("auto", 1) == 1 and group_size("3", 50) == 3
+    # auto: ceil(√(2n)) groups (4 for 7 clients: groups of 2; 10 for 50: groups of 5; 45 for 1,000: of 23)
+    assert group_size("auto", 7) == 2 and group_size("auto", 50) == 5 and group_size("auto", 1000) == 23
+    assert group_size("auto", 1) == 1 and group_size("auto", 2) == 1 and group_size("3", 50) == 3
 
 
 def test_sums_taken_in_groups_equal_the_drivers_bit_for_bit():

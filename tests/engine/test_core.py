@@ -100,6 +100,30 @@ def test_a_stacked_call_gives_the_one_at_a_time_numbers(tmp_path):
         assert all(torch.allclose(a.upload[k], b.upload[k], rtol=0, atol=1e-7) for k in a.upload)
 
 
+def test_a_sum_group_larger_than_the_cohort_trains_cohort_by_cohort(tmp_path, monkeypatch):
+    """A stacked call of one group of 5 with ``cohort=2`` stacks clients (0, 1), (2, 3), then (4): never more at
+    once than the cohort the probe chose; the group's sum is that of the same clients stacked two by two."""
+    import raysim.engine.core as core_module
+
+    core, shared = _core(tmp_path)
+    stacks: list[list[int]] = []
+    train_cohort = core_module.train_cohort
+    monkeypatch.setattr(core_module, "train_cohort", lambda c, jobs, *a: stacks.append(
+        [j.client_id for j in jobs]) or train_cohort(c, jobs, *a))
+    jobs = [_job(c) for c in range(5)]
+    result, _ = core.run_call(TrainCall(jobs=jobs, states=[None] * 5, stacked=True, cohort=2, groups=(5,)), shared,
+                              [None] * 5, [None] * 5)
+    assert stacks == [[0, 1], [2, 3], [4]] and [r.client_id for r in result.results] == [0, 1, 2, 3, 4]
+    expect = UploadSum()
+    for pair in ([0, 1], [2, 3], [4]):
+        done, _ = core.run_call(TrainCall(jobs=[_job(c) for c in pair], states=[None] * len(pair), stacked=True),
+                                shared, [None] * len(pair), [None] * len(pair))
+        for r in done.results:
+            expect.add(r.client_id, r.upload, r.num_samples)
+    got, want = result.sums[0].mean(), expect.mean()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_a_job_is_a_pure_function_of_its_inputs(tmp_path):
     """The same job twice, with another client's job in between, in the same process: the same bits (the model
     object is reset, the payload copied, the seed taken from (seed, client, round))."""

@@ -184,7 +184,9 @@ def test_an_in_process_call_copies_an_upload_only_where_something_else_may_hold_
         model = executor.jobs.model(0)
         payload = executor.put(alg.server_payload(alg.init_server_state(model.state_dict()), 1))
         call = TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref=payload) for c in (0, 1)], states=[None] * 2)
-        (result, _), = executor.run([call])
+        told: list[tuple[int, object]] = []
+        (result, _), = executor.run([call], lambda index, value, told=told: told.append((index, value)))
+        assert told == [(0, result)]  # on_result: each call as it ends
         first = result.results[0]
         assert first.private is private
         kept = {k: v.clone() for k, v in first.upload.items()}

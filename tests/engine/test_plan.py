@@ -1,8 +1,10 @@
 """The round's plan (raysim.engine.plan): a pure function of the clients and the settings; sum groups and cohorts
-from the config alone, calls sized by measurement without changing the work."""
+from the config alone, calls sized by measurement without changing the work, the auto groups' bytes against every
+fixed size, and the round's one sum, the same bits whatever order the calls end in."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from raysim.engine.jobs import TrainJob
@@ -49,6 +51,9 @@ def test_cohorts_are_runs_of_whole_groups_whatever_the_call_size():
     assert _shape(stacked) == [([0, 1, 2, 3], (2, 2), True), ([4, 5, 6], (2, 1), True)]
     assert _shape(plan_round(jobs, [None] * 7, sum_group=0, cohort=3, per_call=64)) == [
         ([0, 1, 2], (), True), ([3, 4, 5], (), True), ([6], (), True)]
+    # a group larger than the cohort is a call of its own that stacks at most a cohort at once (ClientJobs.run_call)
+    big = plan_round(jobs, [None] * 7, sum_group=4, cohort=3, per_call=1)
+    assert _shape(big) == [([0, 1, 2, 3], (4,), True), ([4, 5, 6], (3,), True)] and {c.cohort for c in big} == {3}
 
 
 def _summed_groups(calls) -> list[list[int]]:
@@ -64,11 +69,28 @@ def _summed_groups(calls) -> list[list[int]]:
 def test_the_work_does_not_depend_on_the_call_size():
     """Whatever the measured call size, the same groups are summed, in the same order."""
     jobs = _jobs(list(range(50)))
-    expect = [[2 * i, 2 * i + 1] for i in range(25)]  # sum_group=auto: 50 clients in groups of 2
+    expect = [list(range(5 * i, 5 * i + 5)) for i in range(10)]  # sum_group=auto: 50 clients in 10 groups of 5
     for size in (1, 3, 7, 50):
         calls = plan_round(jobs, [None] * 50, sum_group=group_size("auto", 50), cohort=1, per_call=size)
         assert _summed_groups(calls) == expect
-        assert all(sum(c.groups) <= max(size, 2) for c in calls)
+        assert all(sum(c.groups) <= max(size, 5) for c in calls)
+
+
+def _bytes_moved(calls) -> int:
+    """What a round's uploads cost the object store, in parameters' worth of float32: a summed group of two or
+    more is a float64 buffer (2), a group of one and an upload of a split group travel as they are (1)."""
+    return sum(len(c.jobs) if c.part_of is not None else sum(1 if g == 1 else 2 for g in c.groups) for c in calls)
+
+
+def test_auto_groups_move_near_the_fewest_bytes_on_two_to_sixteen_workers():
+    """sum_group=auto (about √(2n) groups) against every fixed group size, with the plan's split tail: within 1.5×
+    of the fewest bytes a round can move, for 10-1,000 clients on 2-16 workers ("at most 32 groups": 2.5×)."""
+    for n in (10, 20, 50, 100, 200, 300, 500, 1000):
+        jobs = _jobs(list(range(n)))
+        for workers in (2, 4, 8, 16):
+            cost = {g: _bytes_moved(plan_round(jobs, [None] * n, sum_group=g, cohort=1, per_call=1, workers=workers))
+                    for g in range(1, min(n, 100) + 1)}  # the fewest lie far below 100 clients a group
+            assert cost[group_size("auto", n)] <= 1.5 * min(cost.values()), (n, workers)
 
 
 def test_the_server_test_split_is_shared_out_in_whole_blocks():
@@ -86,9 +108,9 @@ def test_the_server_test_split_is_shared_out_in_whole_blocks():
 
 
 def test_the_last_groups_train_one_client_a_call_on_several_workers():
-    from raysim.algorithms.aggregation import sum_results
+    from raysim.algorithms.aggregation import combine, sum_results
     from raysim.engine.jobs import CallResult, TrainResult
-    from raysim.engine.plan import round_sums
+    from raysim.engine.plan import RoundSum
 
     jobs = _jobs(list(range(10)))
     calls = plan_round(jobs, [None] * 10, sum_group=2, cohort=1, per_call=1, workers=2)
@@ -105,12 +127,22 @@ def test_the_last_groups_train_one_client_a_call_on_several_workers():
         return TrainResult(client_id=c, round=1, upload={"w": torch.randn(3, generator=g)}, num_samples=c + 1,
                            finite=True, loss=0.0, seconds=0.1)
 
-    # the workers' results: whole groups summed where they trained, the split ones' uploads as they came
-    outputs = [CallResult(results=[], sums=[sum_results([result(a), result(b)])]) for a, b in ((0, 1), (2, 3), (4, 5))]
-    outputs += [CallResult(results=[result(c)]) for c in (7, 6, 8, 9)]  # any order within a group's calls
-    calls_in_order = calls[:3] + [calls[4], calls[3], calls[5], calls[6]]
-    sums = round_sums(calls_in_order, outputs)
-    expected = [sum_results([result(a), result(b)]) for a, b in ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))]
-    assert [s.clients for s in sums] == [e.clients for e in expected]
-    for s, e in zip(sums, expected):
-        assert torch.equal(s.total, e.total) and s.weight == e.weight
+    # the workers' results: whole groups summed where they trained, the split ones' uploads as they came, in
+    # any order: the round's sum is that of every group summed and then added in group order, bit for bit
+    def output(call) -> CallResult:
+        if call.part_of is not None:
+            return CallResult(results=[result(c) for c in call.clients])
+        return CallResult(results=[], sums=[sum_results([result(c) for c in call.clients])])
+
+    expected = combine(sum_results([result(a), result(b)]) for a, b in ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9)))
+    for arrival in ([0, 1, 2, 3, 4, 5, 6], [6, 4, 3, 5, 0, 2, 1], [4, 3, 2, 6, 5, 1, 0]):
+        total = RoundSum(calls)
+        for index in arrival:
+            total.add(index, output(calls[index]))
+        got = total.total()
+        assert got.clients == expected.clients and got.weight == expected.weight
+        assert torch.equal(got.total, expected.total)
+    unfinished = RoundSum(calls)
+    unfinished.add(1, output(calls[1]))  # call 0 is still out: nothing folded, and no sum to hand on
+    with pytest.raises(RuntimeError, match="0 of 7"):
+        unfinished.total()

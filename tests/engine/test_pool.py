@@ -42,7 +42,7 @@ def test_a_call_goes_to_the_one_verb_with_its_args_and_returns():
 
 def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
     """53 virtual clients (prime), in shuffled order, 4 to a call: each client gets its own result and state
-    object, and results come back in the calls' order."""
+    object, results come back in the calls' order, and ``on_result`` hears of each call once."""
     cfg = load_config(None, ["clients.num=53", "data.partition=dirichlet", "data.min_samples=12",
                              "algorithm.name=local", "engine.num_workers=2", "engine.jobs_per_worker=3"])
     data = build_federated_data(cfg)
@@ -54,12 +54,15 @@ def test_pool_runs_many_virtual_clients_on_two_workers(ray_cluster):
         payload = ray.put({})
         calls = [TrainCall(jobs=[TrainJob(client_id=c, round=1, payload_ref=payload) for c in clients[i:i + 4]],
                          states=[None] * len(clients[i:i + 4])) for i in range(0, 53, 4)]
-        done = pool.run(calls)
+        told: list[tuple[int, object]] = []
+        done = pool.run(calls, lambda index, value: told.append((index, value)))
         # both workers are up now: two calls go to two workers (breadth first), not both to the first one
         pids = pool.run([CentralCall(train=lambda device: (time.sleep(0.5), os.getpid())[1]) for _ in range(2)])
     finally:
         pool.shutdown()
     assert len(set(pids)) == 2
+    # each call's result was told once, as it came in: the same first object the call returns
+    assert sorted(i for i, _ in told) == list(range(len(calls))) and all(v is done[i][0] for i, v in told)
     assert len(done) == len(calls)
     seen = []
     for call, (result, state_refs) in zip(calls, done):
