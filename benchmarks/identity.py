@@ -6,7 +6,9 @@ an engine change can be checked bit for bit against the commit before it:
 
 The settings: in process and on Ray (1 and 2 workers), partial sums on (groups of 3 and of 1) and off, calls of 3
 clients, vectorised cohorts of 4 where the algorithm declares them. 12 clients, 9 sampled a round, 2 rounds. Every
-metric but wall-clock times must be equal, and (``--compare``) equal to the file given. A worker killed mid-job is
+metric but wall-clock times must be equal, and (``--compare``) equal to the file given. ``auto-groups`` runs
+``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the file given is
+printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed mid-job is
 checked by the test suite (``helpers.killed_worker_matches_inline``), not here.
 """
 
@@ -35,7 +37,11 @@ SETTINGS: dict[str, dict] = {
     "ray2-nopartial": {"engine__backend": "ray", "engine__num_workers": 2, "engine__partial_sums": "false"},
     "ray2-calls3": {"engine__backend": "ray", "engine__num_workers": 2, "engine__clients_per_call": 3},
     "ray2-vec4": {"engine__backend": "ray", "engine__num_workers": 2, "engine__vectorize": 4},
+    # engine.sum_group=auto's own groups (the others fix groups of 3): other groups, so other float bits; its
+    # own file, compared across commits with --moved
+    "auto-groups": {"engine__backend": "inline", "engine__sum_group": "auto"},
 }
+APART = ("auto-groups",)  # settings whose numbers are not the reference's: compared across commits only
 
 
 def run(algorithm: str, setting: dict, work: Path) -> list[dict]:
@@ -59,6 +65,7 @@ def main() -> int:
     parser.add_argument("--compare", help="a file an earlier run wrote: every entry must be equal")
     parser.add_argument("--algorithms", help="comma-separated (default: every built-in)")
     parser.add_argument("--settings", help="comma-separated names of SETTINGS (default: all)")
+    parser.add_argument("--moved", help="a file an earlier run wrote: print each metric's largest change from it")
     args = parser.parse_args()
 
     import ray
@@ -82,6 +89,9 @@ def main() -> int:
                 for row in rows:
                     row.pop("vectorize", None)  # the setting itself
                 out[f"{algorithm}/{name}"] = rows
+                if name in APART:
+                    print(f"{algorithm:12s} {name:16s} {time.perf_counter() - start:5.1f} s  (its own groups)")
+                    continue
                 same = reference is None or rows == reference
                 reference = rows if reference is None else reference
                 exact = name.endswith("vec4") and not same  # cohorts of batch-norm models: within rounding only
@@ -93,14 +103,31 @@ def main() -> int:
     if args.compare:
         before = json.loads(Path(args.compare).read_text())
         for key, rows in out.items():
-            if key in before and before[key] != rows:
+            if key in before and before[key] != rows and key.split("/")[1] not in APART:
                 failures.append(f"{key}: differs from {args.compare}")
         missing = sorted(set(before) - set(out))
         print(f"compared {len(set(before) & set(out))} runs with {args.compare}; not rerun: {len(missing)}")
+    if args.moved:
+        print_moves(json.loads(Path(args.moved).read_text()), {k: v for k, v in out.items()
+                                                               if k.split("/")[1] in APART})
     for line in failures:
         print("FAIL", line)
     print(f"{len(out)} runs, {len(failures)} failures")
     return 1 if failures else 0
+
+
+def print_moves(before: dict[str, list[dict]], after: dict[str, list[dict]]) -> None:
+    """Each numeric metric's largest absolute change over the runs both files hold, and in how many runs it moved."""
+    moves: dict[str, list[float]] = {}
+    for key in sorted(set(before) & set(after)):
+        for old, new in zip(before[key], after[key]):
+            for metric, value in new.items():
+                if isinstance(value, (int, float)) and isinstance(old.get(metric), (int, float)):
+                    moves.setdefault(metric, []).append(abs(float(value) - float(old[metric])))
+    runs = len(set(before) & set(after))
+    print(f"moved, over {runs} runs (largest |change|, rows that changed of all rows):")
+    for metric, diffs in sorted(moves.items()):
+        print(f"  {metric:28s} {max(diffs):.3g}  {sum(d > 0 for d in diffs)}/{len(diffs)}")
 
 
 if __name__ == "__main__":
