@@ -157,3 +157,29 @@ def test_sigterm_stack_dumps_of_workers_are_dropped_and_a_crash_dump_is_kept():
              "*** SIGSEGV received at time=1796143347 on cpu 1 ***",
              "PC: @     0x7f92050a3f16  (unknown)  (unknown)"]
     assert resources._without_sigterm_dumps(lines) == ["round 1 done", "a hook's print", *lines[-2:]]
+
+
+@pytest.mark.slow
+def test_a_private_ray_ends_with_its_autoscaler_monitor_killed_and_nothing_left(cli_env):
+    """``ray_session`` ends a Ray it started with ``end_private_ray``: the monitor (which waits a second on its
+    SIGTERM) is killed outright, Ray is shut down, and none of the session's processes outlives it."""
+    import subprocess
+    import sys
+
+    script = """
+import os, ray
+from raysim.config import load_config
+from raysim.engine.resources import ray_session
+with ray_session(load_config(None, ["engine.num_workers=1"]).engine) as started:
+    node = ray._private.worker._global_node
+    pids = [i.process.pid for infos in node.all_processes.values() for i in infos]
+    monitor = node.all_processes["monitor"][0].process
+print(started, ray.is_initialized(), monitor.returncode, *pids)
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    started, initialized, monitor_code, *pids = done.stdout.split()
+    assert (started, initialized, monitor_code) == ("True", "False", "-9")  # -9: ended by SIGKILL
+    left = [pid for pid in pids if Path(f"/proc/{pid}").exists() and
+            "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()]
+    assert pids and not left
