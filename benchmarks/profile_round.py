@@ -8,7 +8,9 @@ The run is raysim's own (``raysim.engine.runner.run_experiment`` in this process
 a whole) and this process timing the driver's steps: waiting on calls, fetching their results (the transfer and
 deserialisation of the groups' sums), adding the sums, the rest of the round (payloads, evaluation, checkpoint).
 Round 1 (start-up) is left out. Printed per round: wall time, and per worker busy seconds (its calls) and idle
-seconds (the round's wall minus busy).
+seconds (the round's wall minus busy), split into before its first call, between its calls and after its last.
+With ``PROFILE_TIMELINE=FILE`` set, Ray's own timeline of every task (``ray.timeline``: deserialising its
+arguments, executing, storing its outputs) is written to FILE as well.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ def main() -> int:
     driver_mod.Driver.run_round = round_timed
     try:
         run_experiment(cfg)
+        if os.environ.get("PROFILE_TIMELINE"):
+            ray.timeline(filename=os.environ["PROFILE_TIMELINE"])
     finally:
         ray.shutdown()
     calls = []
