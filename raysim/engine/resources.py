@@ -254,7 +254,8 @@ def end_private_ray() -> None:
     """``ray.shutdown()`` of a Ray this process started, less the second it spends waiting for Ray's autoscaler
     monitor (a private local Ray has nothing to autoscale), which takes 1.0 s to leave after its SIGTERM, where the
     raylet, GCS and dashboard take 0.02 s each: the monitor is killed outright first. Ray's other processes end as
-    ``ray.shutdown()`` ends them. A Ray without that process (another version) just shuts down."""
+    ``ray.shutdown()`` ends them. A process that joined a cluster started none of the cluster's processes (its
+    node lists none), so nothing is killed there: it only disconnects."""
     from ray._private import worker as ray_worker
 
     node = getattr(ray_worker, "_global_node", None)
