@@ -232,11 +232,17 @@ def sum_results(results: Iterable[Any], weighting: str = "samples") -> UploadSum
     """One group's sum: the finite results' uploads weighted by ``weighting``, in the order given (id order); every
     result's upload is dropped (``{}``), so only the sum travels on."""
     total = UploadSum()
+    add_results(total, results, weighting)
+    return total
+
+
+def add_results(total: UploadSum, results: Iterable[Any], weighting: str = "samples") -> None:
+    """Add the finite results' uploads to ``total`` as :func:`sum_results` sums them, dropping every upload (a
+    group whose clients' results come in over several calls, ``raysim.engine.plan.RoundSum``)."""
     for r in results:
         if r.finite:
             total.add(r.client_id, r.upload, client_weight(r.num_samples, weighting))
         r.upload = {}
-    return total
 
 
 def combine(sums: Iterable[UploadSum]) -> UploadSum:

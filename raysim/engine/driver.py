@@ -320,15 +320,15 @@ class Driver:
                                 cohort=self.cohort_size, per_call=per_call, workers=self.executor.workers,
                                 weighting=self.privacy.weighting(self.algorithm.weighting))
         done: dict[int, Any] = {}
-        total = RoundSum(calls)
-        outputs = self.executor.run(calls, total.add if sum_group > 0 else None)
+        total = RoundSum(calls) if sum_group > 0 else None
+        outputs = self.executor.run(calls, total.add if total is not None else None)
         for result, state_refs in outputs:
             assert isinstance(result, CallResult)
             done.update((r.client_id, (r, ref)) for r, ref in zip(result.results, state_refs))
             if result.seconds > 0:
                 self._client_s = result.seconds if self._client_s is None else \
                     0.7 * self._client_s + 0.3 * result.seconds
-        return done, (total.total() if sum_group > 0 else None)
+        return done, (total.total() if total is not None else None)
 
     def _collect(self, done: dict[int, Any], rnd: int) -> tuple[list[TrainResult], list[tuple[int, Any]], list[int]]:
         """The finite results in client-id order (so aggregation never depends on who finished first), the states

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from raysim.algorithms.aggregation import UploadSum, client_weight, fixed_groups
+from raysim.algorithms.aggregation import UploadSum, add_results, fixed_groups
 from raysim.engine.jobs import EvalCall, EvalJob, TrainCall, TrainJob
 
 TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much measured client time
@@ -148,10 +148,7 @@ class RoundSum:
             return
         if self._part is None:
             self._part = (group, UploadSum())
-        for r in sorted(result.results, key=lambda r: r.client_id):
-            if r.finite:
-                self._part[1].add(r.client_id, r.upload, client_weight(r.num_samples, call.weighting))
-            r.upload = {}  # only the sum travels on, as from a worker's sum_results
+        add_results(self._part[1], sorted(result.results, key=lambda r: r.client_id), call.weighting)
 
     def total(self) -> UploadSum:
         """The sum, once every call's result is in."""
