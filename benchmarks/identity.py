@@ -6,7 +6,13 @@ an engine change can be checked bit for bit against the commit before it:
 
 The settings: in process and on Ray (1 and 2 workers), partial sums on (groups of 3 and of 1) and off, calls of 3
 clients, vectorised cohorts of 4 where the algorithm declares them. 12 clients, 9 sampled a round, 2 rounds. Every
-metric but wall-clock times must be equal, and (``--compare``) equal to the file given. ``auto-groups`` runs
+metric but wall-clock times must be equal, and (``--compare``) equal to the file given.
+
+``--subsystems`` runs the round's features instead (:data:`SUBSYSTEMS`): DP-FedAvg (fixed-size and Poisson
+sampling, a calibrated target ε, adaptive clipping), DP-SGD, every robust rule and attack, the system model (dropouts,
+availability, deadlines with late clients dropped or doing partial work), FedAsync and FedBuff, and the shipped
+privacy, robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers (partial
+sums on, groups of 3): the metrics, ε included, must be equal between the two and to the file given. ``auto-groups`` runs
 ``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the file given is
 printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed mid-job is
 checked by the test suite (``helpers.killed_worker_matches_inline``), not here.
@@ -41,7 +47,52 @@ SETTINGS: dict[str, dict] = {
     # own file, compared across commits with --moved
     "auto-groups": {"engine__backend": "inline", "engine__sum_group": "auto"},
 }
-APART = ("auto-groups",)  # settings whose numbers are not the reference's: compared across commits only
+APART = ("auto-groups",)
+
+TINY_DP = {"privacy__enabled": "true", "privacy__clip": 0.5, "privacy__noise_multiplier": 0.7}
+TINY_ROBUST = {"clients__fraction": 1.0, "aggregator__f": 2, "attack__fraction": 0.2}
+TINY_SYSTEM = {"system__enabled": "true", "system__speed__median": 50, "system__speed__spread": 10,
+               "system__dropout": 0.2, "system__latency__median": 0.5}
+TINY_ASYNC = {"asynchronous__concurrency": 4, "rounds": 4}
+# the round's features: (config file or None for the tiny fedavg, its overrides)
+SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
+    "dp-fixed": (None, TINY_DP),
+    "dp-poisson": (None, {**TINY_DP, "privacy__sampling": "poisson"}),
+    "dp-target": (None, {**TINY_DP, "privacy__noise_multiplier": "null", "privacy__target_epsilon": 8}),
+    "dp-adaptive": (None, {**TINY_DP, "privacy__adaptive_clip": "true", "privacy__count_noise": 1.0}),
+    "dp-fedprox": (None, {**TINY_DP, "algorithm__name": "fedprox", "algorithm__mu": 0.1}),
+    "dpsgd": (None, {"privacy__dpsgd": "true", "privacy__dpsgd_noise": 1.0}),
+    "dpsgd-central": (None, {**TINY_DP, "privacy__dpsgd": "true"}),
+    **{f"rule-{rule}": (None, {**TINY_ROBUST, "aggregator__name": rule, "attack__name": "sign_flip"})
+       for rule in ("median", "trimmed_mean", "krum", "multikrum", "bulyan", "norm_bound", "centered_clip")},
+    **{f"attack-{attack}": (None, {**TINY_ROBUST, "attack__name": attack})
+       for attack in ("label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm", "backdoor")},
+    "attack-alie-krum": (None, {**TINY_ROBUST, "attack__name": "alie", "aggregator__name": "krum"}),
+    "attack-backdoor-median": (None, {**TINY_ROBUST, "attack__name": "backdoor", "aggregator__name": "median"}),
+    "system-sync": (None, TINY_SYSTEM),
+    "system-diurnal": (None, {**TINY_SYSTEM, "system__availability__mode": "diurnal",
+                              "system__availability__period_s": 30, "system__wait_s": 1}),
+    "system-deadline-drop": (None, {**TINY_SYSTEM, "system__deadline_s": 3.5, "system__over_selection": 0.3,
+                                    "clients__fraction": 0.5}),
+    "system-deadline-partial": (None, {**TINY_SYSTEM, "system__deadline_s": 3.5, "system__over_selection": 0.3,
+                                       "system__late": "partial", "clients__fraction": 0.5}),
+    "fedasync": (None, {**TINY_ASYNC, "asynchronous__mode": "fedasync", "rounds": 6}),
+    "fedbuff": (None, {**TINY_ASYNC, "asynchronous__mode": "fedbuff", "asynchronous__buffer_size": 2}),
+    "fedbuff-system": (None, {**TINY_ASYNC, **TINY_SYSTEM, "asynchronous__mode": "fedbuff",
+                              "asynchronous__buffer_size": 2}),
+    "fedasync-fedadam": (None, {**TINY_ASYNC, "asynchronous__mode": "fedasync", "algorithm__name": "fedadam"}),
+    "shipped-dpfedavg": ("experiments/privacy/dpfedavg-mnist500.yaml", {"rounds": 3, "eval__every": 1}),
+    **{f"shipped-robust-{attack}-{rule}": ("experiments/robust/digits-20.yaml",
+                                           {"rounds": 2, "attack__name": attack, "aggregator__name": rule,
+                                            "eval__every": 1})
+       for attack, rule in (("sign_flip", "mean"), ("alie", "trimmed_mean"), ("backdoor", "bulyan"),
+                            ("label_flip", "multikrum"), ("ipm", "centered_clip"))},
+    "shipped-sync": ("experiments/async/sync.yaml", {"rounds": 2}),
+    "shipped-sync-deadline": ("experiments/async/sync-deadline.yaml", {"rounds": 2}),
+    "shipped-fedasync": ("experiments/async/fedasync.yaml", {"rounds": 20}),
+    "shipped-fedbuff": ("experiments/async/fedbuff.yaml", {"rounds": 4}),
+}
+SUBSYSTEM_SETTINGS = ("inline", "ray2")  # settings whose numbers are not the reference's: compared across commits only
 
 
 def run(algorithm: str, setting: dict, work: Path) -> list[dict]:
@@ -59,6 +110,25 @@ def run(algorithm: str, setting: dict, work: Path) -> list[dict]:
     return strip_timing(read_rows(run_dir))
 
 
+def run_subsystem(name: str, setting: dict, work: Path) -> list[dict]:
+    """One of :data:`SUBSYSTEMS` under an execution setting; partial sums on, in groups of 3."""
+    from raysim.config import load_config
+    from raysim.engine.runner import run_experiment
+
+    path, extra = SUBSYSTEMS[name]
+    run_dir = work / f"{name}-{time.monotonic_ns()}"
+    if path is None:
+        overrides = tiny_overrides(run_dir, **{"clients__num": 12, "clients__fraction": 0.75, "rounds": 2,
+                                               "data__partition": "dirichlet", "engine__sum_group": 3,
+                                               **extra, **setting})
+    else:
+        overrides = [f"{k.replace('__', '.')}={v}" for k, v in {**extra, "engine__sum_group": 3, **setting}.items()]
+        overrides.append(f"log.dir={run_dir / 'run'}")
+    cfg = load_config(str(ROOT / path) if path else None, overrides)
+    out, _, _ = run_experiment(cfg)
+    return strip_timing(read_rows(out))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -66,19 +136,39 @@ def main() -> int:
     parser.add_argument("--algorithms", help="comma-separated (default: every built-in)")
     parser.add_argument("--settings", help="comma-separated names of SETTINGS (default: all)")
     parser.add_argument("--moved", help="a file an earlier run wrote: print each metric's largest change from it")
+    parser.add_argument("--subsystems", action="store_true", help="the round's features (SUBSYSTEMS), not the "
+                        "algorithms; --algorithms then names cases of SUBSYSTEMS")
     args = parser.parse_args()
 
     import ray
 
     from raysim.registry import builtin_names, get_algorithm
 
-    algorithms = args.algorithms.split(",") if args.algorithms else builtin_names("algorithm")
-    settings = args.settings.split(",") if args.settings else list(SETTINGS)
+    if args.subsystems:
+        cases = args.algorithms.split(",") if args.algorithms else list(SUBSYSTEMS)
+        settings = args.settings.split(",") if args.settings else list(SUBSYSTEM_SETTINGS)
+    else:
+        cases = args.algorithms.split(",") if args.algorithms else builtin_names("algorithm")
+        settings = args.settings.split(",") if args.settings else list(SETTINGS)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     out: dict[str, list[dict]] = {}
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for algorithm in algorithms:
+        for case in cases if args.subsystems else []:
+            reference = None
+            for name in settings:
+                start = time.perf_counter()
+                rows = run_subsystem(case, SETTINGS[name], Path(tmp))
+                for row in rows:
+                    row.pop("vectorize", None)
+                out[f"{case}/{name}"] = rows
+                same = reference is None or rows == reference
+                reference = rows if reference is None else reference
+                if not same:
+                    failures.append(f"{case}/{name}: differs from {settings[0]}")
+                print(f"{case:34s} {name:8s} {time.perf_counter() - start:5.1f} s  {'ok' if same else 'DIFFERS'}",
+                      flush=True)
+        for algorithm in cases if not args.subsystems else []:
             vectorizes = get_algorithm(algorithm).vectorizes()
             reference = None
             for name in settings:
