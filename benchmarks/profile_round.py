@@ -74,7 +74,7 @@ def main() -> int:
     timed(pool_mod.WorkerPool, "run", "driver: calls in flight (wall)")
     timed(aggregation.UploadSum, "merge", "driver: add the groups' sums")
     timed(aggregation.UploadSum, "mean", "driver: divide")
-    timed(driver_mod.Driver, "_evaluate_round", "driver: evaluation (wall)")
+    timed(driver_mod.Evaluation, "after_round", "driver: evaluation (wall)")
     timed(driver_mod.Driver, "_finish_round", "driver: log + checkpoint")
     run_round = driver_mod.Driver.run_round
     bounds: dict[int, tuple[float, float]] = {}

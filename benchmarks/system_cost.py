@@ -66,12 +66,10 @@ PARTS = {  # (module, class, method) -> the part of a round it is counted in
     ("raysim.engine.core", "ClientJobs", "train"): "training",
     ("raysim.engine.core", "ClientJobs", "run_call"): "calls",
     ("raysim.engine.executor", "InlineExecutor", "run"): "executor",
-    ("raysim.engine.driver", "Driver", "checkpoint"): "checkpoint",
-    ("raysim.engine.asynchronous", "AsyncDriver", "checkpoint"): "checkpoint",  # its version files, then Driver's
+    ("raysim.engine.driver", "Driver", "checkpoint"): "checkpoint",  # the schedule's version files too
     ("raysim.runlog", "RunLog", "write"): "log",
-    ("raysim.engine.driver", "Driver", "_aggregate"): "server step",
-    ("raysim.engine.asynchronous", "AsyncDriver", "_target"): "server step",
-    ("raysim.engine.asynchronous", "AsyncDriver", "_start_job"): "job starts",
+    ("raysim.engine.driver", "Driver", "_server_step"): "server step",  # the queue's buffered target too
+    ("raysim.engine.asynchronous", "AsyncSchedule", "_start_job"): "job starts",
 }
 TRAINING = {k: v for k, v in PARTS.items() if v == "training"}
 
@@ -110,7 +108,7 @@ def timed_rounds(variant: str, rounds: int, name: str, parts: dict) -> list[dict
                 return _original(*args, **kwargs)
             finally:
                 depth[_part] -= 1
-                if not depth[_part]:  # AsyncDriver.checkpoint calls Driver.checkpoint: counted once
+                if not depth[_part]:  # a part's nested calls: counted once
                     spent[_part] += time.perf_counter() - t0
         setattr(owner, method, timed)
     marks = [(time.perf_counter(), time.process_time())]

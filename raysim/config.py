@@ -81,6 +81,11 @@ class ClientsConfig:
         require(self.num >= 1, "clients.num", f"must be >= 1, got {self.num}")
         require(0.0 < self.fraction <= 1.0, "clients.fraction", f"must be in (0, 1], got {self.fraction}")
 
+    @property
+    def per_round(self) -> int:
+        """The clients a round samples: ``fraction`` x ``num`` rounded half up, at least one."""
+        return max(1, int(math.floor(self.fraction * self.num + 0.5)))
+
 
 @dataclass
 class DataConfig:

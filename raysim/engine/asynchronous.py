@@ -13,7 +13,9 @@ the freed slot starts a new client on the server's newest model:
   x ← x + η_g·(1/K)·Σ_i s_i·Δ_i, with Δ_i = y_i − x_{τ_i} the client's change from the model it downloaded and
   s_i = 1/√(1 + staleness) (or 1 without ``staleness_scaling``) (:func:`buffered_target`).
 
-Either way the server's new value x̄ goes through the algorithm's own step, ``server_aggregate`` with the round's
+The schedule (:class:`AsyncSchedule`, ``raysim.stages.Schedule``) replaces the synchronous round's: one logical
+round is one server step, and the stage's own reduction gives the server step its mean. Either way the server's new
+value x̄ goes through the algorithm's own step, ``server_aggregate`` with the round's
 mean being x̄: FedAvg, FedProx and UNIDEAL's head averaging take it as the model; the FedOpt family steps its
 optimiser towards it (so FedBuff with ``asynchronous.server_lr: 1`` and FedAdam is FedBuff with a server Adam).
 Only algorithms whose server step is such a model average (``Algorithm.averages_models``) run here.
@@ -23,7 +25,7 @@ sequence). A job's duration is known when it starts (``raysim.system.model.Syste
 bytes it downloads and uploads, its training samples times ``train.local_epochs``), so the queue needs no result
 to order it. Results are computed lazily: when the earliest job has none yet, every job in flight without one (all
 of their inputs, the model version each downloaded, are known) is trained at once, through the driver's one plan
-and executor (``Driver._run_training``), concurrently on the workers; results are then applied strictly in queue
+and executor (``RoundRun.train``), concurrently on the workers; results are then applied strictly in queue
 order. The numbers depend only on the config and the seed: never on real timing, on ``engine.num_workers``, or on
 a worker that died (its calls are re-run with the same inputs).
 
@@ -50,27 +52,25 @@ exactly what they downloaded and continues with the metrics of a run that was ne
 from __future__ import annotations
 
 import math
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from raysim.algorithms.aggregation import Layout, flatten, layout_and_leaves, unflatten_leaves
-from raysim.algorithms.base import ClientUpdate, RoundUpdates
-from raysim.engine.driver import Driver, cohort_size
 from raysim.engine.events import EventQueue, Flight, Wait
-from raysim.engine.jobs import TrainJob, TrainResult
-from raysim.engine.state import (VERSIONS_DIR, checkpoint_dir, read_checkpoint, safe_load, save_all_durably,
-                                 server_file, version_file)
+from raysim.engine.jobs import TrainResult
+from raysim.engine.state import VERSIONS_DIR, safe_load, save_all_durably, server_file, version_file
 from raysim.errors import UserError
+from raysim.seeds import ASYNC_STREAM
+from raysim.stages import Reports, RoundContext, RoundRun, Schedule
 from raysim.system.config import SystemConfig
 from raysim.system.model import SystemModel
 from raysim.trees import copy_tree, nbytes
 
-ASYNC_STREAM = 4  # job_seed's tag for an asynchronous job (with its sequence number), beside core's 1-3
 MAX_WAITS = 100_000  # a slot that found no available client this many times in a row stops the run
 
 
@@ -167,18 +167,20 @@ class Version:
         self.model_bytes = nbytes(self.payload.get("model", {}))
 
 
-# ---------------------------------------------------------------------------------------------- the driver
-class AsyncDriver(Driver):
-    """The driver with the event queue instead of synchronous rounds: one server step per ``run_round``, the same
-    named steps as a synchronous round (training through the plan, collect, the algorithm's server step, metrics,
-    evaluation, ``on_round_end``, log, checkpoint)."""
+# ---------------------------------------------------------------------------------------------- the schedule
+class AsyncSchedule(Schedule):
+    """The event queue as the run's schedule: one server step per round, from the arrivals in simulated-time order,
+    trained through the one plan (see the module docstring)."""
 
-    def _setup(self, cfg: Any, run_dir: str, resume: bool, workers: Optional[list[Any]]) -> None:
-        super()._setup(cfg, run_dir, resume, workers)
+    name = "asynchronous"
+    summable = False  # every arrival's upload is its own term
+    changes_state_in_training = True  # the queue changes as the step's events are processed
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
         self.mode = cfg.asynchronous
-        self.concurrency = self.mode.concurrency or cohort_size(cfg.clients.num, cfg.clients.fraction)
-        self.system = self.clock.model if self.clock is not None else SystemModel(SystemConfig(), cfg.seed,
-                                                                                     cfg.clients.num)
+        self.concurrency = self.mode.concurrency or cfg.clients.per_round
+        self.system: Any = None
         self.wait_s = float(cfg.system.wait_s)
         self.queue = EventQueue()
         self.sim_time = 0.0
@@ -186,139 +188,31 @@ class AsyncDriver(Driver):
         self.next_seq = 1
         self.pending_down = 0  # bytes downloaded by the jobs started since the last server step
         self.pending_dropped = 0  # jobs that dropped since the last server step
+        self.version = 0  # the server's newest model: steps so far
         self.versions: dict[int, Version] = {}
         self._version_files: dict[int, tuple[str, str]] = {}  # version -> (its file, sha256), written once each
         self._derived: Optional[int] = None  # the newest version, when server.pt's server state gives it (no file)
-        self._pending: Optional[tuple[int, Future]] = None  # that version's file, being written meanwhile
+        self._pending: Optional[tuple[int, Future, Path]] = None  # that version's file, being written meanwhile
         self._writer: Optional[ThreadPoolExecutor] = None
         self.results: dict[int, tuple[TrainResult, Any]] = {}  # job sequence -> its computed (result, state handle)
         self.buffer: list[tuple[Flight, TrainResult]] = []  # FedBuff's arrivals since the last step
-        self.totals.setdefault("sim_time_s", 0.0)  # simulated seconds at the last server step (logged with totals)
-        if resume:
-            self._restore(read_checkpoint(self.run_dir).get("asynchronous"))
 
-    # ------------------------------------------------------------------ checkpoint
-    def _checkpoint_extra(self) -> dict:
-        """The queue, the files of the versions its jobs downloaded, and which version the server state gives (the
-        buffer is empty after every server step)."""
-        return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
-                                 "next_seq": self.next_seq, "pending_down": self.pending_down,
-                                 "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
-                                 "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)
-                                              if v in self._version_files},
-                                 "derived": self._derived}}
-
-    def checkpoint(self) -> None:
-        """A version never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, before a
-        ``server.pt`` names it with its sha256; then the files of versions no job holds any more are deleted.
-
-        The newest version, the server's model at this step, is the payload of the server state this checkpoint
-        holds (``server_payload``, a function of that state, as a synchronous resume's next round relies on): this
-        ``server.pt`` names it ``derived``, and its file is written in a thread while the next step trains, to be
-        named by the next checkpoint if a job still holds it. (Written here instead, before ``server.pt``, its
-        fsync and serialisation were ~1.9 ms of a 100-client step.)"""
-        ckpt = checkpoint_dir(self.run_dir)
-        self._settle_pending()
-        newest = self.round if self.round in self.versions and self.round not in self._version_files else None
-        new = [v for v in sorted(self.versions) if v not in self._version_files and v != newest]
-        if new:
-            sums = save_all_durably([(self.versions[v].payload, version_file(ckpt, v)) for v in new])
-            self._version_files.update({v: (version_file(ckpt, v).name, sums[version_file(ckpt, v).name])
-                                        for v in new})
-        self._derived = newest
-        super().checkpoint()
-        for v in [v for v in self._version_files if v not in self.versions]:
-            version_file(ckpt, v).unlink(missing_ok=True)
-            del self._version_files[v]
-        if newest is not None and self.round < self.cfg.rounds:
-            self._writer = self._writer or ThreadPoolExecutor(1, thread_name_prefix="raysim-versions")
-            self._pending = (newest, self._writer.submit(save_all_durably, [(self.versions[newest].payload,
-                                                                             version_file(ckpt, newest))]))
-
-    def _settle_pending(self) -> None:
-        """Wait for the version file being written (its error, a full disk, is this checkpoint's) and record it."""
-        if self._pending is None:
-            return
-        v, future = self._pending
-        self._pending = None
-        name = version_file(checkpoint_dir(self.run_dir), v).name
-        self._version_files[v] = (name, future.result()[name])
-
-    def run(self) -> Iterator[dict]:
-        """The round loop; at its end, a version file written for a checkpoint that never came is removed (a
-        run stopped after a checkpoint leaves only what its ``server.pt`` names)."""
-        try:
-            yield from super().run()
-        finally:
-            self._drop_pending()
-
-    def shutdown(self) -> None:
-        self._drop_pending()
-        super().shutdown()
-
-    def _drop_pending(self) -> None:
-        if getattr(self, "_pending", None) is not None:  # (shutdown may come before _setup made it)
-            v, future = self._pending
-            self._pending = None
-            try:
-                future.result()
-            except Exception:  # noqa: BLE001 - nothing names this file: its failure matters to no checkpoint (and
-                pass  # the run's own error, if it is ending on one, is the one to report)
-            version_file(checkpoint_dir(self.run_dir), v).unlink(missing_ok=True)
-        if getattr(self, "_writer", None) is not None:
-            self._writer.shutdown()
-            self._writer = None
-
-    def _restore(self, record: Optional[dict]) -> None:
-        if record is None:
-            raise UserError(f"{self.run_dir}: its checkpoint was made by synchronous rounds, so it cannot resume "
-                            f"with asynchronous.mode={self.mode.mode}")
-        try:
-            self._restore_record(record)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise UserError(f"{server_file(self.run_dir)}: its asynchronous record (the event queue, the server "
-                            f"versions) is malformed ({type(exc).__name__}: {exc}): the checkpoint is "
-                            f"damaged") from None
-
-    def _restore_record(self, record: dict) -> None:
-        self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
-        self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
-        self.pending_dropped = int(record["pending_dropped"])
-        self.queue = EventQueue.from_record(record["queue"])
-        ckpt = checkpoint_dir(self.run_dir)
-        for v, entry in record["versions"].items():
-            if isinstance(entry, dict):  # a checkpoint of raysim before version files: the payload itself
-                payload = entry
-            else:
-                name, digest = entry
-                if name != version_file(ckpt, int(v)).name:
-                    raise UserError(f"{server_file(self.run_dir)} names {name!r} for server version {v}, not "
-                                    f"{version_file(ckpt, int(v)).name!r}: the checkpoint is damaged")
-                payload = safe_load(version_file(ckpt, int(v)), digest)
-                self._version_files[int(v)] = (name, digest)
-            self.versions[int(v)] = Version(self.executor.put(payload), payload)
-        derived = record.get("derived")  # None in a checkpoint of raysim before derived versions
-        if derived is not None:
-            self._make_version(int(derived))  # as it was made after its step, from the restored server state
-        folder = ckpt / VERSIONS_DIR
-        if folder.is_dir():  # files of a run stopped between writing a version and the server.pt naming it
-            named = {name for name, _ in self._version_files.values()}
-            for f in folder.iterdir():
-                if f.name not in named:
-                    f.unlink(missing_ok=True)
+    def prepare(self) -> None:
+        cfg = self.cfg
+        self.system = SystemModel(cfg.system if cfg.system.enabled else SystemConfig(), cfg.seed, cfg.clients.num)
 
     # ------------------------------------------------------------------ jobs
-    def _current_version(self) -> Version:
-        """The payload of the server's newest model (version = server steps so far), put once."""
-        return self.versions[self.round] if self.round in self.versions else self._make_version(self.round)
+    def _current_version(self, run: RoundRun) -> Version:
+        """The payload of the server's newest model, put once."""
+        return self.versions[self.version] if self.version in self.versions else self._make_version(self.version, run)
 
-    def _make_version(self, v: int) -> Version:
+    def _make_version(self, v: int, run: RoundRun) -> Version:
         """Version ``v`` from the server state as it is now (after step ``v``): its payload, copied and put."""
-        shared = copy_tree(self._shared_payload(v + 1))
-        self.versions[v] = Version(self.executor.put(shared), shared)
+        shared = copy_tree(run.payload(v + 1))
+        self.versions[v] = Version(run.put(shared), shared)
         return self.versions[v]
 
-    def _start_job(self, t: float, seq: Optional[int] = None, attempt: int = 0) -> None:
+    def _start_job(self, t: float, run: RoundRun, seq: Optional[int] = None, attempt: int = 0) -> None:
         """Start job ``seq`` (a new one when None) at simulated time ``t`` on the newest model, or let its slot
         wait ``system.wait_s`` when no client can take it."""
         if seq is None:
@@ -327,19 +221,19 @@ class AsyncDriver(Driver):
         if client is None:
             self.queue.push(Wait(seq, t + self.wait_s, attempt + 1))
             return
-        version = self._current_version()
+        version = self._current_version(run)
         down, up = version.bytes, version.model_bytes  # the upload: the model's shared entries
-        samples = self.data.num_train(client) * self.cfg.train.local_epochs
+        samples = run.data.num_train(client) * self.cfg.train.local_epochs
         finish = t + self.system.duration(client, down, up, samples)
-        self.queue.push(Flight(seq, client, t, finish, self.round, down, up, self.system.dropped(client, seq)))
+        self.queue.push(Flight(seq, client, t, finish, self.version, down, up, self.system.dropped(client, seq)))
         self.pending_down += down
 
-    def _train_in_flight(self) -> None:
+    def _train_in_flight(self, run: RoundRun) -> None:
         """Train every job in flight that has no result yet, at once (their downloads are all known)."""
         todo = [f for f in self.queue.flights() if not f.dropped and f.seq not in self.results]
-        jobs = [TrainJob(client_id=f.client, round=f.version + 1, payload_ref=self.versions[f.version].ref,
-                         stream=(ASYNC_STREAM, f.seq)) for f in todo]
-        done, _ = self._run_training(jobs, 0)
+        jobs = [run.job(f.client, f.version + 1, self.versions[f.version].ref, stream=(ASYNC_STREAM, f.seq))
+                for f in todo]
+        done, _ = run.train(jobs, False)
         for f in todo:
             result, state_ref = done[f.client]
             if result.upload_bytes != f.bytes_up:
@@ -349,64 +243,51 @@ class AsyncDriver(Driver):
             self.results[f.seq] = (result, state_ref)
 
     # ------------------------------------------------------------------ the logical round
-    def run_round(self, rnd: int) -> dict:
-        """Events in simulated-time order up to the next server step, then that step as a synchronous round's."""
-        start = time.perf_counter()
-        self._changing = True  # the queue changes from here on: until the step is logged, no checkpoint
+    def run_round(self, rnd: int, run: RoundRun) -> Reports:
+        """Events in simulated-time order up to the next server step: its arrivals."""
+        self.version = rnd - 1
         if not len(self.queue):
             for _ in range(self.concurrency):
-                self._start_job(self.sim_time)
+                self._start_job(self.sim_time, run)
         wanted = 1 if self.mode.mode == "fedasync" else self.mode.buffer_size
         skipped: list[int] = []
         while len(self.buffer) < wanted:
             head = self.queue.peek()
             if isinstance(head, Flight) and not head.dropped and head.seq not in self.results:
-                self._train_in_flight()
+                self._train_in_flight(run)
             event = self.queue.pop()
             if isinstance(event, Wait):
                 if event.attempt > MAX_WAITS:
                     raise UserError(f"no client was available to train for {event.attempt} waits of system.wait_s="
                                     f"{self.wait_s:g} simulated seconds (check system.availability)")
                 self.sim_time = event.time
-                self._start_job(event.time, event.seq, event.attempt)
+                self._start_job(event.time, run, event.seq, event.attempt)
                 continue
             self.sim_time = event.finish
             if event.dropped:
                 self.pending_dropped += 1
             else:
-                result, state_ref = self.results.pop(event.seq)
-                finished, kept, bad = self._collect({event.client: (result, state_ref)}, rnd)
-                for cid, ref in kept:
-                    self.states.put(cid, ref)
+                finished, bad = run.collect({event.client: self.results.pop(event.seq)}, rnd)
                 skipped += bad
                 self.buffer += [(event, r) for r in finished]
             if len(self.buffer) < wanted:
-                self._start_job(self.sim_time)
+                self._start_job(self.sim_time, run)
         arrivals, self.buffer = self.buffer, []
-        staleness = [self.round - f.version for f, _ in arrivals]
-        updates = [ClientUpdate(client_id=r.client_id, upload=r.upload, num_samples=r.num_samples, loss=r.loss)
-                   for _, r in arrivals]
-        target = self._target(arrivals, staleness)
-        self._keep_history(updates, rnd)
-        self._server_step(RoundUpdates(updates, lambda: target), rnd)
-        clients = [f.client for f, _ in arrivals]
-        metrics = self._round_metrics(rnd, clients, [r for _, r in arrivals], skipped, self.pending_down)
-        self.totals["sim_time_s"] = self.sim_time
-        metrics.update(round_sim_s=self.sim_time - self.last_step_time, staleness_mean=float(np.mean(staleness)),
-                       staleness_max=int(max(staleness)), dropouts=self.pending_dropped)
-        client_counts = self._evaluate_round(rnd, clients, metrics)
-        metrics.update(self.algorithm.on_round_end(rnd, metrics, self.server_state))
-        self.last_step_time, self.pending_down, self.pending_dropped = self.sim_time, 0, 0
-        self.round = rnd  # the new model is version rnd: the freed slot downloads it
-        self._start_job(self.sim_time)
-        live = {f.version for f in self.queue.flights()}
-        self.versions = {v: p for v, p in self.versions.items() if v in live}
-        self._finish_round(rnd, metrics, client_counts, start)
-        return metrics
+        staleness = [self.version - f.version for f, _ in arrivals]
+        metrics = {"round_sim_s": self.sim_time - self.last_step_time, "staleness_mean": float(np.mean(staleness)),
+                   "staleness_max": int(max(staleness)), "dropouts": self.pending_dropped}
+        # (the arrivals downloaded different versions: no one shared payload; the stages that read it, DP-FedAvg's,
+        # refuse the asynchronous modes)
+        return Reports([r for _, r in arrivals], skipped, [f.client for f, _ in arrivals], self.pending_down, {},
+                       None, metrics, totals={"sim_time_s": self.sim_time},
+                       meta={"arrivals": arrivals, "staleness": staleness})
 
-    def _target(self, arrivals: list[tuple[Flight, TrainResult]], staleness: list[int]) -> dict:
+    def reduce(self, ctx: RoundContext) -> Optional[Callable[[], dict]]:
         """The server's new model before the algorithm's step: FedAsync's mix or FedBuff's buffered step."""
-        x = self.server_state["model"]
+        target = self._target(ctx.server_state["model"], ctx.meta["arrivals"], ctx.meta["staleness"])
+        return lambda: target
+
+    def _target(self, x: dict, arrivals: list[tuple[Flight, TrainResult]], staleness: list[int]) -> dict:
         m = self.mode
         if m.mode == "fedasync":
             (_, result), = arrivals
@@ -415,3 +296,112 @@ class AsyncDriver(Driver):
         buffered = [(r.upload, self.versions[f.version].payload["model"], buffer_weight(s, m.staleness_scaling))
                     for (f, r), s in zip(arrivals, staleness)]
         return buffered_target(x, buffered, m.server_lr, m.buffer_size)
+
+    def end_round(self, rnd: int, run: RoundRun) -> None:
+        """The new model is version ``rnd``: the freed slot downloads it; versions no job holds any more go."""
+        self.last_step_time, self.pending_down, self.pending_dropped = self.sim_time, 0, 0
+        self.version = rnd
+        self._start_job(self.sim_time, run)
+        live = {f.version for f in self.queue.flights()}
+        self.versions = {v: p for v, p in self.versions.items() if v in live}
+
+    # ------------------------------------------------------------------ checkpoint
+    def save(self, ckpt_dir: Path) -> dict:
+        """A version never changes, so each is written once, to ``checkpoint/versions/vVERSION.pt``, before a
+        ``server.pt`` names it with its sha256.
+
+        The newest version, the server's model at this step, is the payload of the server state this checkpoint
+        holds (``server_payload``, a function of that state, as a synchronous resume's next round relies on): this
+        ``server.pt`` names it ``derived``, and its file is written in a thread while the next step trains, to be
+        named by the next checkpoint if a job still holds it. (Written here instead, before ``server.pt``, its
+        fsync and serialisation were ~1.9 ms of a 100-client step.) Returns the queue, the files of the versions its
+        jobs downloaded, and which version the server state gives (the buffer is empty after every server step)."""
+        self._settle_pending()
+        newest = self.version if self.version in self.versions and self.version not in self._version_files else None
+        new = [v for v in sorted(self.versions) if v not in self._version_files and v != newest]
+        if new:
+            sums = save_all_durably([(self.versions[v].payload, version_file(ckpt_dir, v)) for v in new])
+            self._version_files.update({v: (version_file(ckpt_dir, v).name, sums[version_file(ckpt_dir, v).name])
+                                        for v in new})
+        self._derived = newest
+        return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
+                                 "next_seq": self.next_seq, "pending_down": self.pending_down,
+                                 "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
+                                 "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)
+                                              if v in self._version_files},
+                                 "derived": self._derived}}
+
+    def saved(self, ckpt_dir: Path, final: bool) -> None:
+        """Delete the files of versions no job holds any more; start writing the newest one's."""
+        for v in [v for v in self._version_files if v not in self.versions]:
+            version_file(ckpt_dir, v).unlink(missing_ok=True)
+            del self._version_files[v]
+        newest = self._derived
+        if newest is not None and not final:
+            self._writer = self._writer or ThreadPoolExecutor(1, thread_name_prefix="raysim-versions")
+            self._pending = (newest, self._writer.submit(save_all_durably, [(self.versions[newest].payload,
+                                                                             version_file(ckpt_dir, newest))]),
+                             ckpt_dir)
+
+    def _settle_pending(self) -> None:
+        """Wait for the version file being written (its error, a full disk, is this checkpoint's) and record it."""
+        if self._pending is None:
+            return
+        v, future, ckpt_dir = self._pending
+        self._pending = None
+        name = version_file(ckpt_dir, v).name
+        self._version_files[v] = (name, future.result()[name])
+
+    def close(self) -> None:
+        """A version file written for a checkpoint that never came is removed (a run stopped after a checkpoint
+        leaves only what its ``server.pt`` names)."""
+        if self._pending is not None:
+            v, future, ckpt_dir = self._pending
+            self._pending = None
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - nothing names this file: its failure matters to no checkpoint (and
+                pass  # the run's own error, if it is ending on one, is the one to report)
+            version_file(ckpt_dir, v).unlink(missing_ok=True)
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
+
+    def restore(self, ckpt: dict, ckpt_dir: Path, run: RoundRun) -> None:
+        record = ckpt.get("asynchronous")
+        if record is None:
+            raise UserError(f"{ckpt_dir.parent}: its checkpoint was made by synchronous rounds, so it cannot resume "
+                            f"with asynchronous.mode={self.mode.mode}")
+        self.version = int(ckpt["round"])
+        try:
+            self._restore_record(record, ckpt_dir, run)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise UserError(f"{server_file(ckpt_dir.parent)}: its asynchronous record (the event queue, the server "
+                            f"versions) is malformed ({type(exc).__name__}: {exc}): the checkpoint is "
+                            f"damaged") from None
+
+    def _restore_record(self, record: dict, ckpt: Path, run: RoundRun) -> None:
+        self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
+        self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
+        self.pending_dropped = int(record["pending_dropped"])
+        self.queue = EventQueue.from_record(record["queue"])
+        for v, entry in record["versions"].items():
+            if isinstance(entry, dict):  # a checkpoint of raysim before version files: the payload itself
+                payload = entry
+            else:
+                name, digest = entry
+                if name != version_file(ckpt, int(v)).name:
+                    raise UserError(f"{server_file(ckpt.parent)} names {name!r} for server version {v}, not "
+                                    f"{version_file(ckpt, int(v)).name!r}: the checkpoint is damaged")
+                payload = safe_load(version_file(ckpt, int(v)), digest)
+                self._version_files[int(v)] = (name, digest)
+            self.versions[int(v)] = Version(run.put(payload), payload)
+        derived = record.get("derived")  # None in a checkpoint of raysim before derived versions
+        if derived is not None:
+            self._make_version(int(derived), run)  # as it was made after its step, from the restored server state
+        folder = ckpt / VERSIONS_DIR
+        if folder.is_dir():  # files of a run stopped between writing a version and the server.pt naming it
+            named = {name for name, _ in self._version_files.values()}
+            for f in folder.iterdir():
+                if f.name not in named:
+                    f.unlink(missing_ok=True)

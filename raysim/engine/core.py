@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -29,21 +28,13 @@ from raysim.engine import vectorize_probe
 from raysim.engine.cohort import train_cohort
 from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
 from raysim.models import build_model, model_key
+from raysim.seeds import AUGMENT_STREAM, EVAL_STREAM, SERVER_STREAM, job_seed  # noqa: F401 - job_seed: public here too
+from raysim.stages import build_stages
 from raysim.trees import all_finite, copy_tree, detached_cpu, nbytes, to_device
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
     from raysim.data.base import FederatedData
-
-
-EVAL_STREAM, SERVER_STREAM, AUGMENT_STREAM = 1, 2, 3  # tags that give evaluation, server-side training and
-# augmentation (data.augment) streams of their own
-
-
-def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
-    """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it; a ``stream``
-    tag separates the draws of evaluation and server-side training from those of training."""
-    return int(np.random.SeedSequence([seed, client_id, round, *stream]).generate_state(1)[0])
 
 
 def seed_torch(seed: int, device: torch.device) -> None:
@@ -99,12 +90,7 @@ class ClientJobs:
         self._shared: dict = {}
         self._memo: dict = {}  # ClientContext.memo: values derived from the data alone, built once per process
         self.busy: Optional[int] = None  # the client of a call being trained (run_call), for error messages
-        # attack.* on the data (label_flip, backdoor, scaling): the malicious clients, drawn from the seed alone
-        self.malicious: frozenset[int] = frozenset()
-        if cfg.attack.on_data:
-            from raysim.robust.attacks import malicious_clients
-
-            self.malicious = frozenset(malicious_clients(cfg.seed, cfg.clients.num, cfg.attack.fraction))
+        self.stages = build_stages(cfg)  # their client parts take part in each job (raysim.stages)
 
     # ------------------------------------------------------------------ building blocks
     def model(self, client_id: int) -> nn.Module:
@@ -151,8 +137,9 @@ class ClientJobs:
         seed_torch(seed, self.device)  # so that a hook drawing from the global RNG gets the same numbers anywhere
         gen = torch.Generator().manual_seed(seed)
         ctx = self.context(cid, rnd, self.payload(shared, own), state, with_data=True)
-        if cid in self.malicious:
-            self._poison(ctx)
+        parts = self.stages.client_parts(job)
+        for _, part in parts:
+            part.setup(ctx)
         if state is None:
             ctx.state = alg.init_client_state(model, ctx) or {}
         alg.client_setup(model, ctx)
@@ -161,20 +148,7 @@ class ClientJobs:
         augment = _augment(self.cfg, self.data, cid)
         aug_gen = (torch.Generator().manual_seed(job_seed(self.cfg.seed, cid, rnd, AUGMENT_STREAM, *job.stream))
                    if augment else None)
-        return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock)
-
-    def _poison(self, ctx: ClientContext) -> None:
-        """A malicious client's training data under ``attack.name`` (label flipping, the backdoor's trigger); the
-        poisoned rows are drawn from (seed, client) alone, the same in every round."""
-        from raysim.robust.attacks import ATTACK_STREAM, poison_train_data
-
-        attack = self.cfg.attack
-        assert ctx.train_data is not None
-        x, y, idx = ctx.train_data
-        gen = torch.Generator().manual_seed(job_seed(self.cfg.seed, ctx.client_id, 0, ATTACK_STREAM))
-        x, y = poison_train_data(attack.name, x, y, ctx.num_classes, target=attack.target, share=attack.poison_share,
-                                 trigger=attack.trigger, gen=gen)
-        ctx.train_data = (x, y, idx)
+        return StartedJob(job, model, ctx, phases, gen, augment, aug_gen, clock, parts)
 
     def finish(self, started: StartedJob, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], seen: int,
                finite: bool, seconds: Optional[float] = None) -> tuple[TrainResult, Optional[dict]]:
@@ -184,20 +158,20 @@ class ClientJobs:
         for p in model.parameters():
             p.requires_grad_(True)
         ctx.sample_idx = None
-        upload = detached_cpu(alg.client_upload(model, ctx))
-        if started.job.clip is not None:  # DP-FedAvg: the clipped delta, here where the client trained
-            from raysim.privacy.central import clip_upload
-
-            upload = clip_upload(upload, self._shared.get("model") or {}, started.job.clip)
+        made = detached_cpu(alg.client_upload(model, ctx))
+        upload = made
+        for _, part in started.parts:  # the stages' transforms, here where the client trained (DP clipping)
+            upload = part.upload(upload, self._shared)
         keep = detached_cpu(alg.client_keep(model, ctx))
         finite = finite and all_finite(upload) and all_finite(keep)
+        reports = {name: r for name, part in started.parts if (r := part.report(int(seen))) is not None}
         result = TrainResult(client_id=started.job.client_id, round=started.job.round, upload=upload,
                              num_samples=len(ctx.train_data[1]), finite=finite,
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
                              seconds=time.perf_counter() - started.clock if seconds is None else seconds,
-                             has_state=bool(keep), upload_bytes=nbytes(upload), samples_seen=int(seen),
-                             private=self._fresh_uploads and started.job.clip is None)
+                             has_state=bool(keep), upload_bytes=nbytes(upload), stage=reports,
+                             private=self._fresh_uploads and upload is made)
         return result, (keep or None)
 
     def train(self, job: TrainJob, shared: dict, own: Optional[dict],
@@ -207,9 +181,7 @@ class ClientJobs:
         trainee = _OneClient(self, started)
         started.model.train()
         run_phases(started.phases, trainee)
-        result, keep = self.finish(started, trainee.loss_sum, trainee.part_sums, trainee.seen, trainee.finite)
-        result.dp_steps = trainee.dp_steps
-        return result, keep
+        return self.finish(started, trainee.loss_sum, trainee.part_sums, trainee.seen, trainee.finite)
 
     def run_call(self, call: TrainCall, shared: dict, owns: list[Optional[dict]],
                  states: list[Optional[dict]]) -> tuple[CallResult, list[Optional[dict]]]:
@@ -275,6 +247,18 @@ class ClientJobs:
             out.append(ClientAccuracy(cid, correct, len(y)))
         return out
 
+    def evaluate_stage(self, evaluation: Any, shared: dict, round: int) -> Optional[float]:
+        """A stage's evaluation (``raysim.stages.StageEvaluation``) of the model a client without state predicts
+        with after ``round`` (the global model), on inputs built once per process from the data."""
+        x = self._memo.get(("stage-evaluation", evaluation.key))
+        if x is None:
+            x = self._memo[("stage-evaluation", evaluation.key)] = evaluation.inputs(self.data)
+        if not len(x):
+            return None
+        with torch.no_grad():
+            model, ctx = self.eval_model(0, round, shared, None, None)
+        return evaluation.score(self.predict(model, ctx, x))
+
     def server_train(self, round: int, server_state: dict, updates: list, history: dict) -> dict:
         """The algorithm's server-side training for one round, seeded from (seed, round); returns the new server
         state on the CPU."""
@@ -289,11 +273,13 @@ class ClientJobs:
 class _OneClient(Trainee):
     """One client's local epochs (:func:`raysim.algorithms.training.run_phases`): its own mini-batches, the
     algorithm's ``client_loss``, clipping where the algorithm asks for it; loss and parts summed in float64 over
-    the samples seen, and the training stopped after an epoch whose loss is no longer finite."""
+    the samples seen, and the training stopped after an epoch whose loss is no longer finite. A stage's client part
+    may give the epoch's batches, a step's loss (DP-SGD) or end the job before a step (a step budget)."""
 
     def __init__(self, core: ClientJobs, started: StartedJob):
         self.cfg, self.alg, self.device = core.cfg, core.algorithm, core.device
         self.started, self.ctx = started, started.ctx
+        self.model = started.model
         self.x, self.y, self.idx = started.ctx.train_data
         self.all_params = list(started.model.parameters())
         self.params: list = []
@@ -301,15 +287,7 @@ class _OneClient(Trainee):
         self.part_sums: dict[str, torch.Tensor] = {}
         self.seen = 0
         self.finite = True
-        self.budget = started.job.max_samples  # system.late=partial: the samples that fit before the deadline
-        self.dpsgd = core.cfg.privacy.dpsgd  # sample-level DP-SGD (raysim.privacy.dpsgd)
-        self.dp_steps = 0
-        if self.dpsgd:
-            from raysim.privacy.dpsgd import DPSGD_STREAM
-
-            job = started.job
-            self.dp_gen = torch.Generator().manual_seed(job_seed(core.cfg.seed, job.client_id, job.round, DPSGD_STREAM,
-                                                                 *job.stream))
+        self.parts = [part for _, part in started.parts]
 
     def begin_phase(self, params: list, lr: Optional[float]) -> LocalOptimizer:
         active = {id(p) for p in params}
@@ -319,37 +297,31 @@ class _OneClient(Trainee):
         return make_optimizer(self.cfg, params, lr)
 
     def steps(self) -> Any:
+        for part in self.parts:
+            batches = part.batches(len(self.y), self.cfg.train.batch_size, self.started.gen, self.device)
+            if batches is not None:
+                return batches
         return epoch_batches(len(self.y), self.cfg.train.batch_size, self.started.gen, self.device)
+
+    def record(self, loss_sum: torch.Tensor, part_sums: dict[str, torch.Tensor], count: int) -> None:
+        """A step's losses and loss parts, summed over its ``count`` samples (float64)."""
+        self.loss_sum += loss_sum
+        for k, v in part_sums.items():
+            self.part_sums[k] = self.part_sums.get(k, 0.0) + v
+        self.seen += count
 
     def loss(self, bi: torch.Tensor) -> torch.Tensor:
         s, ctx = self.started, self.ctx
         ctx.sample_idx = self.idx[bi]
         xb = self.x[bi] if s.augment is None else s.augment(self.x[bi], s.aug_gen)
-        if self.dpsgd:
-            return self._private_loss(xb, self.y[bi], ctx.sample_idx)
+        for part in self.parts:
+            own = part.loss(self, xb, self.y[bi], ctx.sample_idx)
+            if own is not None:
+                return own
         loss, parts = self.alg.client_loss(s.model, xb, self.y[bi], ctx)
-        self.loss_sum += loss.detach().double() * len(bi)
-        for k, v in parts.items():
-            self.part_sums[k] = self.part_sums.get(k, 0.0) + v.detach().double() * len(bi)
-        self.seen += len(bi)
+        self.record(loss.detach().double() * len(bi), {k: v.detach().double() * len(bi) for k, v in parts.items()},
+                    len(bi))
         return loss
-
-    def _private_loss(self, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """DP-SGD's step: per-sample gradients clipped, summed and noised (raysim.privacy.dpsgd), returned as a
-        surrogate loss whose gradient is exactly that (``Σ (p · g).sum()``); the losses logged are the samples'."""
-        from raysim.privacy.dpsgd import clip_and_noise, per_sample_grads
-
-        p = self.cfg.privacy
-        grads, losses, parts = per_sample_grads(self.started.model, self.params, self.alg.client_loss, xb, yb, idx,
-                                                self.ctx)
-        noisy = clip_and_noise(grads, p.dpsgd_clip, p.dpsgd_noise, self.dp_gen)
-        self.ctx.sample_idx = idx
-        self.loss_sum += losses.detach().double().sum()
-        for k, v in parts.items():
-            self.part_sums[k] = self.part_sums.get(k, 0.0) + v.detach().double().sum()
-        self.seen += len(yb)
-        self.dp_steps += 1
-        return sum((w * g).sum() for w, g in zip(self.params, noisy))
 
     def apply(self, optimizer: LocalOptimizer, step: Any) -> None:
         if self.alg.clip_grad_norm is not None:
@@ -357,7 +329,7 @@ class _OneClient(Trainee):
         optimizer.step()
 
     def fits(self, step: Any) -> bool:
-        return self.budget is None or self.seen + len(step) <= self.budget
+        return all(part.fits(self.seen, len(step)) for part in self.parts)
 
     def end_epoch(self) -> bool:
         self.ctx.epoch += 1

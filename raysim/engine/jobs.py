@@ -31,13 +31,13 @@ class TrainJob:
     round: int
     payload_ref: Any  # handle of the round's shared payload (a worker fetches it once per round)
     own_payload_ref: Optional[Any] = None  # handle of this client's own payload (``client_payload``)
-    max_samples: Optional[int] = None  # stop before the step that would pass this many samples (None: no limit)
     # more tags for the job's seed, job_seed(seed, client, round, *stream): () in synchronous rounds; the
     # asynchronous modes' (ASYNC_STREAM, job sequence), since a client may train twice on one server version
     stream: tuple[int, ...] = ()
-    # privacy.enabled (DP-FedAvg): the L2 norm S this round's model delta is clipped to where the client trained,
-    # before any partial sum (None: the upload goes as the algorithm made it)
-    clip: Optional[float] = None
+    # what the driver sends each stage's client part (raysim.stages): stage name -> its parameters (DP-FedAvg's
+    # clip norm, a step budget)
+    stage: dict[str, Any] = field(default_factory=dict)
+    alone: bool = False  # a stage's part needs the one-client loop: never stacked in a cohort
 
 
 @dataclass
@@ -54,8 +54,7 @@ class TrainResult:
     seconds: float = 0.0
     has_state: bool = False
     upload_bytes: int = 0  # bytes of every tensor of the upload (``bytes_up``), counted even when it was summed
-    samples_seen: int = 0  # samples its local steps took, all epochs (the simulated clock's samples x epochs)
-    dp_steps: int = 0  # privacy.dpsgd: the DP-SGD steps it took (its sample-level accountant's count)
+    stage: dict[str, Any] = field(default_factory=dict)  # what each stage's client part reports (raysim.stages)
     # the upload's tensors are the base client_upload's own clones (split_state), held by nothing else: an
     # in-process executor hands them on as they are instead of copying them again
     private: bool = False
@@ -117,6 +116,7 @@ class StartedJob:
     augment: Any  # data.augment's batch augmentation (None: off)
     aug_gen: Optional[torch.Generator]
     clock: float  # time.perf_counter() when the job started
+    parts: list = field(default_factory=list)  # (stage name, its ClientPart) for this job, in stage order
 
 
 # ---------------------------------------------------------------------------------------------------- calls
@@ -142,6 +142,8 @@ class JobCore(Protocol):
     def evaluate(self, job: EvalJob, shared: dict, owns: list, states: list) -> list[ClientAccuracy]: ...
 
     def server_train(self, round: int, server_state: dict, updates: list, history: dict) -> dict: ...
+
+    def evaluate_stage(self, evaluation: Any, shared: dict, round: int) -> Optional[float]: ...
 
     def probe_cohort_size(self, jobs: list[TrainJob], shared: dict, owns: list,
                           states: list) -> tuple[int, dict]: ...
@@ -307,6 +309,29 @@ class CentralCall(Call):
         from raysim.algorithms.central import run_here
 
         return [run_here(self.train, host.device)]
+
+
+@dataclass
+class StageEvalCall(Call):
+    """A stage's evaluation after a round (``raysim.stages.StageEvaluation``: the backdoor's success rate) of the
+    model a client without state predicts with, on a worker like any evaluation."""
+
+    evaluation: Any
+    payload_ref: Any  # the round's evaluation payload
+    rnd: int
+    kind = "evaluate"
+    clients: list[int] = field(default_factory=list)
+
+    @property
+    def round(self) -> int:  # type: ignore[override]
+        return self.rnd
+
+    def describe(self, host: Optional[Host] = None) -> str:
+        return f"the evaluation {self.evaluation.key!r} after round {self.rnd}"
+
+    def run(self, host: Host, values: list) -> list:
+        assert host.jobs is not None
+        return [host.jobs.evaluate_stage(self.evaluation, host.shared(self.payload_ref), self.rnd)]
 
 
 @dataclass

@@ -96,7 +96,7 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
     position = {jobs[i].client_id: i for i in order}
     clients = [jobs[i].client_id for i in order]
     units = fixed_groups(clients, sum_group) if sum_group > 0 else [[c] for c in clients]
-    stacked = cohort > 1 and all(j.max_samples is None for j in jobs)  # a step budget trains one client at a time
+    stacked = cohort > 1 and not any(j.alone for j in jobs)  # a stage that needs the one-client loop (a step budget)
     packs = _pack(units, cohort if stacked else per_call)
     split = workers > 1 and sum_group > 1 and not stacked and per_call == 1
     split_from = len(packs) - workers if split else len(packs)

@@ -296,13 +296,7 @@ def _drive(cfg: ExperimentConfig, run_dir: Path, resume: bool,
     threads = torch.get_num_threads()
     driver: Optional[Driver] = None
     try:
-        if cfg.asynchronous.on:  # FedAsync / FedBuff: the event queue instead of synchronous rounds
-            from raysim.engine.asynchronous import AsyncDriver
-
-            driver = AsyncDriver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device,
-                                 workers=workers)
-        else:
-            driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device, workers=workers)
+        driver = Driver(cfg, str(run_dir), resume, placement_group, inline=inline, device=device, workers=workers)
         start_round = driver.start()
         with started(RunControl(driver), start_round):
             for metrics in driver.run():

@@ -24,6 +24,7 @@ from raysim.trees import tensor_leaves
 if TYPE_CHECKING:
     from raysim.algorithms.base import Algorithm
     from raysim.config import ExperimentConfig
+    from raysim.stages import StageSet
 
 AUTO_MAX_K = 128  # engine.vectorize=auto: cohorts of at most this many clients (a round's split evenly),
 AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per CPU worker; on a GPU, half of
@@ -55,7 +56,8 @@ def probe_pays(cfg: ExperimentConfig) -> bool:
     return n >= 2 and probe <= AUTO_PROBE_SHARE * cfg.rounds * n
 
 
-def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module) -> tuple[Optional[int], str]:
+def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module,
+                    stages: Optional[StageSet] = None) -> tuple[Optional[int], str]:
     """(the cohort size a run starts with, why): 1 (one client at a time), N, or None (``auto``: a probe at the
     first round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1
     by ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
@@ -67,8 +69,9 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
     setting = vectorize_setting(cfg)
     if setting == "off":
         return 1, "engine.vectorize=off"
-    if cfg.privacy.dpsgd:  # per-sample clipping (an explicit N is refused with the config)
-        return 1, "privacy.dpsgd takes per-sample gradients one client at a time"
+    refusal = stages.cohort_refusal() if stages is not None else None  # a stage's (DP-SGD's per-sample clipping)
+    if refusal is not None:
+        return 1, refusal
     refusal = algorithm.cohort_refusal()
     if refusal is not None:
         return 1, refusal

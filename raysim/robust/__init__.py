@@ -1,3 +1,5 @@
-"""Byzantine-robust aggregation and attacks (issue 37): the ``aggregator`` and ``attack`` config sections
+"""Byzantine-robust aggregation and attacks: the ``aggregator`` and ``attack`` config sections
 (:mod:`raysim.robust.config`), the aggregation rules (:mod:`raysim.robust.aggregators`) and the attacks
-(:mod:`raysim.robust.attacks`); the driver's round step that joins them is :class:`raysim.robust.step.RobustStep`."""
+(:mod:`raysim.robust.attacks`), as functions of the round's updates; they take part in the round as two stages
+(``raysim.stages``): :mod:`raysim.robust.attack_stage` and :mod:`raysim.robust.rule_stage`, on the round's rows
+(:mod:`raysim.robust.rows`)."""

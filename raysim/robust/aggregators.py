@@ -1,6 +1,6 @@
 """Byzantine-robust aggregation rules, each a function of the round's updates as the rows of one ``(n, d)`` tensor
 (float64, client-id order) that returns the aggregate ``(d,)``. The rows are updates Δ_i = upload_i − global
-(``raysim.robust.step``); the rules that are translation-equivariant (median, trimmed mean, Krum, Bulyan) give the
+(``raysim.robust.rows``); the rules that are translation-equivariant (median, trimmed mean, Krum, Bulyan) give the
 same model on raw weights too.
 """
 

@@ -94,11 +94,6 @@ class RoundClock:
         over = self.system.over_selection if self.system.deadline_s is not None else 0.0
         self.starts = min(cfg.clients.num, selected_count(self.target, over))
 
-    @property
-    def needs_every_upload(self) -> bool:
-        """With a deadline the reporters are known only once the uploads' sizes are: no sums where they trained."""
-        return self.system.deadline_s is not None
-
     def sample(self, rnd: int, now_s: float, draw: Callable[[int, int, int, int], list[int]]) -> tuple[list[int],
                                                                                                       list[int]]:
         """(the clients that train this round, those that started and dropped out), sorted. ``draw(seed, round,
@@ -112,19 +107,21 @@ class RoundClock:
         gone = set(dropped)
         return [c for c in started if c not in gone], dropped
 
-    def settle(self, results: dict[int, Any], bytes_down: dict[int, int], started: int) -> Settlement:
-        """The round's outcome for its trained clients' ``results`` (client -> TrainResult), of ``started``
-        clients (dropouts included): a round that started clients of which none reports waits for its deadline;
-        one that started none waits ``system.wait_s`` before the next samples again."""
+    def settle(self, results: dict[int, Any], samples: dict[int, int], bytes_down: dict[int, int],
+               started: int) -> Settlement:
+        """The round's outcome for its trained clients' ``results`` (client -> TrainResult) and the ``samples``
+        each one's steps took, of ``started`` clients (dropouts included): a round that started clients of which
+        none reports waits for its deadline; one that started none waits ``system.wait_s`` before the next samples
+        again."""
         deadline = self.system.deadline_s
         full_s, partial_s = {}, {}
         ids = list(results)
         table = self.model.traits_many(np.array(ids, dtype=np.int64)) if ids else ()  # all the traits at once
         for cid, row in zip(ids, table):
             r, traits = results[cid], ClientTraits(*(float(v) for v in row))
-            full_s[cid] = job_duration(traits, bytes_down[cid], r.upload_bytes, r.samples_seen)
+            full_s[cid] = job_duration(traits, bytes_down[cid], r.upload_bytes, samples[cid])
             if deadline is not None and full_s[cid] > deadline and self.system.late == "partial" and r.num_samples:
-                epochs = max(1, round(r.samples_seen / r.num_samples))
+                epochs = max(1, round(samples[cid] / r.num_samples))
                 fit = self.model.samples_within(cid, bytes_down[cid], r.upload_bytes, deadline)
                 budget = samples_in_budget(r.num_samples, self.cfg.train.batch_size, epochs, fit)
                 if budget > 0:

@@ -1,5 +1,6 @@
-"""The robust round step on the driver and the data attacks where clients train: by hand on five updates, in
-process runs (resume, partial sums), and one small Ray run (the malicious set on two workers)."""
+"""The robust stages (raysim.robust.rule_stage, attack_stage): the rule on the attacked rows by hand on five updates,
+the data attacks where clients train, in process runs (resume, partial sums), and one small Ray run (the malicious
+set on two workers)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,22 @@ from raysim.algorithms.base import ClientUpdate
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
 from raysim.robust.attacks import malicious_clients
-from raysim.robust.step import CENTER_KEY, RobustStep
+from raysim.robust.rule_stage import CENTER_KEY
+from raysim.stages import RoundContext, build_stages
 
 
 def config(tmp_path, **extra):
     return load_config(None, tiny_overrides(tmp_path, **extra), warn=False)
+
+
+def robust_mean(cfg, updates, state, rnd=1, malicious=None):
+    """The round's mean as the robust stages give it: the rule stage's reduction of the rows the attack changed."""
+    stages = build_stages(cfg)
+    if malicious is not None:
+        stages.by_name["attack"].malicious = frozenset(malicious)
+    ctx = RoundContext(round=rnd, updates=updates, total=None, clients=[u.client_id for u in updates],
+                       server_state=state, shared={}, weighting="samples", sum_group=1, stages=stages)
+    return stages.by_name["aggregator"].reduce(ctx)()
 
 
 def five_updates() -> list[ClientUpdate]:
@@ -29,18 +41,16 @@ GLOBAL = {"w": torch.tensor([0.0]), "n": torch.tensor(0)}
 
 def test_the_step_poisons_the_malicious_update_then_aggregates_by_hand(tmp_path):
     cfg = config(tmp_path, clients__num=5, aggregator__name="median", attack__name="sign_flip")
-    step = RobustStep(cfg)
-    assert step.malicious == set(malicious_clients(cfg.seed, 5, 0.2)) and len(step.malicious) == 1
-    step.malicious = {4}  # client 4's delta 5 becomes -5: 1, 2, 3, 4, -5 -> median 2
-    out = step.mean(five_updates(), {"model": dict(GLOBAL)}, 1, "samples")
+    attack = build_stages(cfg).by_name["attack"]
+    assert attack.malicious == set(malicious_clients(cfg.seed, 5, 0.2)) and len(attack.malicious) == 1
+    # client 4's delta 5 becomes -5: 1, 2, 3, 4, -5 -> median 2
+    out = robust_mean(cfg, five_updates(), {"model": dict(GLOBAL)}, malicious={4})
     assert out["w"].tolist() == [2.0] and out["w"].dtype == torch.float32
     assert int(out["n"]) == 30  # the integer entry: the plain mean of 10 ... 50
     assert list(out) == ["w", "n"]
     # the mean with that attack: (1 + 2 + 3 + 4 - 5) / 5 = 1
     mean_cfg = config(tmp_path, clients__num=5, attack__name="sign_flip")
-    mean_step = RobustStep(mean_cfg)
-    mean_step.malicious = {4}
-    assert mean_step.mean(five_updates(), {"model": dict(GLOBAL)}, 1, "samples")["w"].tolist() == [1.0]
+    assert robust_mean(mean_cfg, five_updates(), {"model": dict(GLOBAL)}, malicious={4})["w"].tolist() == [1.0]
 
 
 def test_centered_clipping_keeps_its_centre_in_the_server_state(tmp_path):
@@ -48,16 +58,16 @@ def test_centered_clipping_keeps_its_centre_in_the_server_state(tmp_path):
                  aggregator__iterations=1)
     state = {"model": dict(GLOBAL)}
     # τ = 1 from 0: every delta clipped to 1 -> 1
-    assert RobustStep(cfg).mean(five_updates(), state, 1, "samples")["w"].tolist() == [1.0]
+    assert robust_mean(cfg, five_updates(), state, 1)["w"].tolist() == [1.0]
     assert state[CENTER_KEY].tolist() == [1.0]
     # next round from the centre 1: 0, 1, 1, 1, 1 -> 1 + 4/5
-    assert RobustStep(cfg).mean(five_updates(), state, 2, "samples")["w"].tolist() == pytest.approx([1.8])
+    assert robust_mean(cfg, five_updates(), state, 2)["w"].tolist() == pytest.approx([1.8])
 
 
 def test_too_few_updates_for_f_use_the_largest_f_they_allow(tmp_path, capsys):
     cfg = config(tmp_path, clients__num=5, aggregator__name="trimmed_mean", aggregator__f=2)
     # four updates (one skipped): 2f < 4 allows f = 1: 2, 3 -> 2.5
-    assert RobustStep(cfg).mean(five_updates()[:4], {"model": dict(GLOBAL)}, 1, "samples")["w"].tolist() == [2.5]
+    assert robust_mean(cfg, five_updates()[:4], {"model": dict(GLOBAL)})["w"].tolist() == [2.5]
     assert capsys.readouterr().err.count("notice") == 1
 
 
@@ -69,25 +79,26 @@ def test_label_flipping_changes_only_the_malicious_clients_data(tmp_path):
     cfg = config(tmp_path, clients__num=5, attack__name="label_flip", attack__fraction=0.4)
     data = build_federated_data(cfg)
     core = ClientJobs(cfg, data)
-    assert core.malicious == frozenset(malicious_clients(cfg.seed, 5, 0.4)) and len(core.malicious) == 2
+    malicious = core.stages.by_name["attack"].malicious
+    assert malicious == frozenset(malicious_clients(cfg.seed, 5, 0.4)) and len(malicious) == 2
     for cid in range(5):
         started = core.start(TrainJob(client_id=cid, round=1, payload_ref=None), {}, None, None)
         y = data.tensors(cid, "train")[1]
         flipped = started.ctx.train_data[1]
-        assert torch.equal(flipped, 9 - y) if cid in core.malicious else torch.equal(flipped, y)
+        assert torch.equal(flipped, 9 - y) if cid in malicious else torch.equal(flipped, y)
 
 
 def test_a_data_attack_keeps_the_sums_and_a_robust_rule_turns_them_off(tmp_path, monkeypatch):
-    from raysim.engine.driver import Driver
+    import raysim.engine.driver as driver
 
     groups: list[int] = []
-    real = Driver._run_training
+    real = driver.plan_round
 
-    def spy(self, jobs, sum_group):
-        groups.append(sum_group)
-        return real(self, jobs, sum_group)
+    def spy(jobs, states, **kwargs):
+        groups.append(kwargs["sum_group"])
+        return real(jobs, states, **kwargs)
 
-    monkeypatch.setattr(Driver, "_run_training", spy)
+    monkeypatch.setattr(driver, "plan_round", spy)
     run_experiment(config(tmp_path, rounds=1, attack__name="label_flip", log__dir=str(tmp_path / "a")))
     run_experiment(config(tmp_path, rounds=1, aggregator__name="median", log__dir=str(tmp_path / "b")))
     assert groups[0] > 0 and groups[1] == 0

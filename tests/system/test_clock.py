@@ -55,15 +55,16 @@ def test_the_deadline_keeps_the_first_k_to_report_worked_by_hand():
 
 
 def test_a_step_budget_stops_the_one_local_loop(tmp_path):
-    """A job with ``max_samples`` = one epoch's samples, of two local epochs, is the one-epoch job bit for bit; a
-    budget in the middle of an epoch stops before the step that would pass it."""
+    """A job whose step budget (the clock stage's part, raysim.system.stage) is one epoch's samples, of two local
+    epochs, is the one-epoch job bit for bit; a budget in the middle of an epoch stops before the step that would
+    pass it; every job reports the samples its steps took."""
     from raysim.engine.core import ClientJobs
     from raysim.engine.jobs import TrainJob
     from raysim.models import build_model
     from raysim.registry import get_algorithm
 
     def core(epochs: int) -> tuple[ClientJobs, dict]:
-        cfg = load_config(None, tiny_overrides(tmp_path, train__local_epochs=epochs))
+        cfg = load_config(None, tiny_overrides(tmp_path, train__local_epochs=epochs, system__enabled="true"))
         alg = get_algorithm(cfg.algorithm.name)(cfg)
         data = build_federated_data(cfg)
         initial = build_model(cfg, cfg.model.for_client(0), data.input_shape(0), data.num_classes, 0, alg)
@@ -72,14 +73,14 @@ def test_a_step_budget_stops_the_one_local_loop(tmp_path):
     two, shared = core(2)
     one, _ = core(1)
     n = two.data.num_train(1)
-    budgeted, _ = two.train(TrainJob(1, 1, None, max_samples=n), shared, None, None)
+    budgeted, _ = two.train(TrainJob(1, 1, None, stage={"clock": n}), shared, None, None)
     alone, _ = one.train(TrainJob(1, 1, None), shared, None, None)
-    assert budgeted.samples_seen == alone.samples_seen == n
+    assert budgeted.stage["clock"] == alone.stage["clock"] == n
     assert same_tensors(budgeted.upload, alone.upload)
-    mid, _ = two.train(TrainJob(1, 1, None, max_samples=n + 40), shared, None, None)
-    assert mid.samples_seen == n + 32  # batches of 32: the second would pass n + 40
+    mid, _ = two.train(TrainJob(1, 1, None, stage={"clock": n + 40}), shared, None, None)
+    assert mid.stage["clock"] == n + 32  # batches of 32: the second would pass n + 40
     full, _ = two.train(TrainJob(1, 1, None), shared, None, None)
-    assert full.samples_seen == 2 * n
+    assert full.stage["clock"] == 2 * n
 
 
 def same_tensors(a, b) -> bool:

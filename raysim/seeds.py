@@ -1,0 +1,23 @@
+"""Seeds, in one torch-free place: every random draw of a run comes from (seed, client, round, stream tags) alone,
+so a job gives the same numbers on any worker, in any order, after a resume.
+
+The stream tags separate kinds of draws of the same (client, round); each subsystem's tag is named beside its code
+and listed here so that none is given twice by accident (4 is shared, as it always was, by the asynchronous jobs'
+tag and the attacks' own draws, which never meet in one run's job: attacks run in synchronous rounds only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EVAL_STREAM, SERVER_STREAM, AUGMENT_STREAM = 1, 2, 3  # the client-job core: evaluation, server training, augmentation
+ASYNC_STREAM = 4  # an asynchronous job, with its sequence number (raysim.engine.asynchronous)
+ATTACK_STREAM = 4  # an attack's own draws: Gaussian updates, the poisoned rows (raysim.robust)
+PRIVACY_STREAM = 37  # DP-FedAvg's noise on the round's sum (raysim.privacy.central)
+DPSGD_STREAM = 38  # DP-SGD's noise on each step (raysim.privacy.dpsgd)
+
+
+def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
+    """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it; a ``stream``
+    tag separates the draws of evaluation, server-side training, noise and attacks from those of training."""
+    return int(np.random.SeedSequence([seed, client_id, round, *stream]).generate_state(1)[0])
