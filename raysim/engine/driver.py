@@ -39,7 +39,7 @@ from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
 from raysim.stages import Downloads, Reports, RoundContext, StageSetup, build_stages
-from raysim.trees import detached_cpu, nbytes
+from raysim.trees import all_finite, detached_cpu, nbytes
 
 if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
@@ -191,6 +191,9 @@ class Driver:
         start = time.perf_counter()
         self._changing = self.schedule.changes_state_in_training
         reports = self.schedule.run_round(rnd, self)  # who trained and reported, through the one plan
+        if reports.skipped and not reports.finished:
+            raise RunStopped(f"every client of round {rnd} ({len(reports.skipped)}) returned a non-finite (NaN/Inf) "
+                             f"update, so the round had nothing to aggregate and the run stopped (lower train.lr)")
         self._changing = True  # until the round is finished, the state held here is neither this round's nor the last
         ctx = self._round_context(rnd, reports)
         self._keep_history(ctx.updates, rnd)
@@ -311,21 +314,23 @@ class Driver:
     def _server_step(self, ctx: RoundContext) -> None:
         """The algorithm's ``server_aggregate`` on the round's updates and their mean (``raysim.engine.reduction``),
         then its ``server_train`` (if any) on a worker; a mean released with no reports (DP noise) still moves
-        the model."""
+        the model. A server model that is no longer finite stops the run."""
         mean, released = round_mean(self.stages, ctx)
         alg, rnd = self.algorithm, ctx.round
-        if not ctx.updates:
-            if released is not None:
-                self.server_state = detached_cpu(alg.server_aggregate_mean(released, self.server_state, rnd))
-            return
-        self.server_state = detached_cpu(alg.server_aggregate(RoundUpdates(ctx.updates, mean), self.server_state,
-                                                              rnd))
-        if alg.trains_on_server:
-            put = self.executor.put
-            work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(list(ctx.updates)),
-                                  history_refs={u.client_id: self.history.refs(u.client_id) for u in ctx.updates
-                                                if self.history.refs(u.client_id)})
-            self.server_state = self.executor.run([ServerCall(work)])[0]
+        if ctx.updates:
+            self.server_state = detached_cpu(alg.server_aggregate(RoundUpdates(ctx.updates, mean), self.server_state,
+                                                                  rnd))
+            if alg.trains_on_server:
+                put = self.executor.put
+                work = ServerTrainJob(round=rnd, state_ref=put(self.server_state), updates_ref=put(list(ctx.updates)),
+                                      history_refs={u.client_id: self.history.refs(u.client_id) for u in ctx.updates
+                                                    if self.history.refs(u.client_id)})
+                self.server_state = self.executor.run([ServerCall(work)])[0]
+        elif released is not None:
+            self.server_state = detached_cpu(alg.server_aggregate_mean(released, self.server_state, rnd))
+        if not all_finite(self.server_state):
+            raise RunStopped(f"round {rnd}'s server step gave a non-finite (NaN/Inf) server model, so the run stopped "
+                             f"(lower train.lr, or choose a robust aggregator.name against an attack)")
 
     def _round_metrics(self, ctx: RoundContext, reports: Reports) -> dict[str, Any]:
         results = reports.finished

@@ -125,3 +125,29 @@ def test_resource_check_messages():
         check_resources(cfg.engine, total={"CPU": 4.0, "GPU": 2.0}, nodes=[{"CPU": 2.0, "GPU": 0.5}] * 4)
     check_resources(load_config(None, ["engine.gpus_per_worker=0.5"]).engine, total={"CPU": 4.0, "GPU": 1.0},
                     nodes=[{"CPU": 4.0, "GPU": 1.0}])
+
+
+def test_a_round_whose_every_client_diverged_stops_the_run_in_one_line(tmp_path):
+    """engine.on_nonfinite=skip drops a non-finite update; a round that drops them all has nothing to aggregate: an
+    error, not a row of NaN (and the command exits 3 with one line)."""
+    from raysim.errors import RunStopped
+
+    with pytest.raises(RunStopped, match=r"every client of round 1 \(4\) returned a non-finite"):
+        _run(tmp_path, train__lr=1e30, engine__on_nonfinite="skip")
+    code = cli_main(["run", "smoke", "train.lr=1e30", "engine.on_nonfinite=skip", f"log.dir={tmp_path / 'cli'}"])
+    assert code == 3
+
+
+def test_a_server_model_that_turns_non_finite_stops_the_run(tmp_path, monkeypatch):
+    """Finite uploads whose server step overflows (here a server step that scales the mean by 1e39 in float32)."""
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.errors import RunStopped
+
+    def overflowing(self, mean, server_state, round):
+        server_state["model"] = {k: v * 1e39 if v.is_floating_point() else v for k, v in mean.items()}
+        return server_state
+
+    monkeypatch.setattr(FedAvg, "server_aggregate_mean", overflowing)
+    with pytest.raises(RunStopped, match="round 1's server step gave a non-finite"):
+        _run(tmp_path)
+    assert not (tmp_path / "run" / "checkpoint").exists()  # nothing of the failed round was kept
