@@ -22,7 +22,7 @@ def _note(kind: str, **values: float) -> None:
             fh.write(json.dumps({"kind": kind, "t": time.time(), **values}) + "\n")
 
 
-_train, _sum, _run = core.ClientJobs.train, aggregation.sum_results, worker.ClientWorker.run
+_train, _sum, _run = core.ClientJobs.train, aggregation.UploadSum.add_results, worker.ClientWorker.run
 
 
 def _timed_train(self, *args, **kwargs):
@@ -33,10 +33,10 @@ def _timed_train(self, *args, **kwargs):
         _note("train", s=time.perf_counter() - start)
 
 
-def _timed_sum(results, weighting="samples"):
+def _timed_sum(self, results, weighting="samples"):
     start = time.perf_counter()
     try:
-        return _sum(results, weighting)
+        return _sum(self, results, weighting)
     finally:
         _note("sum", s=time.perf_counter() - start)
 
@@ -51,5 +51,5 @@ def _timed_run(self, call, *values):
 if not getattr(core.ClientJobs.train, "_profiled", False):
     _timed_train._profiled = True
     core.ClientJobs.train = _timed_train
-    core.sum_results = _timed_sum  # what run_call calls
+    aggregation.UploadSum.add_results = _timed_sum  # what run_call calls
     worker.ClientWorker.run = _timed_run

@@ -84,7 +84,13 @@ def measure(model: str, clients: int, repeats: int) -> dict[str, Any]:
 
     from raysim.algorithms.base import weighted_average
     from raysim.engine.jobs import TrainResult
-    from raysim.algorithms.aggregation import combine, fixed_groups, sum_results
+    from raysim.algorithms.aggregation import UploadSum, fixed_groups
+
+    def merged(sums):
+        out = UploadSum()
+        for total in sums:
+            out.merge(total)
+        return out
     from raysim.engine.plan import group_size
     from raysim.engine.worker import enable_fast_tensor_serialization
 
@@ -100,7 +106,7 @@ def measure(model: str, clients: int, repeats: int) -> dict[str, Any]:
     groups = fixed_groups(range(clients), size)
 
     def worker_sums() -> list:
-        return [sum_results([TrainResult(c, 1, uploads[c], int(weights[c]), True, 0.0) for c in grp])
+        return [UploadSum().add_results([TrainResult(c, 1, uploads[c], int(weights[c]), True, 0.0) for c in grp])
                 for grp in groups]
 
     sums = worker_sums()
@@ -110,7 +116,7 @@ def measure(model: str, clients: int, repeats: int) -> dict[str, Any]:
            "upload_mb": len(blobs[0]) / 1e6, "sum_mb": len(sum_blobs[0]) / 1e6}  # as pickled for the store
     out["per_tensor_s"] = timed(lambda: per_tensor_average([pickle.loads(b) for b in blobs], weights), repeats)
     out["flat_s"] = timed(lambda: weighted_average([pickle.loads(b) for b in blobs], weights), repeats)
-    out["partial_driver_s"] = timed(lambda: combine(pickle.loads(b) for b in sum_blobs).mean(), repeats)
+    out["partial_driver_s"] = timed(lambda: merged(pickle.loads(b) for b in sum_blobs).mean(), repeats)
     out["partial_workers_s"] = timed(worker_sums, repeats)  # spread over the workers in a run
     return out
 

@@ -9,13 +9,14 @@ clients, vectorised cohorts of 4 where the algorithm declares them. 12 clients, 
 metric but wall-clock times must be equal, and (``--compare``) equal to the file given.
 
 ``--subsystems`` runs the round's features instead (:data:`SUBSYSTEMS`): DP-FedAvg (fixed-size and Poisson
-sampling, a calibrated target ε, adaptive clipping), DP-SGD, every robust rule and attack, the system model (dropouts,
-availability, deadlines with late clients dropped or doing partial work), FedAsync and FedBuff, and the shipped
-privacy, robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers (partial
-sums on, groups of 3): the metrics, ε included, must be equal between the two and to the file given. ``auto-groups`` runs
-``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the file given is
-printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed mid-job is
-checked by the test suite (``helpers.killed_worker_matches_inline``), not here.
+sampling, a calibrated target ε, adaptive clipping), DP-SGD, every robust rule and attack, the system model
+(dropouts, availability, deadlines with late clients dropped or doing partial work), FedAsync and FedBuff, and the
+shipped privacy, robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers
+(partial sums on, groups of 3): the metrics, ε included, must be equal between the two and to the file given.
+
+``auto-groups`` runs ``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the
+file given is printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed
+mid-job is checked by the test suite (``helpers.killed_worker_matches_inline``), not here.
 """
 
 from __future__ import annotations

@@ -9,12 +9,17 @@ upload: FedCDA, FedPAC, FedGen, ...). For the first two the round's uploads matt
   client list and ``engine.sum_group`` alone, never of the workers or of timing);
 - a group's clients train in one call, and its worker sums their finite uploads there, in id order
   (:class:`UploadSum`); the per-client results travel without their uploads;
-- the driver adds the groups' sums in group order and divides once (:func:`combine`, :meth:`UploadSum.mean`).
+- the driver adds the groups' sums in group order (:meth:`UploadSum.merge`) and divides once
+  (:meth:`UploadSum.mean`).
 
 When uploads do reach the driver one by one (``engine.partial_sums=false``), :func:`sum_in_groups` forms the same
-groups and takes the same steps, and an algorithm's own weighted means (:func:`weighted_average`, SCAFFOLD's
-control variates, FedDyn's mean) go through the same :class:`UploadSum`: there is one summation in raysim, so the
-numbers depend neither on where the sums were taken nor on the number of workers.
+groups and takes the same steps, and every other weighted sum of the engine goes through the same
+:class:`UploadSum`: an algorithm's own weighted means (:func:`weighted_average`: SCAFFOLD's control variates,
+FedDyn's mean), FedBuff's staleness-weighted buffer of model changes (:meth:`UploadSum.add`'s ``origin``), FedAsync's
+mix (:meth:`UploadSum.sum`) and the robust rules' weighted mean of the round's rows. There is one summation in
+raysim, so the numbers depend neither on where the sums were taken nor on the number of workers. Its public names:
+:class:`UploadSum` (``add``, ``add_results``, ``merge``, ``mean``, ``sum``), :func:`sum_in_groups` and
+:func:`weighted_average`.
 
 The arithmetic, on one flat float64 buffer per upload (exact for float32 values and for integers below 2**53):
 a client adds ``flat * weight`` to its group's buffer (two correctly rounded operations, never a fused
@@ -167,9 +172,22 @@ class UploadSum:
         else:
             self.total.add_(scaled)
 
-    def add(self, client_id: int, upload: dict, weight: float) -> None:
-        """Add one client's upload with its weight (the caller adds clients in id order)."""
-        if not self.clients:
+    def add(self, client_id: int, upload: dict, weight: float, origin: Optional[torch.Tensor] = None) -> None:
+        """Add one client's upload with its weight (the caller adds clients in id order); ``origin``: a float64
+        buffer of the upload's layout (:func:`flatten`'s values) that is subtracted first, so that the term is
+        (upload − origin)·weight, each operation on float64 values (FedBuff's change from the model a client
+        downloaded)."""
+        if origin is not None:
+            layout, flat = flatten(upload)
+            if not self.clients:
+                self.layout = layout
+            self._check(layout, f"client {client_id}")
+            if origin.shape != flat.shape:
+                raise ValueError(f"client {client_id}: the origin's {origin.numel()} values do not match the "
+                                 f"upload's {flat.numel()}")
+            self._buffer()
+            self._accumulate(layout, flat.sub_(origin).mul_(float(weight)), f"client {client_id}")
+        elif not self.clients:
             self.layout, self.single = layout_of(upload), upload  # the layout checks the upload now
         else:
             self._buffer()
@@ -205,13 +223,40 @@ class UploadSum:
         self.clients.extend(other.clients)
         self.weight += other.weight
 
-    def mean(self) -> dict:
-        """Σ weight·upload / Σ weight, as the upload's nested dict with its dtypes ({} when nothing was added)."""
+    def add_results(self, results: Iterable[Any], weighting: str = "samples") -> UploadSum:
+        """Add the finite results' uploads (``TrainResult``: ``client_id``, ``upload``, ``num_samples``, ``finite``)
+        weighted by ``weighting``, in the order given (id order), dropping every result's upload (``{}``), so that
+        only the sum travels on: one group's sum where it trained, or a split group's on the driver
+        (``raysim.engine.plan.RoundSum``). Returns this sum."""
+        for r in results:
+            if r.finite:
+                self.add(r.client_id, r.upload, client_weight(r.num_samples, weighting))
+            r.upload = {}
+        return self
+
+    def mean(self, *, in_float64: bool = False) -> dict:
+        """Σ weight·upload / Σ weight, as the upload's nested dict with its dtypes (``in_float64``: the float64
+        values, uncast); {} when nothing was added."""
         self._buffer()
         if self.total is None:
             return {}
         assert self.layout is not None
-        return unflatten(self.layout, self.total / self.weight)
+        return self._tree(self.total / self.weight, in_float64)
+
+    def sum(self, *, in_float64: bool = False) -> dict:
+        """Σ weight·upload itself, as the upload's nested dict with its dtypes (``in_float64``: the float64
+        values); {} when nothing was added. FedAsync's mix is such a sum, of weights (1 − α) and α."""
+        self._buffer()
+        if self.total is None:
+            return {}
+        assert self.layout is not None
+        return self._tree(self.total.clone(), in_float64)
+
+    def _tree(self, flat: torch.Tensor, in_float64: bool) -> dict:
+        assert self.layout is not None
+        if in_float64:
+            return unflatten(tuple((path, shape, torch.float64) for path, shape, _ in self.layout), flat)
+        return unflatten(self.layout, flat)
 
 
 def fixed_groups(clients: Sequence[int], size: int) -> list[list[int]]:
@@ -228,41 +273,19 @@ def client_weight(num_samples: int, weighting: str) -> float:
     return float(num_samples) if weighting == "samples" else 1.0
 
 
-def sum_results(results: Iterable[Any], weighting: str = "samples") -> UploadSum:
-    """One group's sum: the finite results' uploads weighted by ``weighting``, in the order given (id order); every
-    result's upload is dropped (``{}``), so only the sum travels on."""
-    total = UploadSum()
-    add_results(total, results, weighting)
-    return total
-
-
-def add_results(total: UploadSum, results: Iterable[Any], weighting: str = "samples") -> None:
-    """Add the finite results' uploads to ``total`` as :func:`sum_results` sums them, dropping every upload (a
-    group whose clients' results come in over several calls, ``raysim.engine.plan.RoundSum``)."""
-    for r in results:
-        if r.finite:
-            total.add(r.client_id, r.upload, client_weight(r.num_samples, weighting))
-        r.upload = {}
-
-
-def combine(sums: Iterable[UploadSum]) -> UploadSum:
-    """The groups' sums added in the order given (group order): one vectorised addition per group."""
-    out = UploadSum()
-    for s in sums:
-        out.merge(s)
-    return out
-
-
 def sum_in_groups(updates: Iterable[Any], clients: Sequence[int], size: int, weighting: str = "samples") -> UploadSum:
     """The same sum from per-client updates (``client_id``, ``upload``, ``num_samples``) on the driver: grouped as
-    :func:`fixed_groups` groups ``clients``, summed in id order within a group and in group order across groups,
-    exactly as the workers and :func:`combine` would."""
+    :func:`fixed_groups` groups ``clients``, summed in id order within a group and merged in group order across
+    groups, exactly as the workers and the driver's fold of their sums would."""
     index = {c: i // size for i, c in enumerate(sorted(int(c) for c in clients))}
     groups: dict[int, UploadSum] = {}
     for u in sorted(updates, key=lambda u: u.client_id):
         groups.setdefault(index[u.client_id], UploadSum()).add(u.client_id, u.upload,
                                                                client_weight(u.num_samples, weighting))
-    return combine(groups[g] for g in sorted(groups))
+    total = UploadSum()
+    for g in sorted(groups):
+        total.merge(groups[g])
+    return total
 
 
 def weighted_average(uploads: list[dict], weights: list[float]) -> dict:

@@ -60,7 +60,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from raysim.algorithms.aggregation import Layout, flatten, layout_and_leaves, unflatten_leaves
+from raysim.algorithms.aggregation import UploadSum, flatten, layout_of, unflatten
 from raysim.engine.events import EventQueue, Flight, Wait
 from raysim.engine.jobs import TrainResult
 from raysim.engine.state import VERSIONS_DIR, safe_load, save_all_durably, server_file, version_file
@@ -90,66 +90,39 @@ def buffer_weight(staleness: int, scaling: bool) -> float:
     return 1.0 / math.sqrt(1.0 + staleness) if scaling else 1.0
 
 
-def _require_layout(layout: Layout, model: Layout) -> None:
-    """An asynchronous update (or the model it started from) has the server model's keys, shapes and dtypes."""
-    if layout != model:
-        raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
-
-
-def _leaves64(tree: dict, like: Optional[Layout] = None) -> tuple[Layout, list[torch.Tensor]]:
-    """(layout, each tensor as float64, in layout order) of a nested dict of tensors; ``like``: the layout it must
-    have. The same values as :func:`flatten`'s one buffer, leaf by leaf (no concatenated copy)."""
-    layout, leaves = layout_and_leaves(tree)
-    if like is not None:
-        _require_layout(layout, like)
-    return layout, [t.detach().reshape(-1).to(torch.float64) for t in leaves]
-
-
 def mix(x: dict, new: dict, alpha: float) -> dict:
-    """FedAsync's x̄ = (1 − α)·x + α·x_new, in float64, cast back to each tensor's dtype (integers rounded)."""
-    layout, xs = _leaves64(x)
-    _, ns = _leaves64(new, layout)
-    return unflatten_leaves(layout, [a * (1.0 - alpha) + b * alpha for a, b in zip(xs, ns)])
+    """FedAsync's x̄ = (1 − α)·x + α·x_new: the one sum (:class:`UploadSum`) of x weighted 1 − α and x_new weighted
+    α, in float64, cast back to each tensor's dtype (integers rounded)."""
+    total = UploadSum()
+    total.add(0, x, 1.0 - alpha)
+    try:
+        total.add(1, new, alpha)
+    except ValueError:
+        raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's") from None
+    return total.sum()
 
 
 def buffered_target(x: dict, buffered: list[tuple[dict, dict, float]], server_lr: float, size: int) -> dict:
     """FedBuff's x̄ = x + η_g·(1/K)·Σ_i w_i·(y_i − x_{τ_i}) over ``buffered`` (upload y_i, the model x_{τ_i} it
-    started from, weight w_i), K = ``size``: the weighted sum in arrival order, each term (y_i − x_{τ_i})·w_i rounded
-    before it is added (the operations, and so the bits, of :class:`UploadSum` on the float64 deltas), its mean
-    Σ / Σ w, then scaled by η_g·Σ w / K, in float64, cast back to each tensor's dtype. Each upload goes into one
-    flat float64 scratch buffer (:func:`flatten`'s values) and its term is three operations on the whole buffer,
-    not three per tensor: every element through the same operations, so the same bits, at a fraction of the
-    per-operation cost on a model of many small tensors."""
-    layout, xs = _leaves64(x)
-    sizes = [math.prod(shape) for _, shape, _ in layout]
-    total = torch.zeros(sum(sizes), dtype=torch.float64)
-    scratch = torch.empty_like(total)  # y_i in float64, then its term
-    views = scratch.split(sizes)
-    weight_sum, count = 0.0, 0
-    starts: dict[int, torch.Tensor] = {}  # the buffered jobs share few start versions: each flattened once
-    with torch.no_grad():
-        for upload, start, weight in buffered:
-            if id(start) not in starts:
-                start_layout, starts[id(start)] = flatten(start)
-                _require_layout(start_layout, layout)
-            up_layout, ups = layout_and_leaves(upload)
-            _require_layout(up_layout, layout)
-            w = float(weight)
-            for view, u in zip(views, ups):
-                view.copy_(u.detach().reshape(-1))  # y's values in float64, exactly
-            scratch.sub_(starts[id(start)])
-            if w != 1.0:  # x·1 is x: the multiplication would change no bit
-                scratch.mul_(w)
-            if count:
-                total.add_(scratch)
-            else:
-                total.copy_(scratch)  # the first term as it is (0 + t is t, except -0.0)
-            weight_sum += w
-            count += 1
-    if not count or weight_sum == 0:
-        return unflatten_leaves(layout, [t.clone() for t in xs])
-    scale = server_lr * weight_sum / size
-    return unflatten_leaves(layout, [a + (t / weight_sum) * scale for a, t in zip(xs, total.split(sizes))])
+    started from, weight w_i), K = ``size``: the one sum (:class:`UploadSum`) of the changes y_i − x_{τ_i}, each
+    weighted w_i, in arrival order and in float64; its mean Σ / Σ w scaled by η_g·Σ w / K and added to x in float64,
+    cast back to each tensor's dtype. Each start model (few: the buffered jobs share few versions) is flattened
+    once."""
+    layout, x64 = flatten(x)
+    total = UploadSum()
+    starts: dict[int, torch.Tensor] = {}
+    for i, (upload, start, weight) in enumerate(buffered):
+        if id(start) not in starts:
+            start_layout, starts[id(start)] = flatten(start)
+            if start_layout != layout:
+                raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+        if layout_of(upload) != layout:
+            raise ValueError("an asynchronous update's keys, shapes or dtypes differ from the server model's")
+        total.add(i, upload, weight, origin=starts[id(start)])
+    if not total.clients or total.weight == 0:
+        return unflatten(layout, x64)
+    _, mean = flatten(total.mean(in_float64=True))
+    return unflatten(layout, x64 + mean * (server_lr * total.weight / size))
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import nn
 
-from raysim.algorithms.aggregation import sum_results
+from raysim.algorithms.aggregation import UploadSum
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
 from raysim.algorithms.training import LocalOptimizer, Trainee, epoch_batches, make_optimizer, run_phases
 from raysim.engine import vectorize_probe
@@ -203,7 +203,7 @@ class ClientJobs:
         results = [result for result, _ in done]
         sums, at = [], 0
         for size in call.groups:
-            sums.append(sum_results(results[at:at + size], call.weighting))
+            sums.append(UploadSum().add_results(results[at:at + size], call.weighting))
             at += size
         return CallResult(results=results, sums=sums), [keep for _, keep in done]
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from raysim.algorithms.aggregation import UploadSum, add_results, fixed_groups
+from raysim.algorithms.aggregation import UploadSum, fixed_groups
 from raysim.engine.jobs import EvalCall, EvalJob, TrainCall, TrainJob
 
 TARGET_CALL_S = 0.02  # clients_per_call=auto: a call carries about this much measured client time
@@ -90,7 +90,7 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
 
     ``workers``: with more than one worker and one group a call, the last ``workers`` groups train one client a
     call (``part_of`` their group), so that the workers end a round within one client of each other, not within
-    one group; the driver sums such a group from its uploads as a worker's ``sum_results`` does
+    one group; the driver sums such a group from its uploads as a worker's ``UploadSum.add_results`` does
     (:class:`RoundSum`), so where a group is summed changes no number (only the cut depends on the worker count)."""
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
     position = {jobs[i].client_id: i for i in order}
@@ -121,7 +121,7 @@ class RoundSum:
     A whole group's sum (taken where it trained) is merged; a split group's uploads (``part_of``: a client a call,
     in id order) are added into that group's own sum, which is merged once the group's last call is in. These are
     the operations, in the order, of summing every group and then adding the groups in group order
-    (:func:`~raysim.algorithms.aggregation.combine`), so the bits are the same whoever finished first."""
+    (``UploadSum.merge`` in group order), so the bits are the same whoever finished first."""
 
     def __init__(self, calls: Sequence[TrainCall]):
         self._calls = calls
@@ -148,7 +148,7 @@ class RoundSum:
             return
         if self._part is None:
             self._part = (group, UploadSum())
-        add_results(self._part[1], sorted(result.results, key=lambda r: r.client_id), call.weighting)
+        self._part[1].add_results(sorted(result.results, key=lambda r: r.client_id), call.weighting)
 
     def total(self) -> UploadSum:
         """The sum, once every call's result is in."""

@@ -10,6 +10,17 @@ from typing import Optional
 
 import torch
 
+from raysim.algorithms.aggregation import UploadSum
+
+
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ w_i x_i / Σ w_i over the rows, by the engine's one sum (``UploadSum``: each row times its weight in
+    float64, added in row order), so the mean of a round's rows is taken as FedAvg's mean of its uploads is."""
+    total = UploadSum()
+    for i in range(x.shape[0]):
+        total.add(i, {"row": x[i]}, float(weights[i]))
+    return total.mean(in_float64=True)["row"].to(x.dtype)
+
 
 def median(x: torch.Tensor) -> torch.Tensor:
     """Coordinate-wise median (Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust Distributed Learning: Towards
@@ -93,8 +104,7 @@ def norm_bound(x: torch.Tensor, weights: torch.Tensor, bound: float) -> torch.Te
     update scaled to an L2 norm of at most M, Δ_i · min(1, M / ‖Δ_i‖), then the weighted mean Σ w_i Δ_i / Σ w_i."""
     norms = torch.linalg.vector_norm(x, dim=1)
     scale = torch.clamp(bound / norms.clamp_min(torch.finfo(x.dtype).tiny), max=1.0)
-    w = weights.to(x.dtype)
-    return (x * (scale * w)[:, None]).sum(dim=0) / w.sum()
+    return weighted_mean(x * scale[:, None], weights)
 
 
 def centered_clip(x: torch.Tensor, tau: float, iterations: int, center: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -117,8 +127,7 @@ def aggregate(name: str, x: torch.Tensor, weights: torch.Tensor, *, f: int = 0, 
               center: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The rule ``name`` (``aggregator.name``) on the rows of ``x``; ``mean`` is the weighted mean."""
     if name == "mean":
-        w = weights.to(x.dtype)
-        return (x * w[:, None]).sum(dim=0) / w.sum()
+        return weighted_mean(x, weights)
     if name == "median":
         return median(x)
     if name == "trimmed_mean":

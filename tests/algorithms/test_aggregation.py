@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import read_rows, strip_timing, tiny_overrides
-from raysim.algorithms.aggregation import (UploadSum, combine, fixed_groups, flatten, sum_in_groups, sum_results,
+from raysim.algorithms.aggregation import (UploadSum, fixed_groups, flatten, sum_in_groups,
                                           unflatten, weighted_average)
 from raysim.algorithms.base import Algorithm, ClientUpdate, RoundUpdates, SummedUpload
 from raysim.config import load_config
@@ -17,6 +17,14 @@ from raysim.engine.jobs import TrainResult
 from raysim.engine.plan import group_size
 from raysim.engine.runner import run_experiment
 from raysim.registry import builtin_names, get_algorithm
+
+def merge_all(sums) -> UploadSum:
+    """The groups' sums merged in the order given, as the driver folds them (UploadSum.merge)."""
+    out = UploadSum()
+    for s in sums:
+        out.merge(s)
+    return out
+
 
 
 def _upload(seed: int) -> dict:
@@ -68,7 +76,7 @@ def test_a_group_of_one_travels_at_its_uploads_size_and_sums_like_the_others():
     assert len(pickle.dumps(one, protocol=5)) < 1.2 * 4000  # float32 values, not float64
     two = UploadSum()
     two.add(5, {"w": torch.ones(1000)}, 3)
-    merged = combine([one, two])
+    merged = merge_all([one, two])
     by_hand = (up["w"].double() * 7 + torch.ones(1000, dtype=torch.float64) * 3) / 10
     assert torch.equal(merged.mean()["w"], by_hand.float()) and merged.clients == [4, 5]
     alone = UploadSum()
@@ -84,7 +92,7 @@ def test_groups_depend_on_the_client_list_alone():
 
 
 def test_sums_taken_in_groups_equal_the_drivers_bit_for_bit():
-    """The workers' path (sum_results per group, combine in group order) and the driver's (sum_in_groups from
+    """The workers' path (add_results per group, merged in group order) and the driver's (sum_in_groups from
     per-client updates) give identical bits, a non-finite client left out of both; the mean agrees with the
     per-client formula Σ u·(n/Σn) to float64 round-off."""
     clients = [11, 2, 7, 4, 9, 30, 5]
@@ -94,7 +102,7 @@ def test_sums_taken_in_groups_equal_the_drivers_bit_for_bit():
     results = {c: TrainResult(client_id=c, round=1, upload=uploads[c], num_samples=n[c], finite=c != bad, loss=0.0)
                for c in clients}
     groups = fixed_groups(clients, 3)
-    on_workers = combine(sum_results([results[c] for c in g]) for g in groups)
+    on_workers = merge_all(UploadSum().add_results([results[c] for c in g]) for g in groups)
     assert all(r.upload == {} for r in results.values())  # only the sums travel on
     updates = [ClientUpdate(c, uploads[c], n[c]) for c in sorted(clients) if c != bad]
     on_driver = sum_in_groups(updates, clients, 3)
@@ -130,7 +138,8 @@ def test_uniform_weights_by_hand_three_clients_of_unequal_size():
     for weighting, expect in (("samples", 4.8), ("uniform", 3.0)):
         results = [TrainResult(client_id=c, round=1, upload=dict(uploads[c]), num_samples=sizes[c], finite=True,
                                loss=0.0) for c in (1, 2, 3)]
-        on_workers = combine([sum_results(results[:2], weighting), sum_results(results[2:], weighting)]).mean()
+        on_workers = merge_all([UploadSum().add_results(results[:2], weighting),
+                                UploadSum().add_results(results[2:], weighting)]).mean()
         on_driver = sum_in_groups([ClientUpdate(c, uploads[c], sizes[c]) for c in (1, 2, 3)], [1, 2, 3], 2,
                                   weighting).mean()
         assert float(on_workers["w"]) == float(on_driver["w"]) == pytest.approx(expect, abs=1e-6)
@@ -249,7 +258,7 @@ def test_the_fused_add_gives_the_bits_of_the_unfused_one():
         for u, w in zip(ups[1:], weights[1:]):
             expect = expect + u.double() * w
         total.merge(UploadSum())  # buffers a single upload, as mean() would
-        assert torch.equal(combine([total]).total, expect)
+        assert torch.equal(merge_all([total]).total, expect)
 
 
 def test_a_sum_read_from_the_object_store_is_mapped_then_copied_before_a_write():

@@ -108,7 +108,13 @@ def test_the_server_test_split_is_shared_out_in_whole_blocks():
 
 
 def test_the_last_groups_train_one_client_a_call_on_several_workers():
-    from raysim.algorithms.aggregation import combine, sum_results
+    from raysim.algorithms.aggregation import UploadSum
+
+    def merged(sums):
+        out = UploadSum()
+        for total in sums:
+            out.merge(total)
+        return out
     from raysim.engine.jobs import CallResult, TrainResult
     from raysim.engine.plan import RoundSum
 
@@ -132,9 +138,10 @@ def test_the_last_groups_train_one_client_a_call_on_several_workers():
     def output(call) -> CallResult:
         if call.part_of is not None:
             return CallResult(results=[result(c) for c in call.clients])
-        return CallResult(results=[], sums=[sum_results([result(c) for c in call.clients])])
+        return CallResult(results=[], sums=[UploadSum().add_results([result(c) for c in call.clients])])
 
-    expected = combine(sum_results([result(a), result(b)]) for a, b in ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9)))
+    pairs = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
+    expected = merged(UploadSum().add_results([result(a), result(b)]) for a, b in pairs)
     for arrival in ([0, 1, 2, 3, 4, 5, 6], [6, 4, 3, 5, 0, 2, 1], [4, 3, 2, 6, 5, 1, 0]):
         total = RoundSum(calls)
         for index in arrival:
