@@ -25,10 +25,10 @@ __all__ = ["Algorithm", "ExperimentConfig", "RunResult", "RunStopped", "TuneResu
 
 
 class _Package(types.ModuleType):
-    """``raysim.tune`` and ``raysim.report`` are the verbs, though ``raysim/tune/`` and ``raysim/report.py`` share their
-    names: importing either submodule (``from raysim.tune import ...``, which ``raysim.tune(...)`` itself does) would
-    make Python bind the submodule over the verb, and a notebook's second ``raysim.tune(...)`` would call a module.
-    The submodules stay importable by name (``sys.modules``)."""
+    """``raysim.tune`` and ``raysim.report`` are the verbs, though the packages ``raysim/tune/`` and
+    ``raysim/report/`` share their names: importing either (``from raysim.tune import ...``, which ``raysim.tune(...)``
+    itself does) would make Python bind the package over the verb, and a notebook's second ``raysim.tune(...)``
+    would call a module. The packages stay importable by name (``sys.modules``)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("tune", "report") and isinstance(value, types.ModuleType):

@@ -1,0 +1,7 @@
+"""``python -m raysim.cli ...``: the ``raysim`` command."""
+
+import sys
+
+from raysim.cli.dispatch import entry
+
+sys.exit(entry())
