@@ -1,7 +1,7 @@
-"""Wall time of the quick commands (`raysim config show`, `config keys`, `list`, `--help`), and whether they import
-torch.
+"""Wall time of the quick commands (`raysim config show`, `config keys`, `list`, `--help`) and of `raysim run`'s config
+errors (a bad value, an unknown key, an unknown algorithm: exit 2 before anything slow), and whether they import torch.
 
-    .venv/bin/python benchmarks/cli_latency.py [--repeats 5] [--source DIR]
+    .venv/bin/python benchmarks/cli_latency.py [--repeats 5] [--source DIR] [--only errors|quick]
 
 Each command runs as a fresh ``python -m raysim.cli ...`` subprocess (what a user's shell pays: the interpreter's
 start included); the figure is the median (min-max) of the repeats, with the median CPU time (user + system) beside
@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = (["config", "show"], ["config", "show", "smoke", "algorithm.name=unideal"], ["config", "keys"],
             ["config", "keys", "--algorithm", "fapd"], ["list"], ["--help"])
+# `raysim run` with a config error: each must fail (exit 2) before the engine, which imports torch, is imported
+ERRORS = (["run", "smoke", "rounds=abc"], ["run", "smoke", "trian.lr=0.1"], ["run", "smoke", "algorithm.name=fedavgg"])
 HEAVY = ("torch", "ray", "torchvision")  # what a command that only reads configs should never import
 
 
@@ -32,8 +34,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[float], list[float], set[str]]:
-    """Wall and CPU seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported."""
+def time_command(args: list[str], source: Path, repeats: int,
+                 expect: int = 0) -> tuple[list[float], list[float], set[str]]:
+    """Wall and CPU seconds per run of ``raysim ARGS``, and the heavy top-level packages it imported; each run must
+    exit with ``expect``."""
     env = {**os.environ, "PYTHONPATH": str(source)}
     times, cpu, heavy = [], [], set()
     for i in range(repeats + 1):
@@ -44,8 +48,8 @@ def time_command(args: list[str], source: Path, repeats: int) -> tuple[list[floa
         if not flags:
             times.append(time.perf_counter() - t0)
             cpu.append(_children_cpu() - c0)
-        if proc.returncode != 0:
-            raise RuntimeError(f"raysim {' '.join(args)} exited {proc.returncode}: {proc.stderr[-500:]}")
+        if proc.returncode != expect:
+            raise RuntimeError(f"raysim {' '.join(args)} exited {proc.returncode}, not {expect}: {proc.stderr[-500:]}")
         for line in proc.stderr.splitlines() if flags else ():  # "import time: self | cumulative | <indent>module"
             if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() in HEAVY:
                 heavy.add(line.rsplit("|", 1)[-1].strip())
@@ -56,12 +60,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--source", type=Path, default=ROOT, help="the checkout to time (default: this one)")
+    parser.add_argument("--only", choices=("quick", "errors"), help="only the quick commands, or only the errors")
     args = parser.parse_args()
     print(f"source {args.source.resolve()}, {args.repeats} runs each, load average {os.getloadavg()[0]:.1f}")
-    for command in COMMANDS:
-        times, cpu, heavy = time_command(command, args.source.resolve(), args.repeats)
+    todo = ([(c, 0) for c in COMMANDS] if args.only != "errors" else []) + \
+        ([(c, 2) for c in ERRORS] if args.only != "quick" else [])
+    for command, expect in todo:
+        times, cpu, heavy = time_command(command, args.source.resolve(), args.repeats, expect)
         print(f"raysim {' '.join(command):<45} {statistics.median(times):6.2f} s ({min(times):.2f}-{max(times):.2f}), "
-              f"CPU {statistics.median(cpu):.2f} s  imports: {', '.join(sorted(heavy)) or 'no torch, no ray'}")
+              f"CPU {statistics.median(cpu):.2f} s  imports: {', '.join(sorted(heavy)) or 'no torch, no ray'}"
+              f"{'  (exit 2)' if expect else ''}", flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

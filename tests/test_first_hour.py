@@ -181,6 +181,28 @@ def test_config_show_and_keys_import_no_torch():
     assert out.split("\n")[0] == "{0} True []"
 
 
+def test_config_errors_of_run_import_no_torch(tmp_path):
+    """Every config error of `raysim run` (a bad value, an unknown key, an unknown algorithm, a wrong override of a
+    resume) fails with exit 2 before the engine is imported: raysim.engine.runner imports torch, which took 5 s
+    under load before the config was checked (benchmarks/cli_latency.py --only errors)."""
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("name: x\nrounds: 2\n")
+    code = ("import contextlib, io, sys\n"
+            "from raysim.cli import main\n"
+            "with contextlib.redirect_stderr(io.StringIO()) as err:\n"
+            "    codes = [main(['run', 'smoke', o]) for o in ('rounds=abc', 'trian.lr=0.1', 'algorithm.name=fedavgg',\n"
+            "                                                 'engine.num_workers=-1')]\n"
+            f"    codes.append(main(['run', '--resume', {str(run_dir)!r}, 'rounds=abc']))\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'torchvision')\n"
+            "               or m.startswith(('raysim.engine.runner', 'raysim.data', 'raysim.models')))\n"
+            "print(codes, err.getvalue().count('raysim: error: config key'), heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "[2, 2, 2, 2, 2] 5 []"
+
+
 def test_a_local_ray_start_is_announced_with_its_cost(capsys, monkeypatch, tmp_path):
     """The shipped small configs run in this process (no Ray to start); where a run starts a Ray of its own, one
     line says so and what it costs, before it starts."""

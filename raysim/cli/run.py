@@ -20,11 +20,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # Ray, which takes seconds to start)
     print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
           f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
+    # the whole config is checked before the engine is imported (raysim.engine.runner imports torch: seconds), so a
+    # typo fails at once (benchmarks/cli_latency.py --errors)
     from raysim.config import load_config
-    from raysim.engine.backend import starts_local_ray
-    from raysim.engine.runner import already_complete, load_resume_config, run_experiment
-    from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
-
+    from raysim.engine.resume_config import load_resume_config
     from raysim.preflight import check, load_checked
 
     if args.resume:
@@ -38,6 +37,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     given = [o for o in overrides if not (args.resume and o == f"log.dir={args.resume}")]
     check(cfg, ["raysim", "run", *(["--resume", args.resume] if args.resume else []), *([config] if config else []),
                 *given], data=not args.resume)
+
+    from raysim.engine.backend import starts_local_ray
+    from raysim.engine.runner import already_complete, run_experiment
+    from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
 
     if args.resume:
         done = already_complete(run_dir, cfg)
@@ -130,16 +133,18 @@ def _is_seeds(args: argparse.Namespace) -> bool:
 
 
 def _cmd_seeds(args: argparse.Namespace) -> int:
-    from raysim.tune import parse_seeds, run_seeds
-
     config, overrides = _split_config_and_overrides(args)
     if args.resume:
+        from raysim.tune import run_seeds
+
         check_resume_overrides("seeds", overrides, Path(args.resume))
         result = run_seeds(None, overrides, [], resume_dir=Path(args.resume), quiet=args.quiet)
-    else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run
+    else:  # without CONFIG.yaml: the defaults plus the overrides, as for a single run (checked before Ray's import)
         from raysim.preflight import check, load_checked
 
         check(load_checked(config, [o for o in overrides if not o.startswith("seed=")], warn=False),
               ["raysim", "run", *([config] if config else []), "--seeds", args.seeds, *overrides])
+        from raysim.tune import parse_seeds, run_seeds
+
         result = run_seeds(config, overrides, parse_seeds(args.seeds), quiet=args.quiet)
     return _sweep_outcome(result, "raysim run --resume", "seeds")
