@@ -1,5 +1,6 @@
 """What a run leaves behind: ``metrics.jsonl`` (one JSON object per round), ``client_metrics.jsonl`` (one per evaluated
-round: every evaluated client's correct / total), TensorBoard scalars, console lines.
+round: every evaluated client's correct / total), TensorBoard scalars. The console's lines are ``raysim.console``'s
+(re-exported here).
 
 Metric names in ``metrics.jsonl`` are flat (``acc_mean``, ``bytes_up`` ...); TensorBoard gets them under
 grouped tags (``acc/mean``, ``comm/bytes_up`` ...) so related curves share a panel.
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from raysim.console import (LiveRound, ProgressLine, curriculum_line, format_round,  # noqa: F401 - importers
+                            human_bytes, summary_table)
 from raysim.fsutil import atomic_write_text
 
 # metrics.jsonl name -> TensorBoard tag; keys not listed here and containing "/" are written as they are
@@ -31,8 +34,8 @@ TB_TAGS = {
     "wall_s": "time/round_s",
     "epsilon": "privacy/epsilon",
     "wall_s_total": "time/total_s",
-    "k": "curriculum/k",
-    "p": "curriculum/p",
+    "k": "Curriculum/k",
+    "p": "Curriculum/p",
     "round_sim_s": "time/round_sim_s",  # system.enabled: the simulated clock
     "sim_time_s": "time/sim_s",
     "dropouts": "system/dropouts",
@@ -42,6 +45,22 @@ TB_TAGS = {
 }
 # system.enabled: these metrics also go to TensorBoard under sim_time/<name>, at steps of simulated seconds
 SIM_TIME_CURVES = ("acc_mean", "acc_global", "acc_weighted", "loss")
+# The curricula's tags are written under "Curriculum/" (k, p, FAPD's curriculum/* metrics): TensorBoard's Time Series,
+# the page it opens on, sorts its groups by name, capitals first, and expands only the first two, so the curriculum
+# is the first thing it shows, above acc/ (metrics.jsonl keeps the names it has)
+CURRICULUM_GROUP = "Curriculum/"
+# a per-local-epoch list (p_epochs) is drawn over this many steps a round, each epoch's value held over its share:
+# TensorBoard's default smoothing (0.6, an average over points) then follows the schedule within a few points
+# instead of turning a round's handful of epochs into a wave
+EPOCH_STEPS_PER_ROUND = 100
+
+
+def tb_tag(key: str) -> str:
+    """The TensorBoard tag of a ``metrics.jsonl`` key: ``TB_TAGS``, a key with ``/`` as it is (``curriculum/...``
+    under ``Curriculum/``), ``loss_<part>`` as ``loss/<part>``, anything else under ``metrics/``."""
+    tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
+                               else f"metrics/{key}")
+    return CURRICULUM_GROUP + tag[len(CURRICULUM_GROUP):] if tag.lower().startswith("curriculum/") else tag
 
 
 def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) -> list[dict]:
@@ -177,9 +196,7 @@ class RunLog:
                 continue
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
-            tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
-                                       else f"metrics/{key}")
-            self.tb.add_scalar(tag, value, step)
+            self.tb.add_scalar(tb_tag(key), value, step)
         if client_counts:
             import numpy as np
 
@@ -191,21 +208,24 @@ class RunLog:
         self.tb.flush()
 
     def _write_epochs(self, metrics: dict, from_step: int = 0) -> None:
-        """A per-local-epoch list (``<name>_epochs``, UNIDEAL's ``p_epochs``) as one point per local epoch, at step
-        ``(round - 1) * epochs + epoch`` (epoch 1-based), under the round metric's tag plus ``_epoch``
-        (``curriculum/p_epoch``): the schedule's course inside each round, on a step axis TensorBoard can plot."""
+        """A per-local-epoch list (``<name>_epochs``, UNIDEAL's ``p_epochs``) under the round metric's tag plus
+        ``_epoch`` (``Curriculum/p_epoch``), over ``EPOCH_STEPS_PER_ROUND`` steps a round: round r spans steps
+        (r - 1) * 100 + 1 .. r * 100, and each of its E local epochs holds its value over 100 // E of them. The
+        schedule's course inside each round, on an integer step axis that TensorBoard's smoothing follows."""
         if self.tb is None:
             return
         for key, values in metrics.items():
             if not (key.endswith(EPOCHS) and isinstance(values, list) and values):
                 continue
-            base = key[:-len(EPOCHS)]
-            tag = (TB_TAGS.get(base) or f"metrics/{base}") + "_epoch"
-            first = (metrics["round"] - 1) * len(values)
-            for e, value in enumerate(values, start=1):
-                if (first + e >= from_step and isinstance(value, (int, float)) and not isinstance(value, bool)
-                        and math.isfinite(value)):
-                    self.tb.add_scalar(tag, value, first + e)
+            tag = tb_tag(key[:-len(EPOCHS)]) + "_epoch"
+            per = max(1, EPOCH_STEPS_PER_ROUND // len(values))
+            start = (metrics["round"] - 1) * EPOCH_STEPS_PER_ROUND
+            for e, value in enumerate(values):
+                if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                    continue
+                for step in range(start + e * per + 1, start + (e + 1) * per + 1):
+                    if step >= from_step:
+                        self.tb.add_scalar(tag, value, step)
 
     def _write_sim_time(self, metrics: dict, from_step: int = 0) -> None:
         """``system.enabled``: the accuracy and loss curves again under ``sim_time/<name>``, at the step of the
@@ -231,177 +251,3 @@ class RunLog:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-
-def format_round(m: dict, rounds: int) -> str:
-    """One console line per round."""
-    parts = [f"round {m['round']:>{len(str(rounds))}}/{rounds}"]
-    if m.get("acc_mean") is not None:
-        parts.append(f"acc_mean {m['acc_mean']:.4f}")
-    if m.get("acc_global") is not None:
-        parts.append(f"acc_global {m['acc_global']:.4f}")
-    parts.append(f"loss {m['loss']:.4f}")
-    if "k" in m:
-        parts.append(f"k {m['k']}")
-    epochs = m.get("p_epochs")
-    if isinstance(epochs, list) and len(epochs) > 1:  # the curriculum's course inside the round, start -> end
-        parts.append(f"p {epochs[0]:.2f}->{epochs[-1]:.2f}")
-    elif m.get("p") is not None:
-        parts.append(f"p {m['p']:.2f}")
-    if m.get("attack/asr") is not None:  # attack.name=backdoor or scaling: the backdoor's success rate
-        parts.append(f"asr {m['attack/asr']:.4f}")
-    parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
-    parts.append(f"{m['wall_s']:.2f}s")
-    return "  ".join(parts)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1000.0
-    return f"{n:.1f}GB"
-
-
-def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = None, resumed_after: int = 0) -> str:
-    """The final table printed after a run; ``elapsed``: this invocation's seconds from launch to the end, start-up
-    and shutdown included (the rounds' own time is in the metrics); ``resumed_after``: the round this invocation
-    resumed after (0: it started the run), so that its times are told apart from the whole run's."""
-    if not rows:
-        return f"no rounds completed; run directory: {run_dir}"
-    last = rows[-1]
-    lines = [("rounds", str(last["round"]))]
-    accs = [r for r in rows if r.get("acc_mean") is not None]
-    if accs:
-        best = max(accs, key=lambda r: r["acc_mean"])
-        lines.append(("best acc_mean", f"{best['acc_mean']:.4f} (round {best['round']})"))
-        lines.append(("final acc_mean", f"{accs[-1]['acc_mean']:.4f}"))
-    globs = [r for r in rows if r.get("acc_global") is not None]
-    if globs:
-        best = max(globs, key=lambda r: r["acc_global"])
-        lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
-    lines.append(("bytes up / down",
-                  f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
-    per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
-    mine = [r for r in rows if r["round"] > resumed_after]
-    if elapsed is None:
-        lines.append(("wall time", f"{last['wall_s_total']:.1f}s ({per_round})"))
-    elif resumed_after and mine:
-        lines.append(("wall time", f"{elapsed:.1f}s from launch to the end of this resume "
-                                   f"({sum(r['wall_s'] for r in mine):.1f}s in its {len(mine)} rounds)"))
-        lines.append(("whole run", f"{last['wall_s_total']:.1f}s in all {last['round']} rounds ({per_round})"))
-    else:
-        lines.append(("wall time", f"{elapsed:.1f}s from launch to the end ({last['wall_s_total']:.1f}s in rounds, "
-                                   f"{per_round})"))
-    course = curriculum_line(rows)
-    if course:
-        lines.append(("curriculum p", course))
-    lines.append(("run directory", str(run_dir)))
-    lines.append(("tensorboard", f"tensorboard --logdir {run_dir}"))
-    width = max(len(k) for k, _ in lines)
-    bar = "-" * (width + 2 + max(len(v) for _, v in lines))
-    return "\n".join([bar] + [f"{k:<{width}}  {v}" for k, v in lines] + [bar])
-
-
-def curriculum_line(rows: list[dict]) -> str:
-    """What UNIDEAL's ``p`` is and how it moved, in one line ("" for a run without ``p_epochs``)."""
-    runs = [r["p_epochs"] for r in rows if isinstance(r.get("p_epochs"), list) and r["p_epochs"]]
-    if not runs:
-        return ""
-    what = "share of each batch distilled from the global head, easiest samples first"
-    first, last = runs[0], runs[-1]
-    if len(last) > 1 and last[0] != last[-1]:
-        return f"{what}: {last[0]:.2f} -> {last[-1]:.2f} over each round's {len(last)} local epochs"
-    if first[-1] != last[-1]:
-        return f"{what}: {first[-1]:.2f} in round {rows[0]['round']} -> {last[-1]:.2f} in round {rows[-1]['round']}"
-    return f"{what}: {last[-1]:.2f} throughout (the curriculum does not move)"
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60:02d}:{rest % 60:02d}"
-
-
-class ProgressLine:
-    """``format_round`` plus the time since this invocation started and an ETA from its mean round time."""
-
-    def __init__(self, rounds: int):
-        self.rounds = rounds
-        self.t0: Optional[float] = None
-        self.first = 0
-
-    def start(self, after_round: int = 0) -> None:
-        import time
-
-        self.t0, self.first = time.monotonic(), after_round
-
-    def format(self, m: dict) -> str:
-        import time
-
-        if self.t0 is None:
-            self.start(m["round"] - 1)
-        elapsed = time.monotonic() - self.t0
-        done = max(1, m["round"] - self.first)
-        eta = elapsed / done * max(0, self.rounds - m["round"])
-        return f"{format_round(m, self.rounds)}  [{_clock(elapsed)} elapsed, eta {_clock(eta)}]"
-
-
-class LiveRound:
-    """On a terminal, a line under the round lines that shows the running round's progress (clients trained of
-    sampled, then evaluated), redrawn in place about once a second by a background thread that asks the driver."""
-
-    def __init__(self, rounds: int, stream: Any = None, every_s: float = 1.0):
-        import sys
-        import threading
-
-        self.rounds, self.every_s = rounds, every_s
-        self.stream = stream or sys.stderr
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
-        self._shown = False
-
-    def start(self, control: Any) -> None:
-        """Poll ``control.progress()`` (a ``raysim.engine.runner.RunControl``) in a background thread."""
-        import threading
-
-        def poll() -> None:
-            while not self._stop.wait(self.every_s):
-                try:
-                    rnd, done, total, kind = control.progress(timeout=5)
-                except Exception:  # noqa: BLE001 - the run is ending or the driver is busy: skip a redraw
-                    continue
-                if total and rnd <= self.rounds:
-                    what = {"train": "clients trained", "evaluate": "evaluation chunks done"}.get(kind, "server steps")
-                    self.show(f"  round {rnd}/{self.rounds}: {done}/{total} {what}")
-
-        self._thread = threading.Thread(target=poll, daemon=True, name="raysim-live-round")
-        self._thread.start()
-
-    def show(self, text: str) -> None:
-        with self._lock:
-            if self._stop.is_set():
-                return
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
-            self._shown = True
-
-    def clear(self) -> None:
-        """Call before printing a round line, so the live line never mixes with it."""
-        with self._lock:
-            if self._shown:
-                self.stream.write("\r\033[K")
-                self.stream.flush()
-                self._shown = False
-
-    def stop(self) -> None:
-        """Stop polling (call it after the last round, while Ray is still up) and erase the live line."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=6)
-        with self._lock:
-            if self._shown:
-                self.stream.write("\r\033[K")
-                self.stream.flush()
-                self._shown = False

@@ -1,43 +1,67 @@
 """What TensorBoard gets besides a run's scalars: HParams and a custom-scalars layout.
 
-HParams hold the run's resolved config (so ``tensorboard --logdir runs/`` compares any runs, not only sweep trials;
-a sweep later replaces a trial's HParams with its searched keys and best metric, :func:`write_hparams`). The
-custom-scalars layout puts accuracy on one page beside the charts the algorithm declares
-(``Algorithm.tensorboard_charts``: FAPD's curriculum dimension, UNIDEAL's distilled share).
+HParams hold the run's whole resolved config, for every run, seed and sweep trial alike (a sweep adds a trial's best
+metric when it ends, :func:`write_hparams`), so ``tensorboard --logdir runs/`` compares any runs. No run writes an
+HParams *experiment* (the list of columns): TensorBoard then takes the columns from all the runs it reads, marks the
+keys whose values differ between them and lists those first (``algorithm.name`` and ``seed`` in a comparison of
+two methods over seeds), where one run's experiment would have fixed the columns to that run's keys, in name order.
+The custom-scalars layout puts the charts the algorithm declares (``Algorithm.tensorboard_charts``: FAPD's
+curriculum dimension, UNIDEAL's distilled share) first on one page, then accuracy, loss and traffic.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from raysim.config import ExperimentConfig, to_flat_dict
+from raysim.runlog import CURRICULUM_GROUP
 
 
 def run_hparams(cfg: ExperimentConfig) -> dict[str, Any]:
     """The flat config minus where it was written; lists become strings (HParams takes scalars only)."""
-    out = {}
-    for key, value in to_flat_dict(cfg).items():
-        if key in ("log.dir",) or value is None:
-            continue
-        out[key] = value if isinstance(value, (int, float, str, bool)) else str(value)
-    return out
+    return _scalars(to_flat_dict(cfg))
+
+
+def _scalars(flat: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value if isinstance(value, (int, float, str, bool)) else str(value)
+            for key, value in flat.items() if key != "log.dir" and value is not None}
+
+
+def saved_hparams(run_dir: Path) -> Optional[dict[str, Any]]:
+    """HParams of the config a run directory holds (``config.yaml``, resolved when the run started), as
+    :func:`run_hparams` gives them; None when it has none or its config switched TensorBoard off."""
+    import yaml
+
+    from raysim.config import flatten_dict
+
+    try:
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(raw, dict) or (raw.get("log") or {}).get("tensorboard") is False:
+        return None
+    return _scalars(flatten_dict(raw))
 
 
 def anchored(regex: str) -> str:
     """A custom-scalars tag regex that matches whole tags only: TensorBoard searches each regex anywhere in a tag, so
-    ``comm/bytes_up`` would also chart ``comm/bytes_up_total``."""
+    ``comm/bytes_up`` would also chart ``comm/bytes_up_total``. A regex for ``curriculum/...`` names the tag as it is
+    written, ``Curriculum/...`` (``raysim.runlog.tb_tag``)."""
     core = regex[1:] if regex.startswith("^") else regex
     core = core[:-1] if core.endswith("$") and not core.endswith("\\$") else core
+    if core.lower().startswith(CURRICULUM_GROUP.lower()):
+        core = CURRICULUM_GROUP + core[len(CURRICULUM_GROUP):]
     return f"^{core}$"
 
 
 def layout(charts: Mapping[str, Sequence[str]] = {}) -> dict:  # noqa: B006 - read only
-    """The custom-scalars page: accuracy, then ``charts`` (title -> tag regexes, one multi-line chart each: the
-    curriculum), loss and its parts, bytes per round. Every regex is anchored (:func:`anchored`), so a chart holds
-    only the tags it names (per-round bytes, never the cumulative ``_total`` tags)."""
-    page = {"accuracy": ["Multiline", [r"^acc/mean$", r"^acc/global$"]]}
-    page.update({title: ["Multiline", [anchored(t) for t in tags]] for title, tags in charts.items()})
+    """The custom-scalars page: ``charts`` first (title -> tag regexes, one multi-line chart each: the curriculum,
+    what the algorithm is about), then accuracy, loss and its parts, bytes per round. Every regex is anchored
+    (:func:`anchored`), so a chart holds only the tags it names (per-round bytes, never the cumulative ``_total``
+    tags)."""
+    page = {title: ["Multiline", [anchored(t) for t in tags]] for title, tags in charts.items()}
+    page["accuracy"] = ["Multiline", [r"^acc/mean$", r"^acc/global$"]]
     page["loss and its parts"] = ["Multiline", [r"^loss/.*$"]]
     page["bytes per round"] = ["Multiline", [r"^comm/bytes_up$", r"^comm/bytes_down$"]]
     return {"raysim": page}
@@ -62,8 +86,9 @@ def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
     """TensorBoard HParams for one run or trial, in its run directory: ``tensorboard --logdir SWEEP_DIR`` compares
     trials.
 
-    Besides the given summary metrics, the run's own ``acc/mean`` / ``acc/global`` curves are listed as metrics.
-    A rewrite (after --resume) replaces the earlier HParams file.
+    Writes the session's start (its hparams) and end, never an experiment (see the module's docstring): TensorBoard
+    lists the runs' scalars as the metrics, the given summary ``metrics`` among them. A rewrite (after --resume, or
+    a sweep's end) replaces the earlier HParams file.
     """
     if not run_dir.is_dir() or not hparams:
         return
@@ -75,12 +100,11 @@ def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
     clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
              if v is not None}
     values = {k: float(v) for k, v in metrics.items() if v is not None}
-    names = {**values, "acc/mean": 0.0, "acc/global": 0.0}
-    exp, ssi, sei = hparams_summary(clean, names)
+    _, ssi, sei = hparams_summary(clean, {})
     writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
     try:
         fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
-        for summary in (exp, ssi, sei):
+        for summary in (ssi, sei):  # no experiment: TensorBoard builds it from every run, differing keys first
             fw.add_summary(summary)
         for key, value in values.items():
             writer.add_scalar(key, value, 0)

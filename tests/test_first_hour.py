@@ -43,10 +43,12 @@ def test_demo_shows_p_moving_within_each_round(curriculum_run):
     line = dict((s.strip() for s in part.split("  ", 1)) for part in table)
     assert line["curriculum p"] == ("share of each batch distilled from the global head, easiest samples first: "
                                     "0.25 -> 1.00 over each round's 3 local epochs")
-    # one point per local epoch at step (round - 1) * 3 + epoch, both rounds (round 1's survived the resume)
-    assert _scalars(curriculum_run, "curriculum/p_epoch") == [(1, 0.25), (2, 0.625), (3, 1.0), (4, 0.25),
-                                                               (5, 0.625), (6, 1.0)]
-    assert [s for s, _ in _scalars(curriculum_run, "curriculum/p")] == [1, 2]
+    # 100 steps a round, each of the 3 local epochs held over 33 of them (steps 1-33, 34-66, 67-99 in round 1,
+    # 101-133 ... in round 2), both rounds (round 1's survived the resume's purge from step 2)
+    epochs = [(s, v) for r in (0, 100) for e, v in enumerate((0.25, 0.625, 1.0)) for s in range(r + 33 * e + 1,
+                                                                                               r + 33 * e + 34)]
+    assert _scalars(curriculum_run, "Curriculum/p_epoch") == epochs and len(epochs) == 198
+    assert [s for s, _ in _scalars(curriculum_run, "Curriculum/p")] == [1, 2]
 
 
 def test_report_plots_p_per_local_epoch(curriculum_run, tmp_path):

@@ -49,7 +49,7 @@ class FAPD(Algorithm):
     # engine.vectorize: the losses read the shared projection, the teacher features by each client's own sample
     # indices (ctx.sample_idx, per client under vmap) and per-process constants
     vectorizable = True
-    tensorboard_charts = {"curriculum k": ["curriculum/k"]}  # the curriculum dimension beside accuracy
+    tensorboard_charts = {"curriculum k": ["Curriculum/k"]}  # the curriculum dimension beside accuracy
     upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
 
     # ------------------------------------------------------------------ driver: data, teacher, PCA

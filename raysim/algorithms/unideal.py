@@ -35,8 +35,8 @@ class Unideal(Algorithm):
     averages_models = True  # asynchronous.mode: the server step is the head average (FedAvg's, on the head)
     upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
     # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)
-    tensorboard_charts = {"curriculum p per local epoch": [r"^curriculum/p_epoch$"],
-                          "curriculum p per round (mean)": [r"^curriculum/p$"]}
+    tensorboard_charts = {"curriculum p per local epoch": [r"^Curriculum/p_epoch$"],
+                          "curriculum p per round (mean)": [r"^Curriculum/p$"]}
 
     # ------------------------------------------------------------------ the curriculum
     def fraction(self, ctx: ClientContext) -> float:
@@ -74,10 +74,10 @@ class Unideal(Algorithm):
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
     def on_round_end(self, round: int, metrics: dict, server_state: dict) -> dict[str, Any]:
-        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: curriculum/p), and
+        """``p``: the round's distilled share, averaged over its local epochs (TensorBoard: Curriculum/p), and
         ``p_epochs``: its value in each local epoch, first to last (the schedule is a pure function of the epoch and
-        the round, so the driver computes what every client used; TensorBoard: curriculum/p_epoch, one point per
-        local epoch, and the console's ``p start→end``)."""
+        the round, so the driver computes what every client used; TensorBoard: Curriculum/p_epoch, each local
+        epoch's value held over its share of the round's 100 steps, and the console's ``p start→end``)."""
         n = self.cfg.train.local_epochs
         ps = [float(self.fraction(ClientContext(client_id=-1, round=round, total_rounds=self.cfg.rounds, epoch=e,
                                                 num_epochs=n, payload={}))) for e in range(n)]

@@ -40,12 +40,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from raysim.engine.backend import starts_local_ray
     from raysim.engine.runner import already_complete, run_experiment
-    from raysim.runlog import LiveRound, ProgressLine, read_metrics, summary_table
+    from raysim.console import LiveRound, ProgressLine, describe_mode, privacy_delta, summary_table
+    from raysim.runlog import read_metrics
 
     if args.resume:
         done = already_complete(run_dir, cfg)
         if done is not None:
-            print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir))
+            print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, cfg=cfg))
             print(f"raysim: {run_dir} is already complete ({counted(done, 'round')} run, rounds={cfg.rounds}); "
                   f"nothing to run. "
                   f"To continue it, add rounds=N with N > {done}: raysim run --resume {run_dir} rounds={2 * done}",
@@ -55,7 +56,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.tracking import RunTracker
 
     tracker = RunTracker(cfg)  # a tracking extra that is not installed: one line, before anything starts
-    line = ProgressLine(cfg.rounds)
+    line = ProgressLine(cfg.rounds, delta=privacy_delta(cfg))
     live = LiveRound(cfg.rounds) if (not args.quiet and cfg.log.progress and sys.stderr.isatty()) else None
 
     resumed_after = [0]
@@ -77,9 +78,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _RUN_DIR[:] = [run_dir]
         resumed_after[0] = start_round
         what = f"resuming {run_dir} after round {start_round}" if start_round else f"run directory {run_dir}"
-        where = _where(cfg)
+        mode = describe_mode(cfg)  # the asynchronous mode, the simulated clock, privacy
         print(f"raysim: {cfg.name}: {cfg.algorithm.name} on {cfg.data.name}, {cfg.clients.num} clients, "
-              f"{where}; {what}", flush=True)
+              f"{mode + ', ' if mode else ''}{_where(cfg)}; {what}", flush=True)
 
     def on_round(m: dict) -> None:
         tracker.log(m)
@@ -110,7 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             live.stop()
         tracker.close(status)
     print(summary_table(read_metrics(run_dir / "metrics.jsonl"), run_dir, elapsed=time.perf_counter() - _LAUNCHED,
-                        resumed_after=resumed_after[0]))
+                        resumed_after=resumed_after[0], cfg=cfg))
     if stopped:
         how = "stopped by SIGTERM" if interrupts.terminated() else "interrupted"
         print(f"raysim: {how}{_resume_hint(None, say_round=True)}", file=sys.stderr)

@@ -37,8 +37,8 @@ class _Progress:
 
             if "loss" in result and "bytes_up" in result:
                 line = format_round({k: result.get(k) for k in (
-                    "round", "acc_mean", "acc_global", "loss", "k", "p", "p_epochs", "bytes_up", "bytes_down",
-                    "wall_s")
+                    "round", "acc_mean", "acc_global", "loss", "k", "p", "p_epochs", "attack/asr", "epsilon",
+                    "dpsgd/epsilon_max", "bytes_up", "bytes_down", "wall_s", "sim_time_s", "round_sim_s")
                     if k in result}, self.rounds)
                 print(f"[{self.label(trial)}] {line}", flush=True)
 

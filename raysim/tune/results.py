@@ -17,7 +17,7 @@ from raysim.config import load_config, to_yaml
 from raysim.fsutil import atomic_write_text
 from raysim.runlog import quiet_logger
 from raysim.tables import markdown_table, metric_cell, short_value
-from raysim.tboard import write_hparams
+from raysim.tboard import saved_hparams, write_hparams
 from raysim.tune.spec import SweepSpec
 from raysim.tune.trials import ERROR_FILE
 
@@ -154,9 +154,11 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
     write_atomically(sweep_dir / "results.md", "\n".join(header + [table]) + "\n")
     if best:
         write_best_config(spec, best, sweep_dir / "best.yaml")
-    for row in rows:
-        write_hparams(Path(row["run_dir"]), {k: row[k] for k in spec.space},
-                      {f"hparams/best_{spec.metric}": row[f"best_{spec.metric}"]})
+    for row in rows:  # the trial's whole config (the searched keys as Tune chose them), and its best metric
+        hparams = saved_hparams(Path(row["run_dir"]))
+        if hparams is not None:
+            write_hparams(Path(row["run_dir"]), {**hparams, **{k: row[k] for k in spec.space}},
+                          {f"hparams/best_{spec.metric}": row[f"best_{spec.metric}"]})
     return SweepResult(sweep_dir=sweep_dir, rows=rows, best=best, table_md=table)
 
 

@@ -30,17 +30,18 @@ def test_every_run_writes_hparams_loss_parts_and_curriculum_layout(unideal_run):
     acc = EventAccumulator(str(result.run_dir))
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
-    assert {"loss/train", "loss/ce", "loss/clkd", "curriculum/p"} <= scalars
+    assert {"loss/train", "loss/ce", "loss/clkd", "Curriculum/p", "Curriculum/p_epoch"} <= scalars
     hp = EventAccumulator(str(next(result.run_dir.glob("events.out.tfevents.*.hparams"))))
     hp.Reload()
-    assert hp.PluginTagToContent("hparams")
+    assert hp.PluginTagToContent("hparams").keys() == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     lay = EventAccumulator(str(next(result.run_dir.glob("events.out.tfevents.*.layout"))))
     lay.Reload()
     content = lay.Tensors(cs_metadata.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0]
     layout = layout_pb2.Layout.FromString(content)
     charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
     assert charts["accuracy"] == ["^acc/mean$", "^acc/global$"]
-    assert charts["curriculum p per local epoch"] == ["^curriculum/p_epoch$"]
+    assert charts["curriculum p per local epoch"] == ["^Curriculum/p_epoch$"]
+    assert [c.title for cat in layout.category for c in cat.chart][0] == "curriculum p per local epoch"
 
 
 def test_live_round_line_shows_clients_done_and_clears():
