@@ -80,9 +80,9 @@ def column_tests(best: Any, others: list[Any], alpha: float, mode: str = "max") 
 
 
 def final_value(rows: list[dict], metric: str) -> Optional[float]:
-    """The metric at the last round that has it (the last evaluation)."""
-    values = [r[metric] for r in rows if r.get(metric) is not None]
-    return values[-1] if values else None
+    """The metric at the last round that has it (the last evaluation): the highest round, whatever the rows' order."""
+    values = [(r["round"], r[metric]) for r in rows if r.get(metric) is not None]
+    return max(values, key=lambda rv: rv[0])[1] if values else None
 
 
 def mean_std(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
@@ -101,7 +101,7 @@ def client_spread(run_dir: Path) -> Optional[dict[str, float]]:
     rows = read_metrics(run_dir / CLIENT_METRICS, warn=warn_stderr)
     if not rows:
         return None
-    last = rows[-1]
+    last = max(rows, key=lambda r: r["round"] if isinstance(r["round"], int) else -1)  # whatever the lines' order
     acc = np.sort(np.asarray(last["acc"], dtype=np.float64))
     worst = max(1, math.ceil(WORST_SHARE * len(acc)))
     return {"round": last["round"], "clients": len(acc), "mean": float(acc.mean()), "std": float(acc.std()),

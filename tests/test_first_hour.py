@@ -109,7 +109,7 @@ def test_report_labels_name_only_what_differs_and_rounds_do_not_split(tmp_path):
     assert any("different numbers of rounds (3, 4)" in n for n in report.notes)
     specs.append(("p2", "t", ["algorithm.name=fedprox", "algorithm.mu=0.01"], 0, 0.5))
     report = make_report([_runs(tmp_path / "more", specs)], tmp_path / "out2", plots=False)
-    assert report.methods == ["fapd", "fedavg", "fedprox (mu=0.01)", "fedprox (mu=0.1)"]
+    assert report.methods == ["fapd", "fedavg", "fedprox (algorithm.mu=0.01)", "fedprox (algorithm.mu=0.1)"]
 
 
 # ---------------------------------------------------------------------------------------------- discovery

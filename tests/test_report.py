@@ -85,21 +85,22 @@ def test_report_means_stds_and_paired_p_values(runs, tmp_path):
     assert len(find_runs([runs])) == 12
     report = make_report([runs], tmp_path / "out")
     assert report.methods == ["fedavg", "local"]
-    assert set(report.settings) == {"partition=iid", "partition=dirichlet"}
+    assert set(report.settings) == {"data.partition=iid", "data.partition=dirichlet"}
     assert len(report.groups) == 4  # seeds (and engine/name/log keys) do not split groups
     for (algorithm, partition), values in BEST.items():
-        g = report.group(algorithm, f"partition={partition}")
+        g = report.group(algorithm, f"data.partition={partition}")
         assert sorted(g.values) == pytest.approx(sorted(values))
         mean = sum(values) / 3
         assert g.mean == pytest.approx(mean)
         assert g.std == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 2))
-    best_iid, local_iid = report.group("fedavg", "partition=iid"), report.group("local", "partition=iid")
+    best_iid, local_iid = report.group("fedavg", "data.partition=iid"), report.group("local", "data.partition=iid")
     assert best_iid.is_best and not best_iid.beaten
     # both methods ran seeds 0, 1, 2: the paired test; one comparison per column, so Holm leaves p as it is
     assert local_iid.test == "paired"
     assert local_iid.p_vs_best == pytest.approx(paired_p(BEST[("fedavg", "iid")], BEST[("local", "iid")]), rel=1e-9)
     assert local_iid.p_adjusted == local_iid.p_vs_best < 0.01 and local_iid.beaten
-    best_dir, local_dir = report.group("fedavg", "partition=dirichlet"), report.group("local", "partition=dirichlet")
+    best_dir = report.group("fedavg", "data.partition=dirichlet")
+    local_dir = report.group("local", "data.partition=dirichlet")
     assert best_dir.is_best
     assert local_dir.p_vs_best == pytest.approx(paired_p(BEST[("fedavg", "dirichlet")], BEST[("local", "dirichlet")]))
     assert local_dir.p_vs_best > 0.01 and not local_dir.beaten
@@ -109,22 +110,23 @@ def test_report_means_stds_and_paired_p_values(runs, tmp_path):
     table = list(csv.reader(open(tmp_path / "out" / "table.csv")))
     header = table[0]
     local_row = dict(zip(header, next(r for r in table if r[0] == "local")))
-    assert local_row["partition=iid"] == "55.00 ± 5.00*" and local_row["partition=dirichlet"] == "71.00 ± 2.00"
+    assert local_row["data.partition=iid"] == "55.00 ± 5.00*"
+    assert local_row["data.partition=dirichlet"] == "71.00 ± 2.00"
     summary = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
-    row = next(r for r in summary if r["method"] == "local" and r["setting"] == "partition=iid")
+    row = next(r for r in summary if r["method"] == "local" and r["setting"] == "data.partition=iid")
     assert float(row["p_vs_best"]) == pytest.approx(local_iid.p_vs_best, rel=1e-5) and row["n"] == "3"
     assert row["test"] == "paired" and float(row["p_holm"]) == pytest.approx(local_iid.p_vs_best, rel=1e-5)
     # every run ends one point below its best
     assert float(row["final_mean"]) == pytest.approx(sum(BEST[("local", "iid")]) / 3 - 0.01)
     final = {r[0]: r[1:] for r in csv.reader(open(tmp_path / "out" / "final_table.csv"))}
-    assert final["method"] == header[1:] and final["local"][header.index("partition=iid") - 1] == "54.00 ± 5.00"
+    assert final["method"] == header[1:] and final["local"][header.index("data.partition=iid") - 1] == "54.00 ± 5.00"
     assert "## Final-round `acc_mean`" in md and "54.00 ± 5.00" in md
 
 
 def test_report_communication_to_target(runs, tmp_path):
     make_report([runs], tmp_path / "out", target=0.72, plots=False)
     rows = {(r["method"], r["setting"]): r for r in csv.DictReader(open(tmp_path / "out" / "comm.csv"))}
-    fedavg = rows[("fedavg", "partition=iid")]
+    fedavg = rows[("fedavg", "data.partition=iid")]
     assert float(fedavg["bytes_up_per_round"]) == 1000 and float(fedavg["bytes_down_per_round"]) == 2000
     assert float(fedavg["wall_s_per_round_median"]) == 1.0
     assert fedavg["reached"] == "3"
@@ -132,16 +134,16 @@ def test_report_communication_to_target(runs, tmp_path):
     assert float(fedavg["mb_to_target_mean"]) == pytest.approx(2 * 3000 / 1e6)
     assert float(fedavg["wall_s_to_target_mean"]) == 2.0
     # fedavg/dirichlet peaks at 0.70, 0.72, 0.74: two of three seeds reach 0.72, both at round 2
-    assert rows[("fedavg", "partition=dirichlet")]["reached"] == "2"
+    assert rows[("fedavg", "data.partition=dirichlet")]["reached"] == "2"
     # local/iid never reaches 0.72
-    assert rows[("local", "partition=iid")]["reached"] == "0"
-    assert rows[("local", "partition=iid")]["mb_to_target_mean"] == ""
+    assert rows[("local", "data.partition=iid")]["reached"] == "0"
+    assert rows[("local", "data.partition=iid")]["mb_to_target_mean"] == ""
 
 
 def test_report_acc_global_skips_methods_without_a_global_model(runs, tmp_path):
     report = make_report([runs], tmp_path / "out", metric="acc_global", plots=False)
-    assert report.group("fedavg", "partition=iid").mean == pytest.approx(0.87)
-    assert report.group("local", "partition=iid").mean is None
+    assert report.group("fedavg", "data.partition=iid").mean == pytest.approx(0.87)
+    assert report.group("local", "data.partition=iid").mean is None
     assert "| local " in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -175,7 +177,7 @@ def test_report_cli_metric_acc_weighted_and_columns(runs, tmp_path, capsys):
     assert main(["report", str(runs), "--metric", "acc_weighted", "--no-plots", "--out", str(tmp_path / "w")]) == 0
     assert "acc_weighted" in capsys.readouterr().out
     rows = {r[0]: r[1:] for r in csv.reader(open(tmp_path / "w" / "table.csv"))}
-    assert rows["method"] == ["partition=dirichlet", "partition=iid"]
+    assert rows["method"] == ["data.partition=dirichlet", "data.partition=iid"]
     assert rows["fedavg"] == ["70.00 ± 2.00", "90.00 ± 2.00"]
     assert [v.rstrip("*") for v in rows["local"]] == ["69.00 ± 2.00", "53.00 ± 5.00"]
     # --columns with a prefix that no varying key has: one column, the partition moves into the rows
@@ -183,11 +185,12 @@ def test_report_cli_metric_acc_weighted_and_columns(runs, tmp_path, capsys):
     rows = {r[0]: r[1:] for r in csv.reader(open(tmp_path / "c" / "table.csv"))}
     assert rows["method"] == ["sklearn_digits"]
     assert {k: v[0].rstrip("*") for k, v in rows.items() if k != "method"} == {
-        "fedavg (partition=dirichlet)": "72.00 ± 2.00", "fedavg (partition=iid)": "92.00 ± 2.00",
-        "local (partition=dirichlet)": "71.00 ± 2.00", "local (partition=iid)": "55.00 ± 5.00"}
+        "fedavg (data.partition=dirichlet)": "72.00 ± 2.00", "fedavg (data.partition=iid)": "92.00 ± 2.00",
+        "local (data.partition=dirichlet)": "71.00 ± 2.00", "local (data.partition=iid)": "55.00 ± 5.00"}
     # --columns algorithm.: the methods become the columns
     assert main(["report", str(runs), "--columns", "algorithm.", "--no-plots", "--out", str(tmp_path / "a")]) == 0
-    assert next(csv.reader(open(tmp_path / "a" / "table.csv"))) == ["method", "name=fedavg", "name=local"]
+    assert next(csv.reader(open(tmp_path / "a" / "table.csv"))) == ["method", "algorithm.name=fedavg",
+                                                                      "algorithm.name=local"]
 
 
 def test_report_from_python(runs, tmp_path):
@@ -211,9 +214,12 @@ def test_report_errors_are_one_line(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_many_differing_keys_get_short_labels_a_key_table_and_no_empty_k_panel(tmp_path, recwarn):
-    """Runs differing in several method keys: plots use `<algorithm>-<n>` labels explained in report.md; a setting
-    where no run logs k gets no k panel; matplotlib does not warn about the layout."""
+def test_many_differing_keys_are_named_in_full_in_the_legends_and_no_empty_k_panel(tmp_path, recwarn):
+    """Runs differing in several method keys: the legends name them by their config names, wrapped, so a plot reads
+    alone (they once read fedavg-1 ... fedavg-3, explained only in report.md); a setting where no run logs k gets no
+    k panel; matplotlib does not warn about the layout."""
+    from raysim.report import plot_labels
+
     import matplotlib.image
 
     root = tmp_path / "many"
@@ -227,7 +233,9 @@ def test_many_differing_keys_get_short_labels_a_key_table_and_no_empty_k_panel(t
     report = make_report([root], tmp_path / "out")
     assert not [w for w in recwarn if "layout" in str(w.message).lower()]
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "## Plot labels" in md and "| fedavg-1 " in md and "lr=0.05, momentum=0.9" in md
+    assert "## Plot labels" not in md and "fedavg-1" not in md
+    label = plot_labels(report)["fedavg (train.lr=0.05, train.momentum=0.9, train.weight_decay=0.001)"]
+    assert label == "fedavg (train.lr=0.05, train.momentum=0.9,\ntrain.weight_decay=0.001)"  # whole, wrapped
     k_png = matplotlib.image.imread(tmp_path / "out" / "k_vs_round.png")
     acc_png = matplotlib.image.imread(tmp_path / "out" / "acc_vs_round.png")
     assert k_png.shape[1] < 0.7 * acc_png.shape[1]  # one panel (iid, where fedavg logged k), not two
@@ -254,8 +262,8 @@ def test_report_puts_every_method_of_a_table_in_one_table_by_name(tmp_path):
         ("digits", "fedavg"): ("digits-fedavg", ["algorithm.name=fedavg"], 0.90),
         ("digits", "moon"): ("digits-moon", ["algorithm.name=moon", "algorithm.mu=5"], 0.80),
         ("digits", "fapd-nadpt"): ("digits-fapd-nadpt", ["algorithm.name=fapd", "algorithm.curriculum=fixed"], 0.70),
-        ("digits", "fedprox (lr=0.1)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.1"], 0.60),
-        ("digits", "fedprox (lr=0.01)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.01"], 0.50),
+        ("digits", "fedprox (train.lr=0.1)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.1"], 0.60),
+        ("digits", "fedprox (train.lr=0.01)"): ("digits-fedprox", ["algorithm.name=fedprox", "train.lr=0.01"], 0.50),
         ("cifar10", "fedavg"): ("cifar10-fedavg", ["algorithm.name=fedavg", *cifar], 0.40),
         ("cifar10", "moon"): ("cifar10-moon", ["algorithm.name=moon", "algorithm.mu=5", *cifar], 0.45),
     }
@@ -454,9 +462,57 @@ def test_report_any_metric_with_its_direction(runs, tmp_path, capsys):
     assert "best loss, mean ± std over seeds (best: the lowest)" in out
     assert "0.3333 ± 0" in out  # each run's lowest loss is its third round's 1/3
     report = make_report([runs], tmp_path / "o2", metric="loss", target=0.6, plots=False)
-    assert report.mode == "min" and report.group("fedavg", "partition=iid").mean == pytest.approx(1 / 3)
-    assert report.group("fedavg", "partition=iid").runs[0].to_target("loss", 0.6, "min")["round"] == 2
+    assert report.mode == "min" and report.group("fedavg", "data.partition=iid").mean == pytest.approx(1 / 3)
+    assert report.group("fedavg", "data.partition=iid").runs[0].to_target("loss", 0.6, "min")["round"] == 2
     assert make_report([runs], tmp_path / "o3", metric="k", plots=False).mode == "max"
+
+
+@pytest.mark.parametrize("metric, mode", [("attack/asr", "min"), ("epsilon", "min"), ("dpsgd/epsilon_max", "min"),
+                                          ("sim_time_s", "min"), ("round_sim_s", "min"), ("wall_s_total", "min"),
+                                          ("loss_ce", "min"), ("loss/kd", "min"), ("bytes_up_total", "min"),
+                                          ("staleness_mean", "min"), ("acc_global", "max"), ("acc_weighted", "max"),
+                                          ("k", "max"), ("p", "max"), ("curriculum/teacher_acc", "max"),
+                                          ("partial", None), ("privacy/clip", None)])
+def test_every_metric_raysim_logs_has_a_direction(metric, mode):
+    """`report --metric attack/asr` gave the mean rule's 0.9969 as its best: round 1's rate, the maximum."""
+    from raysim.report.model import metric_direction
+
+    assert metric_direction(metric) == mode
+
+
+def test_report_of_the_attack_success_rate_picks_the_lowest(tmp_path, capsys):
+    for seed, rates in enumerate(([0.9969, 0.6, 0.4], [0.99, 0.5, 0.45])):
+        run_dir = tmp_path / "runs" / f"s{seed}"
+        write_run(run_dir, "fedavg", "iid", seed, 0.9, workers=1)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({**r, "attack/asr": a}) + "\n"
+                                                       for r, a in zip(rows, rates)))
+    report = make_report([tmp_path / "runs"], tmp_path / "out", metric="attack/asr", plots=False)
+    assert report.mode == "min" and report.groups[0].values == [0.4, 0.45]  # each run's lowest rate
+    report = make_report([tmp_path / "runs"], tmp_path / "out2", metric="loss", plots=False, mode="max")
+    assert report.mode == "max" and not report.notes  # --mode overrides the direction, without a note
+
+
+def test_a_metric_of_unknown_direction_is_said_to_be_taken_as_higher_is_better(tmp_path):
+    run_dir = tmp_path / "runs" / "a"
+    write_run(run_dir, "fedavg", "iid", 0, 0.9, workers=1)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({**r, "my/score": i}) + "\n" for i, r in enumerate(rows)))
+    report = make_report([tmp_path / "runs"], tmp_path / "out", metric="my/score", plots=False)
+    assert report.mode == "max" and any("does not know whether more or less is better" in n for n in report.notes)
+
+
+def test_rounds_out_of_order_end_at_the_highest_round(tmp_path, capsys):
+    """`report` took the last line as the final round even when the rounds were out of order."""
+    run_dir = tmp_path / "runs" / "a"
+    write_run(run_dir, "fedavg", "iid", 0, 0.9, workers=1)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join([lines[2], lines[0], lines[1], lines[0]]) + "\n")
+    report = make_report([tmp_path / "runs"], tmp_path / "out", plots=False)
+    run = report.groups[0].runs[0]
+    assert [r["round"] for r in run.rows] == [1, 2, 3]
+    assert report.groups[0].final_values == [json.loads(lines[2])["acc_mean"]]
+    assert "its rounds are not in order (1 repeated: the last line of each kept)" in capsys.readouterr().err
 
 
 def test_report_metric_no_run_logged_says_why(runs, tmp_path, capsys):

@@ -47,8 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="any numeric metrics.jsonl key to compare: acc_mean (default), acc_global, acc_weighted, "
                              "loss, bytes_up_total, k, p ...")
     report.add_argument("--mode", default="auto", choices=("auto", "max", "min"),
-                        help="whether the metric's best is its maximum or its minimum (auto: min for loss*, bytes* "
-                             "and wall_s*, max for the rest)")
+                        help="whether the metric's best is its maximum or its minimum (auto: the metric's own "
+                             "direction: min for losses, bytes, seconds, epsilon and attack/asr, max for accuracies "
+                             "and the rest)")
     report.add_argument("--target", type=float, default=0.5,
                         help="value of the metric for the rounds / MB / seconds-to-target columns (default 0.5)")
     report.add_argument("--columns", default=",".join(DEFAULT_COLUMNS), metavar="PREFIXES",
@@ -130,7 +131,8 @@ _EXAMPLES = {
     "report": """examples:
   raysim report runs/smoke-best runs/smoke-local --out runs/smoke-report --target 0.6
   raysim report runs/sweeps/smoke-lr --metric acc_global
-  raysim report runs/sweeps/smoke-lr --metric loss          lower is better for loss, bytes and seconds""",
+  raysim report runs/sweeps/smoke-lr --metric loss          lower is better for loss, bytes, seconds, epsilon
+  raysim report runs/robust --metric attack/asr             and an attack's success rate""",
     "config": """examples:
   raysim config show experiments/smoke.yaml rounds=3      the resolved YAML, every key filled in
   raysim config keys                                      common keys (and FedAvg's)

@@ -10,7 +10,7 @@ from typing import Sequence
 from raysim.errors import UserError
 from raysim.report.grouping import _group_runs
 from raysim.report.markdown import _write_markdown
-from raysim.report.model import ALPHA, Group, Report, hashable, ignored, metric_mode
+from raysim.report.model import ALPHA, Group, Report, hashable, ignored, metric_direction, metric_mode
 from raysim.report.plots import _plottable, write_plots, write_target_plot
 from raysim.report.runs import find_runs, load_run
 from raysim.report.scoring import (_warn_missing_metric, _write_comm_csv, _write_summary_csv, _write_table_csv,
@@ -27,10 +27,12 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     (when runs have client_metrics.jsonl) and the PNG plots.
 
     ``metric`` is any numeric key of ``metrics.jsonl``; ``mode`` says whether its best is the maximum or the minimum
-    (``auto``: minimum for losses, bytes and seconds). ``layout`` says how methods (rows) and settings (columns) are
-    found: see the docstring of ``raysim.report``. ``announce``: say on stderr what a searched folder held."""
+    (``auto``: the metric's direction, ``raysim.report.model.metric_direction``: the lowest for losses, traffic,
+    seconds, ε and an attack's success). ``layout`` says how methods (rows) and settings (columns) are found: see the
+    docstring of ``raysim.report``. ``announce``: say on stderr what a searched folder held."""
     if mode not in ("auto", "max", "min"):
         raise UserError(f"--mode must be auto, max or min, got {mode!r}")
+    unknown = mode == "auto" and metric_direction(metric) is None
     mode = metric_mode(metric) if mode == "auto" else mode
     found: list[str] = []
     runs = [load_run(p) for p in find_runs(paths, found=found)]
@@ -45,6 +47,9 @@ def make_report(paths: Sequence[str | Path], out: Path, *, metric: str = "acc_me
     score(groups, metric, alpha, mode)
     _warn_missing_metric(groups, metric)
     notes = group_warnings(groups)
+    if unknown:  # a plugin's metric: say which way its best was taken
+        notes.append(f"--metric {metric}: raysim does not know whether more or less is better; its best is taken as "
+                     f"the highest (--mode min for the lowest)")
     for note in notes:
         warn_stderr(note)
     methods = sorted(dict.fromkeys(g.method for g in groups))

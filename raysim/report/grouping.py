@@ -45,8 +45,8 @@ def _group_runs(runs: list[Run], columns: Sequence[str], layout: str) -> tuple[l
         peers = by_algorithm[hashable(cfg.get("algorithm.name"))]
         own = [k for k in row_keys if not k.startswith("algorithm.")
                or len({hashable(c.get(k)) for c in peers}) > 1]
-        groups.append(Group(method=_method_label(cfg, own, varying),
-                            setting=_setting_label(cfg, col_keys, varying), runs=sorted(members, key=_seed_key)))
+        groups.append(Group(method=_method_label(cfg, own), setting=_setting_label(cfg, col_keys),
+                            runs=sorted(members, key=_seed_key)))
     return groups, "keys"
 
 
@@ -80,19 +80,13 @@ def _label_by_name(buckets: list[list[Run]], named: list[tuple[str, str]], keys:
         if len(clash) > 1:
             differ = [k for k in keys if len({hashable(b[0].config.get(k)) for b in clash}) > 1]
             cfg = members[0].config
-            method += " (" + ", ".join(f"{_short(k, differ)}={_value(cfg.get(k))}" for k in differ) + ")"
+            method += " (" + ", ".join(f"{k}={_value(cfg.get(k))}" for k in differ) + ")"
         groups.append(Group(method=method, setting=setting, runs=sorted(members, key=_seed_key)))
     return groups
 
 
 def _seed_key(run: Run) -> tuple:
     return (str(type(run.seed)), run.seed if run.seed is not None else 0, str(run.path))
-
-
-def _short(key: str, keys: list[str]) -> str:
-    """The key's last segment, unless another varying key shares it."""
-    leaf = key.rsplit(".", 1)[-1]
-    return leaf if sum(k.rsplit(".", 1)[-1] == leaf for k in keys) == 1 else key
 
 
 def _value(value: Any) -> str:
@@ -103,16 +97,18 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def _method_label(cfg: dict, row_keys: list[str], varying: list[str]) -> str:
+def _method_label(cfg: dict, row_keys: list[str]) -> str:
+    """The algorithm's name and, in brackets, the other keys that tell this group from the others, by their config
+    names (``fedavg (asynchronous.concurrency=40, asynchronous.mode=fedbuff)``)."""
     name = _value(cfg.get("algorithm.name", "?"))
-    extra = [f"{_short(k, varying)}={_value(cfg[k])}" for k in row_keys
+    extra = [f"{k}={_value(cfg[k])}" for k in row_keys
              if k != "algorithm.name" and cfg.get(k) is not None]
     return f"{name} ({', '.join(extra)})" if extra else name
 
 
-def _setting_label(cfg: dict, col_keys: list[str], varying: list[str]) -> str:
+def _setting_label(cfg: dict, col_keys: list[str]) -> str:
     named = [k for k in col_keys if cfg.get(k) is not None]  # a key this run's dataset or model does not have
     if not named:
         return _value(cfg.get("data.name", "all"))
-    return ", ".join(f"{_short(k, varying)}={_value(cfg.get(k))}" for k in named)
+    return ", ".join(f"{k}={_value(cfg.get(k))}" for k in named)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from raysim.report.model import ALPHA, Report
-from raysim.report.plots import plot_labels
 from raysim.report.scoring import _ordered, _pm_bytes, comm_stats, has_sim_time, main_table_rows, target_sign
 from raysim.report_stats import MIN_SEEDS, extra_sections, final_table_rows
 from raysim.runlog import human_bytes
@@ -46,10 +45,6 @@ def _write_markdown(report: Report, path: Path, alpha: float) -> Path:
               "Up/down: bytes crossing the network per round (all sampled clients together); bytes to target: "
               "cumulative up + down until the first round at or above the target, over the seeds that reached it; "
               "s to target includes the first round's start-up.", ""]
-    labels = plot_labels(report) if any(n.endswith(".png") for n in report.files) else {}
-    if any(short != method for method, short in labels.items()):
-        lines += ["## Plot labels", "", markdown_table(["label", "method"], [[labels[m], m] for m in report.methods]),
-                  ""]
     for name, title in (("acc_vs_round.png", "Accuracy per round"), ("acc_vs_mb.png", "Accuracy per megabyte"),
                         ("k_vs_round.png", "FAPD curriculum dimension k"),
                         ("p_vs_round.png", "UNIDEAL curriculum share p"),

@@ -9,12 +9,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-# keys that say how, where or how long a run ran, not which method it is: they never split a group ("rounds": a run
-# of 3 rounds and one of 4 are the same method; the report warns when a group mixes lengths)
-IGNORED_PREFIXES = ("seed", "name", "log.", "engine.")
+# keys that say how, where, how long or how often measured a run ran, not which method it is: they never split a
+# group and never name one ("rounds": a run of 3 rounds and one of 4 are the same method, and the report warns when a
+# group mixes lengths; eval.every and eval.chunk, like engine.* and log.*, are keys a --resume may change because
+# they change nothing a run computes)
+IGNORED_PREFIXES = ("seed", "name", "log.", "engine.", "eval.every", "eval.chunk")
 RUN_LENGTH_KEYS = ("rounds",)
-# metrics where less is better (``--mode auto``); every other metric is best at its maximum
-LOWER_IS_BETTER = ("loss", "bytes_", "wall_s")
+# every metric's direction (``--mode auto``): the lowest is best for a cost (losses, traffic, wall-clock and
+# simulated seconds, the privacy spent, an attack's success, staleness, lost clients), the highest for a score
+# (accuracies) and for the curricula's k and p (how far they went); a metric named in neither list is taken as a
+# score, and the report says so
+LOWER_IS_BETTER = ("loss", "bytes_", "wall_s", "sim_time_s", "round_sim_s", "time/", "epsilon", "dpsgd/epsilon",
+                   "attack/asr", "staleness", "dropouts", "late")
+HIGHER_IS_BETTER = ("acc", "hparams/best_acc", "curriculum/teacher_acc", "curriculum/explained_variance")
+CURRICULA = ("k", "p")  # names, not prefixes ("partial" is no curriculum)
 LAYOUTS = ("auto", "name", "keys")
 ALPHA = 0.01
 MB = 1e6
@@ -94,9 +102,19 @@ class Report:
         raise KeyError((method, setting))
 
 
+def metric_direction(metric: str) -> Optional[str]:
+    """"min" (a cost: ``LOWER_IS_BETTER``), "max" (a score: ``HIGHER_IS_BETTER``), or None for a metric raysim does
+    not know (a plugin's own)."""
+    if metric.startswith(LOWER_IS_BETTER):
+        return "min"
+    if metric in CURRICULA or metric.startswith(HIGHER_IS_BETTER):
+        return "max"
+    return None
+
+
 def metric_mode(metric: str) -> str:
-    """``--mode auto``: "min" for losses, traffic and times, "max" for everything else (accuracies, k, p ...)."""
-    return "min" if metric.startswith(LOWER_IS_BETTER) else "max"
+    """``--mode auto``: the metric's direction, "max" for one raysim does not know."""
+    return metric_direction(metric) or "max"
 
 
 def is_percent(metric: str) -> bool:

@@ -9,9 +9,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from raysim.report.model import MB, Report, Run, x_value
+from raysim.report.model import Report, Run, x_value
 from raysim.report.scoring import _ordered, comm_stats, has_sim_time, target_sign
-from raysim.runlog import human_bytes, warn_stderr
+from raysim.runlog import warn_stderr
 
 
 def _curve(runs: list[Run], y: str, x: Optional[str] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -71,21 +71,24 @@ def _plottable(report: Report) -> bool:
     return False
 
 
-LABEL_MAX = 24  # longer method labels become "<algorithm>-<n>" in plots, explained in report.md's key table
+LABEL_WIDTH = 48  # a legend label longer than this wraps onto more lines (its text stays whole)
+CHARS_PER_INCH = 13  # legend text at fontsize 8: about this many characters to the inch
 
 
 def plot_labels(report: Report) -> dict[str, str]:
-    """Method -> the label its curves carry: itself when short, else its algorithm name and a number."""
-    out: dict[str, str] = {}
-    counts: dict[str, int] = {}
-    for method in report.methods:
-        if len(method) <= LABEL_MAX:
-            out[method] = method
-            continue
-        base = method.split(" (", 1)[0][:LABEL_MAX - 3]
-        counts[base] = counts.get(base, 0) + 1
-        out[method] = f"{base}-{counts[base]}"
-    return out
+    """Method -> the label its curves carry: the method itself, the keys that tell it from the others by their config
+    names (``fedavg (asynchronous.concurrency=40, asynchronous.mode=fedbuff)``), wrapped after a comma when long,
+    so that a plot reads alone."""
+    import textwrap
+
+    return {m: "\n".join(textwrap.wrap(m, LABEL_WIDTH, break_long_words=False, break_on_hyphens=False))
+            for m in report.methods}
+
+
+def _legend_columns(labels: list[str], width_in: float) -> int:
+    """As many legend columns (at most 4) as labels of this length fit across ``width_in`` inches."""
+    longest = max((len(line) for label in labels for line in label.splitlines()), default=1)
+    return max(1, min(len(labels), 4, int(width_in * CHARS_PER_INCH // (longest + 6))))
 
 
 def write_plots(report: Report, out: Path) -> dict[str, Path]:
@@ -93,7 +96,8 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
     vs round where UNIDEAL did.
 
     One panel per setting, holding only settings with data (no empty k or p panel for a setting without them); one
-    legend under the panels with short labels (``plot_labels``), each method in the same colour everywhere."""
+    legend under the panels naming each method with the keys that tell it apart (``plot_labels``), each method in the
+    same colour everywhere."""
     import textwrap
 
     import matplotlib
@@ -126,10 +130,12 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
         n = len(settings)
         across, down = min(n, PANELS_PER_ROW), -(-n // PANELS_PER_ROW)
         methods = [m for m in report.methods if any(g.method == m for s in settings for g, _ in curves[s])]
-        ncol = max(1, min(len(methods), int(5.0 * across // 1.6) or 1, 4))
-        rows = -(-len(methods) // ncol)
-        fig, axes = plt.subplots(down, across, figsize=(5.0 * across, 3.6 * down + 0.28 * rows), squeeze=False,
-                                 layout="constrained")
+        seeds = {g.method: len(g.runs) for g in report.groups}
+        texts = [f"{labels[m]} (n={seeds[m]})" for m in methods]
+        ncol = _legend_columns(texts, 5.0 * across)
+        lines = sum(max(t.count("\n") + 1 for t in texts[i:i + ncol]) for i in range(0, len(texts), ncol))
+        fig, axes = plt.subplots(down, across, figsize=(5.0 * across, 3.6 * down + 0.16 * lines + 0.12),
+                                 squeeze=False, layout="constrained")
         for ax in axes.flat[n:]:
             ax.set_visible(False)
         handles = {}
@@ -146,9 +152,8 @@ def write_plots(report: Report, out: Path) -> dict[str, Path]:
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-        seeds = {g.method: len(g.runs) for g in report.groups}
-        fig.legend([handles[m] for m in methods], [f"{labels[m]} (n={seeds[m]})" for m in methods],
-                   loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+        fig.legend([handles[m] for m in methods], texts, loc="outside lower center", ncol=ncol, fontsize=8,
+                   frameon=False)
         fig.savefig(out / name, dpi=110)
         files[name] = out / name
         plt.close(fig)
@@ -182,6 +187,8 @@ def target_figure(report: Report) -> Any:
     settings = [s for s in report.settings if any(c["reached"] for _, c in stats[s])]
     if not settings:
         return None
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,7 +212,7 @@ def target_figure(report: Report) -> Any:
                 continue
             (mb, mb_sd), (sec, sec_sd) = c["mb_to_target"], c["wall_s_to_target"]
             ax.errorbar(mb, sec, xerr=mb_sd, yerr=sec_sd, fmt="o", color=colours[g.method], capsize=3)
-            points.append((mb, sec, f"{labels[g.method]} ({c['reached']}/{c['runs']}, {human_bytes(mb * MB)})"))
+            points.append((mb, sec, f"{labels[g.method]} ({c['reached']}/{c['runs']}, {mb:.3g} MB)"))
         positive = [mb for mb, _, _ in points if mb > 0]
         if len(positive) < len(points):  # a method that sent nothing: 0 on a symmetric-log axis
             ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1.0, linscale=0.5)
@@ -221,7 +228,8 @@ def target_figure(report: Report) -> Any:
         ax.set_title(setting, fontsize=10)
         ax.grid(alpha=0.3)
         if missed:
-            ax.text(0.0, -0.22, "never reached: " + ", ".join(missed), transform=ax.transAxes, fontsize=7, va="top")
+            never = textwrap.fill("never reached: " + "; ".join(m.replace("\n", " ") for m in missed), 90)
+            ax.text(0.0, -0.22, never, transform=ax.transAxes, fontsize=7, va="top")
         placed.append((ax, points))
     fig.canvas.draw()  # final limits: labels in a panel's right third go left of their point
     for ax, points in placed:

@@ -89,7 +89,22 @@ def usable_rows(rows: list[dict], path: Path, warn: Callable[[str], None] = warn
                            for k, v in list(where.items())[:3])
         what = "values that are not finite numbers" if dropped > 1 else "value that is not a finite number"
         warn(f"{path}: dropped {dropped} {what}: {detail}{' ...' if len(where) > 3 else ''}")
-    return kept
+    return in_round_order(kept, path, warn)
+
+
+def in_round_order(rows: list[dict], path: Path, warn: Callable[[str], None] = warn_stderr) -> list[dict]:
+    """The rows by round, one per round (the last line of a round that appears twice): a report's final round is the
+    highest, whatever the order of the lines (an edited or concatenated file); one warning line when they were
+    not in order."""
+    by_round: dict[int, dict] = {}
+    for row in rows:
+        by_round[row["round"]] = row
+    ordered = [by_round[r] for r in sorted(by_round)]
+    if len(ordered) != len(rows) or any(a is not b for a, b in zip(ordered, rows)):
+        repeated = len(rows) - len(ordered)
+        again = f" ({repeated} repeated: the last line of each kept)" if repeated else ""
+        warn(f"{path}: its rounds are not in order{again}; read in round order")
+    return ordered
 
 
 def load_run(path: Path) -> Run:
