@@ -1,4 +1,5 @@
-"""Settings that run but quietly do not mean what they seem: one ``raysim: warning:`` line each on stderr.
+"""Settings that run but quietly do not mean what they seem: one ``raysim: warning:`` line each on stderr (and
+settings that only run slower than they might: one ``raysim: note:`` line each).
 
 ``load_config`` calls :func:`warn_config` on every validated config, so ``raysim run``, ``--seeds`` and Tune trials
 all show them; the checks are pure functions of the config (:func:`config_warnings`) so tests can call them. The
@@ -53,8 +54,22 @@ def vectorize_notices(cfg: Any) -> list[str]:
     return out
 
 
+def config_notes(cfg: Any) -> list[str]:
+    """Of :func:`config_warnings`, those that only say how fast a setting runs, not what it means (clients trained
+    one at a time, uploads not summed where the clients trained): printed as ``raysim: note:``, not as warnings."""
+    from raysim.robust.config import robust_notices
+
+    return vectorize_notices(cfg) + robust_notices(cfg)
+
+
 def warn_config(cfg: Any) -> None:
+    import sys
+
     from raysim.runlog import warn_stderr
 
+    notes = config_notes(cfg)
     for message in config_warnings(cfg):
-        warn_stderr(message)
+        if message in notes:
+            print(f"raysim: note: {message}", file=sys.stderr, flush=True)
+        else:
+            warn_stderr(message)

@@ -75,3 +75,60 @@ def test_tensorboard_is_named_only_where_it_has_events(tmp_path):
 def test_the_summary_takes_the_last_round_whatever_the_order_of_lines(tmp_path):
     table = _table(summary_table([_row(1), _row(3), _row(2)], tmp_path))
     assert table["rounds"] == "3" and table["final acc_mean"] == "0.5300"
+
+
+# ---------------------------------------------------------------------------------------------- the CLI around a run
+def _cli(args: list[str], capsys) -> tuple[int, str, str]:
+    from raysim.cli import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_dp_run_without_tensorboard_prints_epsilon_and_no_tensorboard_line(tmp_path, capsys):
+    from tests.helpers import tiny_overrides
+
+    code, out, err = _cli(["run", *tiny_overrides(tmp_path, clients__num=10, rounds=2), "privacy.enabled=true",
+                           "privacy.noise_multiplier=1.0", "privacy.clip=1.0", "log.tensorboard=false"], capsys)
+    assert code == 0, err
+    assert "DP-FedAvg noise multiplier 1 at δ 0.1, clip 1" in out  # δ = 1 / clients.num
+    rounds = [line for line in out.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 2 and all(" (δ 0.1)  " in line and "  ε " in line for line in rounds)
+    table = _table(out[out.index("\n-"):].strip())
+    assert table["privacy"].startswith("ε ") and " at δ 0.1 after round 2 (noise multiplier 1" in table["privacy"]
+    assert "tensorboard" not in table
+
+
+def test_overwrite_starts_a_run_over_and_refuses_what_is_not_a_run(tmp_path, capsys):
+    from tests.helpers import tiny_overrides
+
+    args = ["run", *tiny_overrides(tmp_path, rounds=1), "log.tensorboard=false", "--quiet"]
+    assert _cli(args, capsys)[0] == 0
+    code, _, err = _cli(args, capsys)
+    assert code == 2 and "start it over with --overwrite" in err
+    code, _, err = _cli([*args, "--overwrite"], capsys)
+    assert code == 0 and f"--overwrite: removed the run in {tmp_path / 'run'}" in err
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    code, _, err = _cli([*args, f"log.dir={other}", "--overwrite"], capsys)
+    assert code == 2 and "is not one (no config.yaml)" in err and (other / "mine.txt").read_text() == "keep"
+    assert _cli(["run", "--resume", str(tmp_path / "run"), "--overwrite"], capsys)[0] == 2
+
+
+def test_a_run_that_fails_in_its_first_round_says_its_directory_is_gone(tmp_path, capsys, monkeypatch):
+    from raysim.engine.driver import Driver
+    from raysim.errors import UserError
+    from tests.helpers import tiny_overrides
+
+    def fail(self):
+        raise UserError("config key 'train.lr': too hot")
+        yield  # a generator, as Driver.run
+
+    monkeypatch.setattr(Driver, "run", fail)
+    code, out, err = _cli(["run", *tiny_overrides(tmp_path), "log.tensorboard=false"], capsys)
+    assert code == 2 and f"run directory {tmp_path / 'run'}" in out and not (tmp_path / "run").exists()
+    assert err.strip().count("\n") == 0  # one line, which says where the announced directory went
+    assert err.startswith("raysim: error: config key 'train.lr': too hot (")
+    assert f"{tmp_path / 'run'} was removed: no round completed" in err

@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. rounds=5 train.lr=0.1")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     run.add_argument("--quiet", action="store_true", help="no per-round lines")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in log.dir: remove the run it holds first (refused for a folder that is not a "
+                          "raysim run directory, and while another process runs in it)")
     run.add_argument("--seeds", metavar="SEEDS",
                      help="run the config once per seed (0-9, 0,3,5 or 0-4,10), in parallel where resources allow, "
                           "each in PARENT/seed-<n> (PARENT = log.dir or runs/<config>-seeds-<time>); "
@@ -91,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                                     epilog=_EXAMPLES["data"], formatter_class=argparse.RawDescriptionHelpFormatter)
     data_show.add_argument("config", nargs="?", help="experiment YAML or a shipped experiment's name")
     data_show.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
-    data_show.add_argument("--out", metavar="PNG", help="the heat map's file (default: ./<name>-partition.png)")
+    data_show.add_argument("--out", metavar="PNG", help="the heat map's file (default: runs/<name>-partition.png)")
     data_show.add_argument("--clients", type=int, default=50, metavar="N",
                            help="print the first N clients (default 50; the heat map shows up to 200)")
 
@@ -122,6 +125,7 @@ _EXAMPLES = {
   raysim run experiments/smoke.yaml
   raysim run experiments/default.yaml rounds=20 train.lr=0.1 log.dir=runs/mine
   raysim run --resume runs/mine                    continue after a crash, Ctrl-C or SIGTERM
+  raysim run experiments/smoke.yaml log.dir=runs/mine --overwrite      start runs/mine over
   raysim run experiments/smoke.yaml --seeds 0-4    five seeds, results.md with mean +- std
   raysim run experiments/default.yaml engine.address=auto engine.num_workers=16   on a running cluster""",
     "tune": """examples:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import raysim.interrupts as interrupts
 from raysim.cli.common import _LAUNCHED, _RUN_DIR, _resume_hint, _split_config_and_overrides, check_resume_overrides
 from raysim.cli.tune import _sweep_outcome
+from raysim.errors import UserError
 from raysim.tables import counted
 
 
@@ -37,6 +39,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     given = [o for o in overrides if not (args.resume and o == f"log.dir={args.resume}")]
     check(cfg, ["raysim", "run", *(["--resume", args.resume] if args.resume else []), *([config] if config else []),
                 *given], data=not args.resume)
+    if args.overwrite:
+        _start_over(cfg, args)
 
     from raysim.engine.backend import starts_local_ray
     from raysim.engine.runner import already_complete, run_experiment
@@ -119,6 +123,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_over(cfg: Any, args: argparse.Namespace) -> None:
+    """``--overwrite``: empty ``log.dir`` of the run it holds, so that this run starts there afresh. Refused for a
+    resume, for a folder that is not one run's directory (no ``config.yaml``, or a seed set's or sweep's), and while
+    another process holds the directory's lock."""
+    from raysim.dirlock import LOCK_NAME, DirLock
+
+    if args.resume:
+        raise UserError("--overwrite starts a run over and --resume continues one: give one of them")
+    if not cfg.log.dir:
+        raise UserError("--overwrite starts over the run in log.dir, and log.dir is not set (without it, every run "
+                        "gets a new directory): add log.dir=DIR")
+    run_dir = Path(cfg.log.dir)
+    entries = sorted(p for p in run_dir.iterdir() if p.name != LOCK_NAME) if run_dir.is_dir() else []
+    if not entries:
+        return
+    if not (run_dir / "config.yaml").is_file() or (run_dir / "sweep.yaml").exists():
+        raise UserError(f"config key 'log.dir': --overwrite removes only a run directory, and {run_dir} is not one "
+                        f"(no config.yaml{', a seed set or sweep' if (run_dir / 'sweep.yaml').exists() else ''}); "
+                        f"choose another log.dir or empty it yourself")
+    with DirLock(run_dir):  # refused at once while another raysim process runs there
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    print(f"raysim: --overwrite: removed the run in {run_dir}", file=sys.stderr, flush=True)
+
+
 def _where(cfg: Any) -> str:
     """Where a run's clients train, and why when the config left ``engine.num_workers`` to raysim."""
     from raysim.engine.backend import choose_backend
@@ -135,6 +167,8 @@ def _is_seeds(args: argparse.Namespace) -> bool:
 
 def _cmd_seeds(args: argparse.Namespace) -> int:
     config, overrides = _split_config_and_overrides(args)
+    if args.overwrite:
+        raise UserError("--overwrite starts one run over; to start a seed set over, remove its directory")
     if args.resume:
         from raysim.tune import run_seeds
 

@@ -90,7 +90,7 @@ def show(cfg: ExperimentConfig, out: Optional[Path] = None, clients: int = 50) -
         raise UserError("--clients: this federation makes each client's data on demand; show at most 10,000")
     shown = label_counts(data, clients)
     plotted = label_counts(data, 200) if is_indexed(data) and len(shown) < min(data.num_clients, 200) else shown
-    out = Path(out) if out else Path(f"{cfg.name}-partition.png")
+    out = Path(out) if out else Path("runs") / f"{cfg.name}-partition.png"  # beside the runs, not in the cwd
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

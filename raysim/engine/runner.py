@@ -68,8 +68,8 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
     try:
         check_no_links(run_dir)
         if (run_dir / "metrics.jsonl").exists() or checkpoint_dir(run_dir).exists():
-            raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir} "
-                            f"or choose another log.dir")
+            raise UserError(f"log.dir {run_dir} already holds a run; continue it with --resume {run_dir}, start it "
+                            f"over with --overwrite, or choose another log.dir")
         _check_writable(run_dir)
         try:
             (run_dir / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, log=dataclasses.replace(
