@@ -45,10 +45,10 @@ TB_TAGS = {
 }
 # system.enabled: these metrics also go to TensorBoard under sim_time/<name>, at steps of simulated seconds
 SIM_TIME_CURVES = ("acc_mean", "acc_global", "acc_weighted", "loss")
-# The curricula's tags are written under "Curriculum/" (k, p, FAPD's curriculum/* metrics): TensorBoard's Time Series,
-# the page it opens on, sorts its groups by name, capitals first, and expands only the first two, so the curriculum
-# is the first thing it shows, above acc/ (metrics.jsonl keeps the names it has)
-CURRICULUM_GROUP = "Curriculum/"
+# The curricula's own charts (FAPD's k, UNIDEAL's p and p per local epoch) are written under "Curriculum/":
+# TensorBoard's Time Series, the page it opens on, sorts its groups by name, capitals first, and expands only the
+# first two, so the curriculum is the first thing it shows, above acc/ (metrics.jsonl keeps k and p; FAPD's
+# controller metrics, curriculum/stable ..., stay in their own group further down)
 # a per-local-epoch list (p_epochs) is drawn over this many steps a round, each epoch's value held over its share:
 # TensorBoard's default smoothing (0.6, an average over points) then follows the schedule within a few points
 # instead of turning a round's handful of epochs into a wave
@@ -56,11 +56,10 @@ EPOCH_STEPS_PER_ROUND = 100
 
 
 def tb_tag(key: str) -> str:
-    """The TensorBoard tag of a ``metrics.jsonl`` key: ``TB_TAGS``, a key with ``/`` as it is (``curriculum/...``
-    under ``Curriculum/``), ``loss_<part>`` as ``loss/<part>``, anything else under ``metrics/``."""
-    tag = TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
-                               else f"metrics/{key}")
-    return CURRICULUM_GROUP + tag[len(CURRICULUM_GROUP):] if tag.lower().startswith("curriculum/") else tag
+    """The TensorBoard tag of a ``metrics.jsonl`` key: ``TB_TAGS``, a key with ``/`` as it is, ``loss_<part>`` as
+    ``loss/<part>``, anything else under ``metrics/``."""
+    return TB_TAGS.get(key) or (key if "/" in key else f"loss/{key[5:]}" if key.startswith("loss_")
+                                else f"metrics/{key}")
 
 
 def read_metrics(path: Path, *, warn: Optional[Callable[[str], None]] = None) -> list[dict]:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from raysim.config import ExperimentConfig, to_flat_dict
-from raysim.runlog import CURRICULUM_GROUP
 
 
 def run_hparams(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -46,12 +45,9 @@ def saved_hparams(run_dir: Path) -> Optional[dict[str, Any]]:
 
 def anchored(regex: str) -> str:
     """A custom-scalars tag regex that matches whole tags only: TensorBoard searches each regex anywhere in a tag, so
-    ``comm/bytes_up`` would also chart ``comm/bytes_up_total``. A regex for ``curriculum/...`` names the tag as it is
-    written, ``Curriculum/...`` (``raysim.runlog.tb_tag``)."""
+    ``comm/bytes_up`` would also chart ``comm/bytes_up_total``."""
     core = regex[1:] if regex.startswith("^") else regex
     core = core[:-1] if core.endswith("$") and not core.endswith("\\$") else core
-    if core.lower().startswith(CURRICULUM_GROUP.lower()):
-        core = CURRICULUM_GROUP + core[len(CURRICULUM_GROUP):]
     return f"^{core}$"
 
 

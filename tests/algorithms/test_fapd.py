@@ -209,8 +209,8 @@ def test_fapd_run_follows_the_consensus_rule_and_resumes(tmp_path):
     events = EventAccumulator(str(run_dir))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"Curriculum/k", "Curriculum/stable", "Curriculum/explained_variance", "acc/global",
-            "loss/kd", "loss/cl"} <= tags  # TensorBoard's tags (metrics.jsonl keeps curriculum/...)
+    assert {"Curriculum/k", "curriculum/stable", "curriculum/explained_variance", "acc/global",
+            "loss/kd", "loss/cl"} <= tags  # k is the curriculum's own chart, first in TensorBoard (runlog.TB_TAGS)
     assert [e.value for e in events.Scalars("Curriculum/k")] == ks
 
     # the checkpoint holds the controller where the run left it: a resumed run continues the curriculum
