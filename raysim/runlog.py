@@ -34,6 +34,9 @@ TB_TAGS = {
     "wall_s": "time/round_s",
     "epsilon": "privacy/epsilon",
     "wall_s_total": "time/total_s",
+    # the curricula's own charts (and p_epochs: Curriculum/p_epoch) under "Curriculum/": TensorBoard's Time Series, the
+    # page it opens on, sorts its groups by name, capitals first, and expands only the first two, so the curriculum
+    # is the first thing it shows, above acc/ (FAPD's controller metrics, curriculum/stable ..., come further down)
     "k": "Curriculum/k",
     "p": "Curriculum/p",
     "round_sim_s": "time/round_sim_s",  # system.enabled: the simulated clock
@@ -45,10 +48,6 @@ TB_TAGS = {
 }
 # system.enabled: these metrics also go to TensorBoard under sim_time/<name>, at steps of simulated seconds
 SIM_TIME_CURVES = ("acc_mean", "acc_global", "acc_weighted", "loss")
-# The curricula's own charts (FAPD's k, UNIDEAL's p and p per local epoch) are written under "Curriculum/":
-# TensorBoard's Time Series, the page it opens on, sorts its groups by name, capitals first, and expands only the
-# first two, so the curriculum is the first thing it shows, above acc/ (metrics.jsonl keeps k and p; FAPD's
-# controller metrics, curriculum/stable ..., stay in their own group further down)
 # a per-local-epoch list (p_epochs) is drawn over this many steps a round, each epoch's value held over its share:
 # TensorBoard's default smoothing (0.6, an average over points) then follows the schedule within a few points
 # instead of turning a round's handful of epochs into a wave

@@ -132,3 +132,16 @@ def test_a_run_that_fails_in_its_first_round_says_its_directory_is_gone(tmp_path
     assert err.strip().count("\n") == 0  # one line, which says where the announced directory went
     assert err.startswith("raysim: error: config key 'train.lr': too hot (")
     assert f"{tmp_path / 'run'} was removed: no round completed" in err
+
+
+def test_a_seed_set_or_sweep_names_tensorboard_only_where_it_has_events(tmp_path, capsys):
+    from raysim.cli.tune import _sweep_outcome
+    from raysim.tune.results import SweepResult
+
+    result = SweepResult(sweep_dir=tmp_path, rows=[], best=None, table_md="| trial |")
+    assert _sweep_outcome(result, "raysim run --resume", "seeds") == 0
+    assert "tensorboard" not in capsys.readouterr().out  # every run had log.tensorboard: false
+    (tmp_path / "seed-0").mkdir()
+    (tmp_path / "seed-0" / "events.out.tfevents.1.host").write_bytes(b"")
+    _sweep_outcome(result, "raysim run --resume", "seeds")
+    assert f"compare: tensorboard --logdir {tmp_path}; " in capsys.readouterr().out

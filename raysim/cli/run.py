@@ -23,7 +23,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(f"raysim: {'resuming ' + args.resume if args.resume else 'starting ' + (config or 'the built-in defaults')}"
           f"{' with ' + ' '.join(overrides) if overrides else ''}", flush=True)
     # the whole config is checked before the engine is imported (raysim.engine.runner imports torch: seconds), so a
-    # typo fails at once (benchmarks/cli_latency.py --errors)
+    # typo fails at once (benchmarks/cli_latency.py --only errors)
     from raysim.config import load_config
     from raysim.engine.resume_config import load_resume_config
     from raysim.preflight import check, load_checked

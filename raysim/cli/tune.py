@@ -37,8 +37,8 @@ def _sweep_outcome(result: "SweepResult", resume_cmd: str, what: str) -> int:
     print(result.table_md)
     d = result.sweep_dir
     best = f"best config {d / 'best.yaml'}; " if result.best else ""
-    print(f"raysim: table {d / 'results.md'} (csv: results.csv); {best}"
-          f"compare: tensorboard --logdir {d}; summarise: raysim report {d}")
+    compare = f"compare: tensorboard --logdir {d}; " if any(d.rglob("events.out.tfevents.*")) else ""  # log.tensorboard
+    print(f"raysim: table {d / 'results.md'} (csv: results.csv); {best}{compare}summarise: raysim report {d}")
     unfinished = [r for r in result.rows if r["status"] == "unfinished"]
     failed = [r for r in result.rows if r["status"].startswith("error")]
     for r in failed:
