@@ -170,7 +170,7 @@ def main() -> int:
                 print(f"{case:34s} {name:8s} {time.perf_counter() - start:5.1f} s  {'ok' if same else 'DIFFERS'}",
                       flush=True)
         for algorithm in cases if not args.subsystems else []:
-            vectorizes = get_algorithm(algorithm).vectorizes()
+            vectorizes = get_algorithm(algorithm).refusal("stack") is None
             reference = None
             for name in settings:
                 if name.endswith("vec4") and not vectorizes:

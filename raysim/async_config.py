@@ -93,7 +93,7 @@ def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> N
 
     name = cfg.algorithm.name
     algorithm: Any = get_algorithm(name)
-    why = algorithm.async_refusal()
+    why = algorithm.refusal("async", cfg)
     require(why is None, "asynchronous.mode", f"{section.mode} needs a method whose server step is a model average "
             f"(fedavg, fedprox, the FedOpt family, partialavg, unideal): {name} {why}")
     deadline = getattr(getattr(cfg, "system", None), "deadline_s", None)

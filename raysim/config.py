@@ -243,7 +243,7 @@ class AlgorithmConfig:
 
     name: str = "fedavg"  # algorithm (raysim list algorithms); its own keys follow under algorithm.*
     # the weights of the round's mean upload: samples (each client's training samples, FedAvg's n_k/n) or uniform
-    # (every client 1); null: the algorithm's own declaration (Algorithm.aggregation). Summed where the clients
+    # (every client 1); null: the algorithm's own declaration (Algorithm.uploads). Summed where the clients
     # trained either way
     weighting: Optional[str] = None
 
@@ -449,9 +449,9 @@ def _check_weighting(algorithm: AlgorithmConfig) -> None:
     from raysim.registry import get_algorithm
 
     cls = get_algorithm(algorithm.name)
-    require(cls.aggregation in ("samples", "uniform") or getattr(cls, "honours_weighting", False),
-            "algorithm.weighting", f"{algorithm.name} aggregates every upload its own way (aggregation = "
-            f"'uploads'), so there is no mean to weight; drop algorithm.weighting")
+    require(cls.declared_uploads().honours_weighting, "algorithm.weighting",
+            f"{algorithm.name} aggregates every upload its own way (Algorithm.uploads = Uploads.apart()), so there "
+            f"is no mean to weight; drop algorithm.weighting")
 
 
 def yaml_problem(exc: BaseException, text: Optional[str] = None) -> str:

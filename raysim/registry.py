@@ -20,24 +20,46 @@ _MODELS: dict[str, Callable[..., Any]] = {}
 _DATASETS: dict[str, Callable[..., Any]] = {}
 _TABLES: dict[str, dict[str, Any]] = {"algorithm": _ALGORITHMS, "model": _MODELS, "dataset": _DATASETS}
 
+# Every built-in algorithm, one row each: name -> (the module that registers its hooks, its Config dataclass as
+# "module:class"). The Config lives apart from the hooks, in a module without torch (raysim/algorithms/configs/), so
+# that loading a config (``raysim config show``, the checks before a run) imports no algorithm; the algorithm's own
+# ``Config`` is the same class (a test checks every row). Adding a built-in algorithm: its hooks file, its Config
+# (when it has keys of its own) and its row here.
+_BUILTIN_ALGORITHMS: dict[str, tuple[str, str]] = {
+    "fedavg": ("raysim.algorithms.fedavg", "raysim.config:AlgorithmConfig"),
+    "local": ("raysim.algorithms.local", "raysim.config:AlgorithmConfig"),
+    "partialavg": ("raysim.algorithms.partialavg", "raysim.config:AlgorithmConfig"),
+    "unideal": ("raysim.algorithms.unideal", "raysim.algorithms.configs.unideal:UnidealConfig"),
+    "partialkd": ("raysim.algorithms.unideal", "raysim.algorithms.configs.unideal:PartialKDConfig"),
+    "fedrep": ("raysim.algorithms.fedrep", "raysim.algorithms.configs.fedrep:FedRepConfig"),
+    "fapd": ("raysim.algorithms.fapd", "raysim.algorithms.configs.fapd:FAPDConfig"),
+    "fedprox": ("raysim.algorithms.fedprox", "raysim.algorithms.configs.fedprox:FedProxConfig"),
+    "moon": ("raysim.algorithms.moon", "raysim.algorithms.configs.moon:MOONConfig"),
+    "fedproto": ("raysim.algorithms.fedproto", "raysim.algorithms.configs.fedproto:FedProtoConfig"),
+    "fedpac": ("raysim.algorithms.fedpac", "raysim.algorithms.configs.fedpac:FedPACConfig"),
+    "fedgen": ("raysim.algorithms.fedgen", "raysim.algorithms.configs.fedgen:FedGenConfig"),
+    "fedgen-p": ("raysim.algorithms.fedgen", "raysim.algorithms.configs.fedgen:FedGenPConfig"),
+    "fednh": ("raysim.algorithms.fednh", "raysim.algorithms.configs.fednh:FedNHConfig"),
+    "fedbabu": ("raysim.algorithms.fedbabu", "raysim.algorithms.configs.fedbabu:FedBABUConfig"),
+    "fedrod": ("raysim.algorithms.fedrod", "raysim.algorithms.configs.fedrod:FedRoDConfig"),
+    "fedrcl": ("raysim.algorithms.fedrcl", "raysim.algorithms.configs.fedrcl:FedRCLConfig"),
+    "fedcda": ("raysim.algorithms.fedcda", "raysim.algorithms.configs.fedcda:FedCDAConfig"),
+    "fedkd": ("raysim.algorithms.fedkd", "raysim.algorithms.configs.fedkd:FedKDConfig"),
+    "fedpcl": ("raysim.algorithms.fedpcl", "raysim.algorithms.configs.fedpcl:FedPCLConfig"),
+    "scaffold": ("raysim.algorithms.scaffold", "raysim.algorithms.configs.scaffold:SCAFFOLDConfig"),
+    "feddyn": ("raysim.algorithms.feddyn", "raysim.algorithms.configs.feddyn:FedDynConfig"),
+    "fedavgm": ("raysim.algorithms.fedopt", "raysim.algorithms.configs.fedopt:FedAvgMConfig"),
+    "fedadam": ("raysim.algorithms.fedopt", "raysim.algorithms.configs.fedopt:FedAdamConfig"),
+    "fedyogi": ("raysim.algorithms.fedopt", "raysim.algorithms.configs.fedopt:FedYogiConfig"),
+    "fedadagrad": ("raysim.algorithms.fedopt", "raysim.algorithms.configs.fedopt:FedAdagradConfig"),
+    "fedbn": ("raysim.algorithms.fedbn", "raysim.config:AlgorithmConfig"),
+    "ditto": ("raysim.algorithms.ditto", "raysim.algorithms.configs.ditto:DittoConfig"),
+    "fednova": ("raysim.algorithms.fednova", "raysim.algorithms.configs.fednova:FedNovaConfig"),
+}
 # built-in name -> the module that registers it, so a lookup imports only that module: loading every model module
 # would import torchvision (~2 s) in the driver and in each worker even for an MLP run
 _BUILTINS: dict[str, dict[str, str]] = {
-    "algorithm": {"fedavg": "raysim.algorithms.fedavg", "local": "raysim.algorithms.local",
-                  "partialavg": "raysim.algorithms.partialavg", "unideal": "raysim.algorithms.unideal",
-                  "partialkd": "raysim.algorithms.unideal", "fedrep": "raysim.algorithms.fedrep",
-                  "fapd": "raysim.algorithms.fapd", "fedprox": "raysim.algorithms.fedprox",
-                  "moon": "raysim.algorithms.moon", "fedproto": "raysim.algorithms.fedproto",
-                  "fedpac": "raysim.algorithms.fedpac", "fedgen": "raysim.algorithms.fedgen",
-                  "fedgen-p": "raysim.algorithms.fedgen",
-                  "fednh": "raysim.algorithms.fednh", "fedbabu": "raysim.algorithms.fedbabu",
-                  "fedrod": "raysim.algorithms.fedrod", "fedrcl": "raysim.algorithms.fedrcl",
-                  "fedcda": "raysim.algorithms.fedcda", "fedkd": "raysim.algorithms.fedkd",
-                  "fedpcl": "raysim.algorithms.fedpcl", "scaffold": "raysim.algorithms.scaffold",
-                  "feddyn": "raysim.algorithms.feddyn", "fedavgm": "raysim.algorithms.fedopt",
-                  "fedadam": "raysim.algorithms.fedopt", "fedyogi": "raysim.algorithms.fedopt",
-                  "fedadagrad": "raysim.algorithms.fedopt", "fedbn": "raysim.algorithms.fedbn",
-                  "ditto": "raysim.algorithms.ditto", "fednova": "raysim.algorithms.fednova"},
+    "algorithm": {name: hooks for name, (hooks, _) in _BUILTIN_ALGORITHMS.items()},
     "model": {"mlp": "raysim.models.small", "cnn": "raysim.models.small", "char_lstm": "raysim.models.small",
               "cnn_bn": "raysim.models.small",
               "resnet18": "raysim.models.zoo",
@@ -53,35 +75,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
                 "synthetic": "raysim.data.synthetic", "femnist": "raysim.data.leaf",
                 "shakespeare": "raysim.data.leaf"},
 }
-# built-in algorithm -> its Config dataclass ("module:class"), kept apart from the hooks in a module without torch
-# (raysim/algorithms/configs/), so that loading a config (``raysim config show``, the checks before a run) imports no
-# algorithm; the algorithm's own ``Config`` is the same class (a test checks every name)
-_BUILTIN_CONFIGS: dict[str, str] = {
-    "fedavg": "raysim.config:AlgorithmConfig", "local": "raysim.config:AlgorithmConfig",
-    "partialavg": "raysim.config:AlgorithmConfig", "fedbn": "raysim.config:AlgorithmConfig",
-    "unideal": "raysim.algorithms.configs.unideal:UnidealConfig",
-    "partialkd": "raysim.algorithms.configs.unideal:PartialKDConfig",
-    "fedrep": "raysim.algorithms.configs.fedrep:FedRepConfig", "fapd": "raysim.algorithms.configs.fapd:FAPDConfig",
-    "fedprox": "raysim.algorithms.configs.fedprox:FedProxConfig", "moon": "raysim.algorithms.configs.moon:MOONConfig",
-    "fedproto": "raysim.algorithms.configs.fedproto:FedProtoConfig",
-    "fedpac": "raysim.algorithms.configs.fedpac:FedPACConfig",
-    "fedgen": "raysim.algorithms.configs.fedgen:FedGenConfig",
-    "fedgen-p": "raysim.algorithms.configs.fedgen:FedGenPConfig",
-    "fednh": "raysim.algorithms.configs.fednh:FedNHConfig",
-    "fedbabu": "raysim.algorithms.configs.fedbabu:FedBABUConfig",
-    "fedrod": "raysim.algorithms.configs.fedrod:FedRoDConfig",
-    "fedrcl": "raysim.algorithms.configs.fedrcl:FedRCLConfig",
-    "fedcda": "raysim.algorithms.configs.fedcda:FedCDAConfig", "fedkd": "raysim.algorithms.configs.fedkd:FedKDConfig",
-    "fedpcl": "raysim.algorithms.configs.fedpcl:FedPCLConfig",
-    "scaffold": "raysim.algorithms.configs.scaffold:SCAFFOLDConfig",
-    "feddyn": "raysim.algorithms.configs.feddyn:FedDynConfig",
-    "fedavgm": "raysim.algorithms.configs.fedopt:FedAvgMConfig",
-    "fedadam": "raysim.algorithms.configs.fedopt:FedAdamConfig",
-    "fedyogi": "raysim.algorithms.configs.fedopt:FedYogiConfig",
-    "fedadagrad": "raysim.algorithms.configs.fedopt:FedAdagradConfig",
-    "ditto": "raysim.algorithms.configs.ditto:DittoConfig",
-    "fednova": "raysim.algorithms.configs.fednova:FedNovaConfig",
-}
+_BUILTIN_CONFIGS = {name: config for name, (_, config) in _BUILTIN_ALGORITHMS.items()}
 _loaded: set[str] = set()
 
 

@@ -74,7 +74,7 @@ def test_nesterov_plugin_declares_vectorisable_hooks_and_its_cohorts_change_no_n
 
     from raysim.engine.runner import run_experiment
 
-    assert "vectorizable" in vars(fednesterov.FedNesterov) and fednesterov.FedNesterov.vectorizes()
+    assert "vectorizable" in vars(fednesterov.FedNesterov) and fednesterov.FedNesterov.refusal("stack") is None
 
     def rows(vectorize: str) -> list[dict]:
         cfg = load_config(None, tiny_overrides(tmp_path / vectorize, plugins="[fednesterov]",

@@ -7,16 +7,17 @@ The hooks' names are loaded on first use (``base`` imports torch): the algorithm
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, average_updates,
-                                        split_state, weighted_average)
+    from raysim.algorithms.aggregation import Uploads
+    from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, split_state,
+                                        weighted_average)
 
-__all__ = ["Algorithm", "ClientContext", "ClientUpdate", "ServerContext", "average_updates", "split_state",
+__all__ = ["Algorithm", "ClientContext", "ClientUpdate", "ServerContext", "Uploads", "split_state",
            "weighted_average"]
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from raysim.algorithms import base
+        from raysim.algorithms import aggregation, base
 
-        return getattr(base, name)
+        return getattr(base if hasattr(base, name) else aggregation, name)
     raise AttributeError(f"module 'raysim.algorithms' has no attribute {name!r}")

@@ -1,9 +1,9 @@
 """The one sum: Σ weight·upload over a round's clients, taken where they trained, the same way on every executor.
 
-An algorithm declares how its uploads are aggregated (``Algorithm.aggregation``): ``samples`` (FedAvg: weighted
-by each client's training samples), ``uniform`` (every client weighs 1) or ``uploads`` (the aggregation needs every
-upload: FedCDA, FedPAC, FedGen, ...). For the first two the round's uploads matter only through Σ_i w_i·u_i and
-Σ_i w_i, so instead of every upload travelling to the driver:
+An algorithm declares once what its clients upload (``Algorithm.uploads``, an :class:`Uploads`): a model average, a
+weighted mean, named statistics with their own weights, or uploads kept apart (FedCDA, FedPAC, FedGen, ...). For
+all but the last the round's uploads matter only through Σ_i w_i·u_i and Σ_i w_i (each statistic with its own
+w_i), so instead of every upload travelling to the driver:
 
 - the round's sampled clients, in id order, are cut into fixed groups (:func:`fixed_groups`: a function of the
   client list and ``engine.sum_group`` alone, never of the workers or of timing);
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ def _leaves(tree: Any, path: tuple[str, ...] = ()) -> Iterable[tuple[tuple[str, 
             yield from _leaves(value, path + (key,))
     else:
         where = ".".join(map(str, path)) or "the upload"
-        raise TypeError(f"{where}: an upload that is summed (Algorithm.aggregation) is a nested dict of tensors, "
+        raise TypeError(f"{where}: an upload that is summed (Algorithm.uploads) is a nested dict of tensors, "
                         f"found {type(tree).__name__}")
 
 
@@ -118,10 +118,12 @@ class UploadSum:
     float64 buffer; what a group's worker returns instead of its clients' uploads.
 
     A sum of one upload keeps that upload as it came (``single``), so a group of one client travels at the upload's
-    own size, not at float64's double; it becomes a buffer, by the same operations, when something is added to it."""
+    own size, not at float64's double; it becomes a buffer, by the same operations, when something is added to it.
+    A weight is one number for the whole upload, or one per top-level entry (``Uploads.stats``: each statistic with
+    its own weights); ``weight`` then holds the sum of each."""
 
     clients: list[int] = field(default_factory=list)
-    weight: float = 0.0
+    weight: Any = 0.0  # float, or {top-level key: float} for named statistics
     layout: Optional[Layout] = None
     total: Optional[torch.Tensor] = None  # float64, flat; None while empty or while it holds a single upload
     single: Optional[dict] = None  # the one upload added so far, not yet flattened
@@ -157,12 +159,12 @@ class UploadSum:
         """Turn a single kept upload into the buffer: ``flat * weight``, as ``add`` does for every other upload."""
         if self.single is not None:
             self.layout, flat = flatten(self.single)
-            self.total, self.single = flat.mul_(self.weight), None  # a fresh buffer: multiplied in place
+            self.total, self.single = _per_entry(self.layout, flat, self.weight, torch.Tensor.mul_), None
 
     def _check(self, layout: Layout, who: str) -> None:
         if layout != self.layout:
             raise ValueError(f"{who}: its upload's keys, shapes or dtypes differ from those of clients {self.clients}; "
-                             f"a summed upload (Algorithm.aggregation) has the same layout for every client")
+                             f"a summed upload (Algorithm.uploads) has the same layout for every client")
 
     def _accumulate(self, layout: Layout, scaled: torch.Tensor, who: str) -> None:
         self._check(layout, who)
@@ -196,8 +198,9 @@ class UploadSum:
             assert self.total is not None and self.layout is not None
             self._writable()
             # tensor by tensor into the buffer: u·w in float64, then added, with no float64 copy of the whole upload
-            w = float(weight)
-            for view, leaf in zip(flat_views(self.layout, self.total), leaves):
+            named = isinstance(weight, dict)
+            for (path, _, _), view, leaf in zip(self.layout, flat_views(self.layout, self.total), leaves):
+                w = float(weight[path[0]] if named else weight)
                 flat = leaf.detach().reshape(-1)
                 if _exact_product(flat.dtype, w):  # u·w is exact in float64: fused or not, one rounding, the same bits
                     # through a float64 copy: torch's same-dtype add is vectorised, the mixed-dtype one is not
@@ -206,7 +209,7 @@ class UploadSum:
                 else:  # the two roundings of a float64 copy's ``flat * w`` and ``add_``, never a fused multiply-add
                     view.add_(flat.to(torch.float64, copy=True).mul_(w))
         self.clients.append(int(client_id))
-        self.weight += float(weight)
+        self.weight = _add_weights(self.weight, weight)
 
     def merge(self, other: UploadSum) -> None:
         """Add another group's sum (the caller merges groups in group order)."""
@@ -221,7 +224,7 @@ class UploadSum:
         self._accumulate(other.layout, other.total.clone() if self.total is None else other.total,
                          f"clients {other.clients}")
         self.clients.extend(other.clients)
-        self.weight += other.weight
+        self.weight = _add_weights(self.weight, other.weight)
 
     def add_results(self, results: Iterable[Any], weighting: str = "samples") -> UploadSum:
         """Add the finite results' uploads (``TrainResult``: ``client_id``, ``upload``, ``num_samples``, ``finite``)
@@ -241,6 +244,8 @@ class UploadSum:
         if self.total is None:
             return {}
         assert self.layout is not None
+        if isinstance(self.weight, dict):
+            return self._tree(_per_entry(self.layout, self.total.clone(), self.weight, torch.Tensor.div_), in_float64)
         return self._tree(self.total / self.weight, in_float64)
 
     def sum(self, *, in_float64: bool = False) -> dict:
@@ -259,17 +264,98 @@ class UploadSum:
         return unflatten(self.layout, flat)
 
 
+def _per_entry(layout: Layout, flat: torch.Tensor, weight: Any, op: Callable) -> torch.Tensor:
+    """``op(flat, weight)`` in place (multiply or divide): by one number, or each top-level entry's view by its
+    own."""
+    if not isinstance(weight, dict):
+        return op(flat, weight)
+    for (path, _, _), view in zip(layout, flat_views(layout, flat)):
+        op(view, weight[path[0]])
+    return flat
+
+
+def _add_weights(a: Any, b: Any) -> Any:
+    """Σ weight, one number or one per top-level entry."""
+    if isinstance(b, dict):
+        base = a if isinstance(a, dict) else {}
+        return {k: base.get(k, 0.0) + float(v) for k, v in b.items()}
+    return a + float(b)
+
+
 def fixed_groups(clients: Sequence[int], size: int) -> list[list[int]]:
     """The round's clients in id order, cut into consecutive groups of ``size`` (the last may be shorter)."""
     ordered = sorted(int(c) for c in clients)
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
 
-WEIGHTINGS = ("samples", "uniform")  # the summed aggregations; "uploads": every upload reaches the server
+WEIGHTINGS = ("samples", "uniform")  # a client's weight in a sum: its training samples, or 1
 
 
-def client_weight(num_samples: int, weighting: str) -> float:
-    """A client's weight in the round's sum: its training samples (``samples``) or 1 (``uniform``)."""
+@dataclass(frozen=True)
+class Uploads:
+    """What an algorithm's clients upload and how its server step reads them, declared once on the class
+    (``Algorithm.uploads``); the engine infers nothing from which hooks a class overrides, and every capability
+    follows from this declaration (with ``Algorithm.shared``, ``server_history`` and ``server_train``):
+
+    - :meth:`model`: each upload is the client's copy of (some of) the entries of the shared payload's ``"model"``
+      it downloaded, and the server step reads only their weighted mean, as a model to move to (FedAvg sets it,
+      FedOpt steps towards it). Summed where the clients trained; DP-FedAvg clips the upload's change from the
+      download; FedAsync and FedBuff, and a robust rule (with ``shared = "all"``), give the server step its model
+      instead of the mean.
+    - :meth:`mean`: the server step reads only the uploads' weighted mean, which is not such a model (a local
+      part changes what is uploaded or how the mean is used: FedBN, FedNova, FedRoD): summed where they trained.
+    - :meth:`stats`: named statistics, each the weighted mean of the upload's entry of that name with its own
+      weights (SCAFFOLD: the models by samples, the control variates' changes uniformly): summed where the clients
+      trained, entry by entry; ``updates.mean()`` is ``{name: its mean}``.
+    - :meth:`apart`: ``server_aggregate`` reads every upload (FedCDA, FedPAC, FedGen, FedProto, ...).
+
+    A weighting is ``samples`` (each client's training samples, FedAvg's n_k / n) or ``uniform`` (1 each); the
+    config's ``algorithm.weighting`` replaces the declared one of a model or a mean, and of a statistic declared
+    ``"algorithm"`` (samples when the config sets none)."""
+
+    kind: str  # model | mean | stats | apart
+    weighting: str = "samples"
+    statistics: tuple[tuple[str, str], ...] = ()  # stats: (the upload's top-level key, its weighting)
+
+    @staticmethod
+    def model(weighting: str = "samples") -> Uploads:
+        return Uploads("model", weighting)
+
+    @staticmethod
+    def mean(weighting: str = "samples") -> Uploads:
+        return Uploads("mean", weighting)
+
+    @staticmethod
+    def stats(**weightings: str) -> Uploads:
+        return Uploads("stats", "samples", tuple(weightings.items()))
+
+    @staticmethod
+    def apart() -> Uploads:
+        return Uploads("apart")
+
+    @property
+    def summed(self) -> bool:
+        """The uploads matter only through their weighted sums (which may be taken where the clients trained)."""
+        return self.kind != "apart"
+
+    @property
+    def honours_weighting(self) -> bool:
+        """``algorithm.weighting`` changes a weight of these sums."""
+        return self.kind in ("model", "mean") or any(w == "algorithm" for _, w in self.statistics)
+
+    def weights(self, chosen: Optional[str]) -> str | dict[str, str]:
+        """The weighting of the round's sum (:func:`client_weight`'s), given ``algorithm.weighting`` (None: unset):
+        one for the whole upload, or one per statistic."""
+        if self.kind == "stats":
+            return {name: (chosen or "samples") if w == "algorithm" else w for name, w in self.statistics}
+        return chosen or self.weighting
+
+
+def client_weight(num_samples: int, weighting: str | dict[str, str]) -> float | dict[str, float]:
+    """A client's weight in the round's sum: its training samples (``samples``) or 1 (``uniform``); with one
+    weighting per statistic, one weight each."""
+    if isinstance(weighting, dict):
+        return {name: float(num_samples) if w == "samples" else 1.0 for name, w in weighting.items()}
     return float(num_samples) if weighting == "samples" else 1.0
 
 

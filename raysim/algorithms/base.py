@@ -15,8 +15,8 @@ Driver side:
   server_payload     what every sampled client downloads (put into the object store once a round)
   client_payload     opt-in: what one client downloads on top (FedPAC's own head), counted per client
   server_aggregate   the new server state from the round's ``ClientUpdate``s, in client-id order
-  server_aggregate_mean  with a summed aggregation (``aggregation`` samples, the default, or uniform): the new
-                     server state from the round's mean upload, summed where the clients trained (FedAvg: the model)
+  server_aggregate_mean  with summed uploads (``uploads``: a model, the default, or a mean): the new server
+                     state from the round's mean upload, summed where the clients trained (FedAvg: the model)
   server_train       opt-in: server-side training (FedGen's generator), run as a job on a worker, so it has
                      reserved CPU/GPU, is retried if the worker dies, and is seeded from (seed, round)
   on_round_end       server-side curriculum and extra metrics
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.aggregation import WEIGHTINGS, client_weight, weighted_average
+from raysim.algorithms.aggregation import Uploads, client_weight, weighted_average
 from raysim.config import AlgorithmConfig, ExperimentConfig
 from raysim.data.base import FederatedData
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
@@ -43,12 +43,15 @@ from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 TensorDict = dict[str, torch.Tensor]
 # the client hooks a vectorised cohort (engine.vectorize) relies on: overriding one needs a new declaration
 VECTOR_HOOKS = ("adapt_model", "init_client_state", "client_setup", "local_phases", "client_loss")
-# the hooks that make a server step a model average (asynchronous.mode): overriding one needs a new declaration
-# the hooks that make the upload a model (part) the clients downloaded (privacy.enabled): overriding one needs a new
-# declaration of ``upload_is_model``
-MODEL_UPLOAD_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload")
-AVERAGE_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload", "server_aggregate",
-                 "server_aggregate_mean", "server_train", "server_keep")
+# the hooks that make the upload a model the clients downloaded and the server step its average (``Uploads.model``):
+# a class that overrides one needs a new declaration of ``uploads``
+MODEL_HOOKS = ("init_server_state", "server_payload", "client_payload", "client_upload", "server_aggregate",
+               "server_aggregate_mean", "server_train", "server_keep")
+
+
+def _owner(cls: type, hooks: tuple[str, ...]) -> Optional[type]:
+    """The most derived class in ``cls``'s MRO that defines one of ``hooks`` (None: none does)."""
+    return next((c for c in cls.__mro__ if any(h in c.__dict__ for h in hooks)), None)
 
 
 @dataclass
@@ -108,22 +111,14 @@ class ServerContext:
     history: dict = field(default_factory=dict)
 
 
-def average_updates(updates: list[ClientUpdate], select: Callable[[dict], TensorDict] = lambda upload: upload,
-                    weighting: str = "samples") -> TensorDict:
-    """``weighted_average`` of one part of every update (``select`` picks it), weighted by training samples (or
-    uniformly: ``weighting="uniform"``)."""
-    return weighted_average([select(u.upload) for u in updates],
-                            [client_weight(u.num_samples, weighting) for u in updates])
-
-
 class SummedUpload(dict):
-    """``ClientUpdate.upload`` of a client whose upload was summed where it trained (``Algorithm.aggregation``
-    ``samples`` or ``uniform``): reading it is an error that says what to declare, never a silent empty dict."""
+    """``ClientUpdate.upload`` of a client whose upload was summed where it trained (``Algorithm.uploads`` not
+    apart): reading it is an error that says what to declare, never a silent empty dict."""
 
     def _refuse(self, *_: Any, **__: Any) -> Any:
         raise RuntimeError("ClientUpdate.upload: this round's uploads were summed where the clients trained "
-                           "(Algorithm.aggregation is 'samples' or 'uniform'): server_aggregate gets their mean from "
-                           "updates.mean(); declare aggregation = 'uploads' to receive every upload")
+                           "(Algorithm.uploads is a model, a mean or named statistics): server_aggregate gets their "
+                           "mean from updates.mean(); declare uploads = Uploads.apart() to receive every upload")
 
     __getitem__ = get = keys = items = values = __iter__ = __len__ = __contains__ = _refuse  # type: ignore
 
@@ -235,26 +230,16 @@ class Algorithm:
     eval_needs_train_data: ClassVar[bool] = False  # True: evaluation's ctx.train_data is set (local fine-tuning)
     clip_grad_norm: Optional[float] = None  # set: the worker clips each step's gradient norm to it (FedNH: 10)
     server_history: int = 0  # > 0: the server keeps that many of each client's newest ``server_keep`` objects (FedCDA)
-    # How the round's uploads are aggregated, declared (the engine infers nothing from which hooks are overridden):
-    # "samples" (FedAvg): the uploads matter only through Σ n_i·upload_i / Σ n_i (n_i: the client's training
-    # samples), summed where the clients trained (engine.partial_sums); "uniform": the same with every client
-    # weighing 1; "uploads": server_aggregate needs every upload (FedCDA, FedPAC, FedGen, ...)
-    aggregation: ClassVar[str] = "samples"
-    # with aggregation = "uploads": the algorithm's own server_aggregate weights its mean by ``weighting``, so
-    # algorithm.weighting may choose (SCAFFOLD's model average)
-    honours_weighting: ClassVar[bool] = False
+    # What the clients upload and how the server step reads it, declared once (``Uploads``: a model average, a
+    # weighted mean, named statistics with their own weights, or uploads kept apart); the engine infers nothing
+    # from which hooks a class overrides, and every capability follows from it: the sums where the clients trained
+    # (any but apart), DP-FedAvg, FedAsync/FedBuff and the robust rules (a model). A model declaration covers the
+    # class that makes it and the classes derived from it that override none of MODEL_HOOKS (see
+    # ``declared_uploads``); the default is FedAvg's hooks' own: a model, weighted by training samples
+    uploads: ClassVar[Uploads] = Uploads.model()
     # engine.vectorize: the client hooks can train many clients as one batched computation (docs/hooks.md); a
-    # subclass that overrides one of VECTOR_HOOKS must declare it again (``vectorizes``)
+    # subclass that overrides one of VECTOR_HOOKS must declare it again
     vectorizable: ClassVar[bool] = False
-    # asynchronous.mode (FedAsync, FedBuff): the server step is a model average: every client downloads the shared
-    # model (``server_payload``'s "model"), uploads its own copy of those entries, and ``server_aggregate_mean``
-    # takes the mean as a model to move to (FedAvg sets it, FedOpt steps towards it); a subclass that overrides one
-    # of AVERAGE_HOOKS must declare it again (``averages_models``)
-    averages_models: ClassVar[bool] = False
-    # privacy.enabled (DP-FedAvg): every upload is the client's copy of (some of) the entries of the shared
-    # payload's "model" it downloaded, so upload - download is a model delta to clip; a subclass that overrides one
-    # of MODEL_UPLOAD_HOOKS must declare it again (``privacy_refusal``)
-    upload_is_model: ClassVar[bool] = False
     # TensorBoard's custom-scalars page: title -> tags of the algorithm's own charts (FAPD: its curriculum's k)
     tensorboard_charts: ClassVar[dict[str, list[str]]] = {}
 
@@ -263,61 +248,56 @@ class Algorithm:
         self.config: Any = cfg.algorithm  # the algorithm's own Config dataclass (FAPDConfig, ...)
 
     @classmethod
-    def vectorizes(cls) -> bool:
-        """Whether ``engine.vectorize`` may stack this algorithm's clients: ``vectorizable = True`` declared in the
-        class itself or inherited from a class at least as derived as every class that defines one of
-        ``VECTOR_HOOKS`` (an inherited declaration does not cover a loss it never saw)."""
-        return cls._declaration_refusal("vectorizable", VECTOR_HOOKS, "no vectorisable hooks", "a loss") is None
-
-    def cohort_refusal(self) -> Optional[str]:
-        """Why this configured algorithm's clients train one at a time whatever ``engine.vectorize`` says (None:
-        they may be stacked): by default, that the class declares no vectorisable hooks (:meth:`vectorizes`). A
-        setting that a cohort cannot honour (Ditto's ``select_lam``) adds its own reason."""
-        return None if type(self).vectorizes() else f"{self.cfg.algorithm.name} declares no vectorisable client hooks"
+    def declared_uploads(cls) -> Uploads:
+        """``uploads`` as it covers this class: a model declaration inherited from a class less derived than one
+        that overrides a hook of ``MODEL_HOOKS`` (the server state, the payloads, the upload or the server step)
+        does not cover hooks it never saw, so such a class's uploads are the same weighted mean, not a model."""
+        declared = next(c for c in cls.__mro__ if "uploads" in c.__dict__)
+        uploads: Uploads = declared.__dict__["uploads"]
+        if uploads.kind == "model" and not issubclass(declared, _owner(cls, MODEL_HOOKS) or declared):
+            return Uploads.mean(uploads.weighting)
+        return uploads
 
     @classmethod
-    def async_refusal(cls) -> Optional[str]:
-        """Why the asynchronous modes cannot run this algorithm (None: they can): its server step must be a model
-        average, declared with ``averages_models`` in a class at least as derived as every class that defines one
-        of ``AVERAGE_HOOKS``, summed as ``samples`` or ``uniform``."""
-        return cls._summed_model_refusal(with_server_train=False) or cls._declaration_refusal(
-            "averages_models", AVERAGE_HOOKS, "does not declare its server step a model average", "a server step")
+    def refusal(cls, feature: str, cfg: Optional[ExperimentConfig] = None) -> Optional[str]:
+        """Why this algorithm cannot serve ``feature`` (None: it can), from its declarations alone:
 
-    @classmethod
-    def privacy_refusal(cls) -> Optional[str]:
-        """Why DP-FedAvg (``privacy.enabled``) cannot run this algorithm (None: it can): its uploads must be summed
-        (``aggregation`` samples or uniform, no per-client history or server-side training) and be a model (part):
-        ``upload_is_model`` declared in a class at least as derived as every class that defines one of
-        ``MODEL_UPLOAD_HOOKS``."""
-        return cls._summed_model_refusal(with_server_train=True) or cls._declaration_refusal(
-            "upload_is_model", MODEL_UPLOAD_HOOKS, "does not declare its upload a model", "an upload")
+        - ``"stack"`` (``engine.vectorize``: clients stacked in one batched computation): ``vectorizable = True``
+          in a class at least as derived as every class that defines one of ``VECTOR_HOOKS``;
+        - ``"async"`` (FedAsync, FedBuff), ``"privacy"`` (DP-FedAvg), ``"robust"`` (a robust rule or an attack on
+          the uploads): a model upload (``declared_uploads``) shared by the server, no per-client history on the
+          server, and for privacy no server-side training from the uploads; robust rules also need the whole model
+          shared (``shared = "all"``).
 
-    @classmethod
-    def _summed_model_refusal(cls, with_server_train: bool) -> Optional[str]:
-        """Why this algorithm's round is not one sum of model uploads (None: it is): the asynchronous modes' and
-        DP-FedAvg's shared condition (DP-FedAvg also refuses server-side training from the uploads)."""
-        if cls.aggregation not in WEIGHTINGS:
-            return f"needs every upload of a round at once (aggregation = {cls.aggregation!r})"
-        if with_server_train and (cls.server_history > 0 or cls.server_train is not Algorithm.server_train):
-            return "keeps per-client history or trains on the server from the uploads"
+        A subclass adds a reason a configuration of its own cannot serve (``cfg``: Ditto's ``select_lam`` cannot
+        be stacked) and calls ``super()``."""
+        if feature == "stack":
+            declared = next((c for c in cls.__mro__ if "vectorizable" in c.__dict__), None)
+            if declared is None or not declared.__dict__["vectorizable"]:
+                return "declares no vectorisable client hooks (Algorithm.vectorizable)"
+            owner = _owner(cls, VECTOR_HOOKS)
+            if owner is not None and not issubclass(declared, owner):
+                overridden = ", ".join(h for h in VECTOR_HOOKS if h in owner.__dict__)
+                return f"has a loss of its own ({owner.__name__} overrides {overridden}): declare vectorizable again"
+            return None
+        uploads = cls.declared_uploads()
+        if uploads.kind != "model":
+            if cls.uploads.kind == "model":
+                owner = _owner(cls, MODEL_HOOKS)
+                overridden = ", ".join(h for h in MODEL_HOOKS if owner is not None and h in owner.__dict__)
+                return (f"has a server step of its own ({getattr(owner, '__name__', '?')} overrides {overridden}): "
+                        f"declare its uploads again (Algorithm.uploads)")
+            what = {"apart": "needs every upload of a round at once", "mean": "uploads a weighted mean, not a model",
+                    "stats": "uploads named statistics, not a model"}[uploads.kind]
+            return f"{what} (Algorithm.uploads = Uploads.{uploads.kind}(...))"
         if cls.server_history > 0:
             return "keeps per-client history on the server"
+        if feature == "privacy" and cls.server_train is not Algorithm.server_train:
+            return "trains on the server from the uploads"
         if cls.shared == "none":
             return "shares no model"
-        return None
-
-    @classmethod
-    def _declaration_refusal(cls, flag: str, hooks: tuple[str, ...], missing: str, own: str) -> Optional[str]:
-        """Why the declaration ``flag`` does not cover this class (None: it does): it must be True in a class at
-        least as derived as every class that defines one of ``hooks`` (an inherited declaration does not cover a
-        hook it never saw)."""
-        declared = next((c for c in cls.__mro__ if flag in c.__dict__), None)
-        if declared is None or not declared.__dict__[flag]:
-            return f"{missing} (Algorithm.{flag})"
-        owner = next((c for c in cls.__mro__ if any(h in c.__dict__ for h in hooks)), None)
-        if owner is not None and not issubclass(declared, owner):
-            overridden = ", ".join(h for h in hooks if h in owner.__dict__)
-            return f"has {own} of its own ({owner.__name__} overrides {overridden})"
+        if feature == "robust" and cls.shared != "all":
+            return "averages only part of the model"
         return None
 
     @classmethod
@@ -389,9 +369,9 @@ class Algorithm:
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         """The new server state from this round's finite updates (sorted by client id); FedAvg by default: the
-        round's mean upload (``aggregation``'s weights), handed to ``server_aggregate_mean``.
+        round's mean upload (weighted by ``weighting``), handed to ``server_aggregate_mean``.
 
-        With a summed aggregation (``samples``, ``uniform``) the uploads were summed where the clients trained:
+        With summed uploads (``uploads`` not apart) the uploads were summed where the clients trained:
         ``updates`` is a :class:`RoundUpdates` whose ``mean()`` is their mean, and each ``upload`` a
         :class:`SummedUpload`. An override that only observes (logs, counts) and calls this keeps the sums."""
         if not updates:
@@ -399,33 +379,40 @@ class Algorithm:
         if isinstance(updates, RoundUpdates):
             mean = updates.mean()
         else:  # called directly with a list (a unit test, a subclass's own use)
-            mean = average_updates(updates, weighting=self.weighting) if updates[0].upload else {}
+            mean = weighted_average([u.upload for u in updates], [client_weight(u.num_samples, self.sum_weighting)
+                                                                  for u in updates]) if updates[0].upload else {}
         if mean:  # nothing uploaded (shared = "none"): nothing to aggregate
             server_state = self.server_aggregate_mean(mean, server_state, round)
         return server_state
 
     def server_aggregate_mean(self, mean: dict, server_state: dict, round: int) -> dict:
-        """With a summed aggregation: the new server state from the round's mean upload, Σ w_i·upload_i / Σ w_i
+        """With summed uploads: the new server state from the round's mean upload, Σ w_i·upload_i / Σ w_i
         over the finite updates (the upload's nested dict, each tensor in its own dtype). FedAvg: the model."""
         server_state["model"] = mean
         return server_state
 
     @property
     def weighting(self) -> str:
-        """The weights of the round's mean: ``algorithm.weighting`` where the config sets it, else the declared
-        ``aggregation`` (``samples`` for ``"uploads"``, where an algorithm that averages does it in its own
-        ``server_aggregate``: one that honours the setting declares ``honours_weighting``)."""
+        """The weights of the round's mean model: ``algorithm.weighting`` where the config sets it, else the
+        declared one (``samples`` for uploads kept apart, where an algorithm that averages does it in its own
+        ``server_aggregate``)."""
         chosen = getattr(self.config, "weighting", None)
         if chosen is not None:
             return chosen
-        return self.aggregation if self.aggregation in WEIGHTINGS else "samples"
+        uploads = type(self).declared_uploads()
+        return uploads.weighting if uploads.kind in ("model", "mean") else "samples"
+
+    @property
+    def sum_weighting(self) -> str | dict[str, str]:
+        """The weights of the round's sum: one weighting, or one per named statistic (``Uploads.stats``)."""
+        return type(self).declared_uploads().weights(getattr(self.config, "weighting", None))
 
     @property
     def sums_uploads(self) -> bool:
-        """Whether the engine sums this algorithm's uploads where the clients trained: its declared ``aggregation``
-        is ``samples`` or ``uniform``, and it declares nothing that needs each upload on the server: no per-client
-        history (``server_history``), no server-side training from the updates (``server_train``)."""
-        return self.aggregation in WEIGHTINGS and self.server_history < 1 and not self.trains_on_server
+        """Whether the engine sums this algorithm's uploads where the clients trained: its declared uploads are
+        summed (not apart), and it declares nothing that needs each upload on the server: no per-client history
+        (``server_history``), no server-side training from the updates (``server_train``)."""
+        return type(self).declared_uploads().summed and self.server_history < 1 and not self.trains_on_server
 
     def server_train(self, server_state: dict, updates: list[ClientUpdate], ctx: ServerContext) -> dict:
         """Opt-in server-side training after ``server_aggregate``; returns the new server state.

@@ -61,6 +61,7 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, ClientContext
 from raysim.algorithms.configs.ditto import DittoConfig
 from raysim.algorithms.fedprox import proximal_term
+from raysim.config import ExperimentConfig
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -110,10 +111,11 @@ class Ditto(Algorithm):
         model.add_module(PERSONAL, copy.deepcopy(model))  # the initial weights, as the global model's
         return model
 
-    def cohort_refusal(self) -> Optional[str]:
-        if self.config.select_lam:
+    @classmethod
+    def refusal(cls, feature: str, cfg: Optional[ExperimentConfig] = None) -> Optional[str]:
+        if feature == "stack" and cfg is not None and cfg.algorithm.select_lam:
             return "ditto's select_lam picks λ on each client's validation data, which a cohort's loss does not see"
-        return super().cohort_refusal()
+        return super().refusal(feature, cfg)
 
     def check(self, cfg, data) -> None:
         super().check(cfg, data)

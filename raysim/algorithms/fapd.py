@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
 from raysim.algorithms.configs.fapd import FAPDConfig
 from raysim.curriculum.consensus import ConsensusController
@@ -50,7 +51,7 @@ class FAPD(Algorithm):
     # indices (ctx.sample_idx, per client under vmap) and per-process constants
     vectorizable = True
     tensorboard_charts = {"curriculum k": ["Curriculum/k"]}  # the curriculum dimension beside accuracy
-    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
+    uploads = Uploads.model()  # FedAvg's model average (its payload adds the projection and the curriculum)
 
     # ------------------------------------------------------------------ driver: data, teacher, PCA
     def prepare_data(self, data: FederatedData) -> FederatedData:

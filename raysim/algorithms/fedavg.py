@@ -10,5 +10,3 @@ class FedAvg(Algorithm):
 
     shared = "all"
     vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients
-    averages_models = True  # asynchronous.mode: the server step is the model average
-    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict, batchnorm_keys
 from raysim.config import ExperimentConfig
 from raysim.data.base import FederatedData
@@ -47,6 +48,9 @@ def local_entries(model: nn.Module) -> set[str]:
 @register_algorithm("fedbn")
 class FedBN(Algorithm):
     """FedAvg with local batch norm: clients keep their batch-norm layers; all other layers are averaged."""
+
+    # the shared entries' weighted mean: batch norm stays on each client, so the upload is not the model it downloaded
+    uploads = Uploads.mean()
 
     shared = "all"  # every layer but batch norm (check refuses mixed architectures, as for FedAvg)
     # engine.vectorize: FedAvg's client hooks; each client's batch norm is its own slice of the stack (equal to one

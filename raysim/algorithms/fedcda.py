@@ -85,8 +85,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, TensorDict,
-                                    average_updates, split_state)
+                                    split_state, weighted_average)
 from raysim.algorithms.configs.fedcda import FedCDAConfig
 from raysim.config import ExperimentConfig
 from raysim.errors import UserError
@@ -163,7 +164,7 @@ class FedCDA(Algorithm):
     """The global model is the uniform mean of every client's selected recent local model (low loss, low divergence)."""
 
     Config = FedCDAConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "all"
 
     def __init__(self, cfg: ExperimentConfig):
@@ -232,7 +233,8 @@ class FedCDA(Algorithm):
         j_newest = objective(sel.count, sel.loss, sel.sqnorm, dot(sel.total, sel.total), self.config.smoothness)
         like = updates[0].upload["model"]
         if ctx.round <= self.warmup:
-            server_state["model"] = average_updates(updates, lambda upload: upload["model"])
+            server_state["model"] = weighted_average([u.upload["model"] for u in updates],
+                                                     [float(u.num_samples) for u in updates])
             j = j_newest
         else:
             j = self._select(sel, chosen, updates, history, ctx)

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, TensorDict, is_parameter, weighted_average
 from raysim.algorithms.configs.feddyn import FedDynConfig
 from raysim.algorithms.fedprox import proximal_term
@@ -113,7 +114,7 @@ class FedDyn(Algorithm):
     """Dynamic regulariser CE + α⟨λ_k, θ⟩ + (α/2)‖θ − θ^{t-1}‖² on clients; the server adds their drift."""
 
     Config = FedDynConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "all"
     vectorizable = True  # engine.vectorize: α_k and λ_k come from ctx.state (see the module's docstring)
 

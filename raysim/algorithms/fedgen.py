@@ -55,8 +55,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import (Algorithm, ClientContext, ClientUpdate, ServerContext, TensorDict,
-                                    average_updates, split_state)
+                                    split_state, weighted_average)
 from raysim.algorithms.configs.fedgen import FedGenConfig, FedGenPConfig
 from raysim.registry import register_algorithm
 
@@ -168,7 +169,7 @@ class FedGen(Algorithm):
     """Model averaged; a server-trained feature generator regularises clients with generated samples."""
 
     Config = FedGenConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "all"  # FedGen-P: "head"
 
     # ------------------------------------------------------------------ driver
@@ -191,7 +192,8 @@ class FedGen(Algorithm):
 
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         if updates:
-            server_state["model"] = average_updates(updates, select=lambda upload: upload["model"])
+            server_state["model"] = weighted_average([u.upload["model"] for u in updates],
+                                                     [float(u.num_samples) for u in updates])
             counts = torch.stack([u.upload["label_counts"] for u in updates]).sum(dim=0)
             server_state["labels_seen"] = server_state["labels_seen"] | (counts > 0)
         return server_state

@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.configs.fedkd import FedKDConfig
 from raysim.config import ExperimentConfig
@@ -148,7 +149,7 @@ class FedKD(Algorithm):
     """Private mentor and shared mentee distil from each other; the mentee travels as SVD factors."""
 
     Config = FedKDConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "all"  # the mentee: one architecture and input shape everywhere (check); is_shared picks its keys
 
     @property

@@ -67,7 +67,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, average_updates,
+from raysim.algorithms.aggregation import Uploads
+from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate,
                                     split_state, weighted_average)
 from raysim.algorithms.configs.fednh import FedNHConfig
 from raysim.registry import register_algorithm
@@ -131,7 +132,7 @@ class FedNH(Algorithm):
     """Fixed-norm class prototypes as the classifier, smoothed on the server from uploaded class means."""
 
     Config = FedNHConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "all"  # body, s and W travel down; body and s come back averaged, W is the server's
 
     @property
@@ -148,7 +149,8 @@ class FedNH(Algorithm):
         if self.config.body_average == "uniform":
             model = weighted_average([u.upload["model"] for u in updates], [1.0] * len(updates))
         else:
-            model = average_updates(updates, lambda upload: upload["model"])
+            model = weighted_average([u.upload["model"] for u in updates],
+                                     [float(u.num_samples) for u in updates])
         model[PROTO_KEY] = smooth_prototypes(server_state["model"][PROTO_KEY],
                                              [(u.upload["protos"], u.upload["counts"]) for u in updates],
                                              self.config.rho)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict, is_parameter, live_state
 from raysim.algorithms.configs.fednova import FedNovaConfig
 from raysim.algorithms.fedopt import momentum_step
@@ -76,6 +77,8 @@ def nova_step(x: TensorDict, mean: dict, proximal: bool) -> tuple[TensorDict, Te
 class FedNova(Algorithm):
     """Normalised averaging: each client's update divided by its a_i (τ_i local steps for plain SGD), the sum
     rescaled by τ_eff = Σ p_i a_i."""
+
+    uploads = Uploads.mean()  # the normalised updates' weighted mean, which its own server step takes (not a model)
 
     Config = FedNovaConfig
     shared = "all"

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import torch
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, TensorDict, is_parameter
 from raysim.algorithms.configs.fedopt import (AdaptiveConfig, FedAdagradConfig, FedAdamConfig, FedAvgMConfig,
                                              FedOptConfig, FedYogiConfig)
@@ -92,8 +93,7 @@ class FedOpt(Algorithm):
     Config = FedOptConfig
     shared = "all"
     vectorizable = True  # engine.vectorize: FedAvg's client hooks (SCAFFOLD, which has its own, declares it again)
-    averages_models = True  # asynchronous.mode: the optimiser steps towards the mean model
-    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
+    uploads = Uploads.model()  # its own server step (server_aggregate_mean) steps towards the mean model
 
     def init_moments(self, x: torch.Tensor) -> Moments:
         """The optimiser state of one tensor before the first round (zeros of its shape, or nothing)."""

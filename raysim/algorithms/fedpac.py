@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, TensorDict, average_updates,
+from raysim.algorithms.aggregation import Uploads
+from raysim.algorithms.base import (Algorithm, eval_features, ClientContext, ClientUpdate, TensorDict,
                                     split_state, weighted_average)
 from raysim.algorithms.configs.fedpac import FedPACConfig
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
@@ -150,7 +151,7 @@ class FedPAC(Algorithm):
     """Extractor averaged and aligned to class centroids; each head a QP-weighted mix of the clients' heads."""
 
     Config = FedPACConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "backbone"
 
     # ------------------------------------------------------------------ driver side
@@ -173,7 +174,8 @@ class FedPAC(Algorithm):
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
         if not updates:
             return server_state
-        server_state["model"] = average_updates(updates, lambda u: u["model"])
+        server_state["model"] = weighted_average([u.upload["model"] for u in updates],
+                                                 [float(u.num_samples) for u in updates])
         server_state["centroids"], server_state["present"] = class_centroids(
             torch.stack([u.upload["means"] for u in updates]), torch.stack([u.upload["counts"] for u in updates]))
         if self.config.combine_heads:

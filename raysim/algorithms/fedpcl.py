@@ -72,6 +72,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate, split_state
 from raysim.algorithms.fedproto import class_prototypes, dense_prototypes
 from raysim.config import ExperimentConfig
@@ -165,7 +166,7 @@ class FedPCL(Algorithm):
     """Frozen backbone and a trained projection; only prototypes travel (prototype-contrastive loss)."""
 
     Config = FedPCLConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "none"  # no weights travel: prototypes and counts do
 
     # ------------------------------------------------------------------ model

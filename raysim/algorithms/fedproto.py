@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, eval_features, ClientContext, ClientUpdate
 from raysim.algorithms.configs.fedproto import FedProtoConfig
 from raysim.registry import register_algorithm
@@ -107,7 +108,7 @@ class FedProto(Algorithm):
     """Only class prototypes travel; local training is pulled towards the global prototypes."""
 
     Config = FedProtoConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
+    uploads = Uploads.apart()  # server_aggregate reads each upload
     shared = "none"  # no weights travel: prototypes and counts do
 
     # ------------------------------------------------------------------ driver side

@@ -58,8 +58,6 @@ class FedProx(Algorithm):
     shared = "all"
     # engine.vectorize: the proximal term reads the shared payload and the (swapped-in) parameters, nothing per client
     vectorizable = True
-    averages_models = True  # asynchronous.mode: FedAvg's server step (the paper's FedAsync clients are proximal too)
-    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
 
     def client_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                     ctx: ClientContext) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -4,6 +4,7 @@ At the start of a round a client's head is replaced by the global head, so heads
 shape) can be averaged as long as ``model.feature_dim`` matches.
 """
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm
 from raysim.registry import register_algorithm
 
@@ -14,4 +15,4 @@ class PartialAvg(Algorithm):
 
     shared = "head"
     vectorizable = True  # FedAvg's hooks: engine.vectorize can stack its clients
-    averages_models = True  # asynchronous.mode: the server step is the head average
+    uploads = Uploads.model()  # the head it downloaded, averaged

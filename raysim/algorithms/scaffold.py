@@ -59,8 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysim.algorithms.base import (ClientContext, ClientUpdate, TensorDict, average_updates, split_state,
-                                    weighted_average)
+from raysim.algorithms.aggregation import Uploads, client_weight
+from raysim.algorithms.base import ClientContext, ClientUpdate, RoundUpdates, TensorDict, split_state, weighted_average
 from raysim.algorithms.configs.scaffold import SCAFFOLDConfig
 from raysim.algorithms.fedopt import FedOpt, Moments, momentum_step
 from raysim.algorithms.training import batch_bounds
@@ -106,10 +106,10 @@ class SCAFFOLD(FedOpt):
     """Control variates (server c, client c_i) correct each local gradient by c − c_i; option II update."""
 
     Config = SCAFFOLDConfig
-    aggregation = "uploads"  # server_aggregate reads each upload
-    # samples stays the default (NIID-Bench's, the code followed, and FedAvg's, so the beyond/ tables compare like
-    # with like); the paper's uniform mean is algorithm.weighting=uniform
-    honours_weighting = True
+    # two statistics, each summed where the clients trained with its own weights: the models by training samples
+    # (NIID-Bench's, the code followed, and FedAvg's, so the beyond/ tables compare like with like; the paper's
+    # uniform mean is algorithm.weighting=uniform), the control variates' changes uniformly
+    uploads = Uploads.stats(model="algorithm", delta_control="uniform")
     vectorizable = True  # engine.vectorize: its own client_setup and client_loss, declared here (not FedOpt's)
 
     # ------------------------------------------------------------------ server
@@ -126,20 +126,20 @@ class SCAFFOLD(FedOpt):
     def server_step(self, x: torch.Tensor, average: torch.Tensor, moments: Moments) -> torch.Tensor:
         return momentum_step(x, average, None, self.config.server_lr, 0.0)
 
-    def client_average(self, updates: list[ClientUpdate]) -> TensorDict:
-        """The clients' models averaged by training samples, or uniformly with ``algorithm.weighting=uniform`` (the
-        paper's mean); each upload also carries its control's change."""
-        return average_updates(updates, lambda upload: upload["model"], weighting=self.weighting)
-
     def server_aggregate(self, updates: list[ClientUpdate], server_state: dict, round: int) -> dict:
+        """x̄ and the mean control change, each its own statistic of the round's one sum (``updates.mean()``);
+        c ← c + (|S|/N)·mean Δc, then FedOpt's step of x towards x̄."""
         if not updates:
             return server_state
-        deltas = [u.upload["delta_control"] for u in updates]
-        total = weighted_average(deltas, [1.0] * len(deltas))  # the mean, accumulated in float64 in id order
-        scale = len(deltas) / self.cfg.clients.num  # (1/N) Σ = (|S|/N) · mean
+        if isinstance(updates, RoundUpdates):
+            mean = updates.mean()
+        else:  # called directly with a list (a unit test)
+            mean = weighted_average([u.upload for u in updates],
+                                    [client_weight(u.num_samples, self.sum_weighting) for u in updates])
+        scale = len(updates) / self.cfg.clients.num  # (1/N) Σ = (|S|/N) · mean
         control = server_state["control"]
-        server_state["control"] = {k: _get(control, k, d) + scale * d for k, d in total.items()}
-        return self.server_aggregate_mean(self.client_average(updates), server_state, round)  # FedOpt's step
+        server_state["control"] = {k: _get(control, k, d) + scale * d for k, d in mean["delta_control"].items()}
+        return self.server_aggregate_mean(mean["model"], server_state, round)  # FedOpt's step
 
     # ------------------------------------------------------------------ client
     def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:

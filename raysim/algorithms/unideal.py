@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from raysim.algorithms.aggregation import Uploads
 from raysim.algorithms.base import Algorithm, ClientContext, TensorDict
 from raysim.algorithms.configs.unideal import PartialKDConfig, UnidealConfig
 from raysim.curriculum.clkd import clkd_loss, p_schedule
@@ -32,8 +33,7 @@ class Unideal(Algorithm):
     # engine.vectorize: CLKD ranks each client's batch on its own (topk per client under vmap); p depends on the
     # epoch and round only, which a cohort shares
     vectorizable = True
-    averages_models = True  # asynchronous.mode: the server step is the head average (FedAvg's, on the head)
-    upload_is_model = True  # privacy.enabled: the upload is the client's copy of the downloaded model (part)
+    uploads = Uploads.model()  # the head it downloaded, averaged as FedAvg's on the head
     # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)
     tensorboard_charts = {"curriculum p per local epoch": [r"^Curriculum/p_epoch$"],
                           "curriculum p per round (mean)": [r"^Curriculum/p$"]}

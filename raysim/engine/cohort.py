@@ -108,7 +108,7 @@ def train_cohort(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[O
     clock = time.perf_counter()
     order = sorted(range(len(jobs)), key=lambda i: jobs[i].client_id)
     out: list[Optional[tuple[TrainResult, Optional[dict]]]] = [None] * len(jobs)
-    if core.algorithm.cohort_refusal() is not None or len(jobs) < 2:
+    if core.algorithm.refusal("stack", core.cfg) is not None or len(jobs) < 2:
         for i in order:
             out[i] = core.train(jobs[i], shared, owns[i], states[i])
         return out  # type: ignore[return-value]

@@ -253,7 +253,7 @@ class Driver:
             self.vectorize_why = f"chosen by a probe in round {jobs[0].round}; it stands for the whole run"
         per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(jobs),
                                     self.executor.slots)
-        weighting = self.stages.weighting(self.algorithm.weighting)
+        weighting = self.stages.weighting(self.algorithm.sum_weighting)
         calls = []
         for rnd in sorted({j.round for j in jobs}):
             members = [i for i, j in enumerate(jobs) if j.round == rnd]
@@ -298,7 +298,7 @@ class Driver:
                                 num_samples=r.num_samples, loss=r.loss) for r in reports.finished]
         return RoundContext(round=rnd, updates=updates, total=reports.total, clients=reports.clients,
                             server_state=self.server_state, shared=reports.shared,
-                            weighting=self.stages.weighting(self.algorithm.weighting),
+                            weighting=self.stages.weighting(self.algorithm.sum_weighting),
                             sum_group=group_size(self.cfg.engine.sum_group, len(reports.clients)), stages=self.stages,
                             meta=reports.meta, on_nonfinite=self.cfg.engine.on_nonfinite)
 

@@ -72,7 +72,7 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
     refusal = stages.cohort_refusal() if stages is not None else None  # a stage's (DP-SGD's per-sample clipping)
     if refusal is not None:
         return 1, refusal
-    refusal = algorithm.cohort_refusal()
+    refusal = algorithm.refusal("stack", cfg)
     if refusal is not None:
         return 1, refusal
     if any(getattr(get_model(n), "per_client", False) for n in cfg.model.names()):
@@ -172,7 +172,7 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
     agrees only within rounding (:func:`rounding_only`) is never stacked by ``auto``. Nothing the probe trains is
     kept. Returns (size, what it measured).
     """
-    if core.algorithm.cohort_refusal() is not None or len(jobs) < 2:
+    if core.algorithm.refusal("stack", core.cfg) is not None or len(jobs) < 2:
         return 1, {}
     started = core.start(jobs[0], shared, owns[0], states[0])
     if model_refusal(started.model) is not None or rounding_only(started.model) is not None:

@@ -117,7 +117,7 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         from raysim.registry import get_algorithm
 
         algorithm: Any = get_algorithm(cfg.algorithm.name)
-        refusal = algorithm.privacy_refusal()
+        refusal = algorithm.refusal("privacy", cfg)
         require(refusal is None, "privacy.enabled", f"DP-FedAvg clips and noises a model delta, but "
                 f"{cfg.algorithm.name} {refusal}")
         require(getattr(cfg.algorithm, "weighting", None) in (None, "uniform"), "algorithm.weighting",
@@ -135,7 +135,7 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         from raysim.registry import get_algorithm
 
         dpsgd_alg: Any = get_algorithm(cfg.algorithm.name)
-        require(dpsgd_alg.vectorizes(), "privacy.dpsgd",
+        require(dpsgd_alg.refusal("stack", cfg) is None, "privacy.dpsgd",
                 f"DP-SGD takes per-sample gradients of {cfg.algorithm.name}'s client_loss under torch.func.vmap, which "
                 f"it does not declare it can run (Algorithm.vectorizable, docs/hooks.md)")
         require(str(cfg.engine.vectorize) in ("off", "1", "auto"), "engine.vectorize",

@@ -159,7 +159,7 @@ def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
 
     name = cfg.algorithm.name
     algorithm: Any = get_algorithm(name)
-    why = algorithm.async_refusal() or (None if algorithm.shared == "all" else "averages only part of the model")
+    why = algorithm.refusal("robust", cfg)
     require(why is None, key, f"{what} replaces the server's model average of a model-averaging method (fedavg, "
             f"fedprox, the FedOpt family), and {name} {why}")
     if agg.on:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import read_rows, strip_timing, tiny_overrides
-from raysim.algorithms.aggregation import (UploadSum, fixed_groups, flatten, sum_in_groups,
+from raysim.algorithms.aggregation import (UploadSum, Uploads, fixed_groups, flatten, sum_in_groups,
                                           unflatten, weighted_average)
 from raysim.algorithms.base import Algorithm, ClientUpdate, RoundUpdates, SummedUpload
 from raysim.config import load_config
@@ -120,14 +120,53 @@ WEIGHTED_SUM = [name for name in builtin_names("algorithm")  # built-ins only: o
 
 def test_the_summed_algorithms_are_those_that_declare_it():
     assert {"fedavg", "fedprox", "local", "partialavg", "unideal", "fapd", "moon", "fedrod", "fedavgm", "fedadam",
-            "fedbn", "ditto"} <= set(WEIGHTED_SUM)
-    assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd", "scaffold",
-                "feddyn"} & set(WEIGHTED_SUM)
+            "fedbn", "ditto", "scaffold"} <= set(WEIGHTED_SUM)
+    assert not {"fedcda", "fedpac", "fedgen", "fedpcl", "fednh", "fedproto", "fedkd", "feddyn"} & set(WEIGHTED_SUM)
     for name in builtin_names("algorithm"):  # declared, never inferred from which hooks a class overrides
         cls = get_algorithm(name)
-        assert cls.aggregation in ("samples", "uniform", "uploads"), name
-        overrides = cls.server_aggregate is not Algorithm.server_aggregate
-        assert not overrides or cls.aggregation == "uploads", f"{name} reads uploads but declares {cls.aggregation}"
+        # a class with a server_aggregate of its own declares its uploads apart, or the statistics it reads
+        if cls.server_aggregate is not Algorithm.server_aggregate:
+            assert cls.declared_uploads().kind in ("apart", "stats"), name
+
+
+def test_capabilities_follow_from_the_declaration():
+    """A model upload serves DP-FedAvg, FedAsync/FedBuff and robust rules; a class that overrides a hook of the
+    server step without declaring its uploads again is a weighted mean, still summed, and says what to declare."""
+    from raysim.algorithms.fedavg import FedAvg
+
+    fedavg = get_algorithm("fedavg")
+    assert fedavg.declared_uploads() == Uploads.model() and fedavg.refusal("privacy") is None
+    assert "needs every upload" in get_algorithm("fedcda").refusal("async")
+    assert "named statistics" in get_algorithm("scaffold").refusal("privacy")
+    assert get_algorithm("unideal").refusal("async") is None and "part of the model" in \
+        get_algorithm("unideal").refusal("robust")
+
+    class OwnStep(FedAvg):
+        def server_aggregate_mean(self, mean, server_state, round):
+            return server_state
+
+    class Redeclared(OwnStep):
+        uploads = Uploads.model()
+
+    assert OwnStep.declared_uploads() == Uploads.mean() and "OwnStep overrides server_aggregate_mean" in \
+        OwnStep.refusal("async")
+    assert Redeclared.declared_uploads() == Uploads.model() and Redeclared.refusal("async") is None
+
+
+def test_named_statistics_each_with_their_own_weights_by_hand():
+    """Uploads.stats: clients of 1 and 3 samples upload m = 0 and 4, d = 2 and 6: m by samples (1·0 + 3·4)/4 = 3,
+    d uniformly (2 + 6)/2 = 4; summed in two groups and merged, or at once, the same."""
+    rows = [(0.0, 2.0, 1), (4.0, 6.0, 3)]
+    results = [TrainResult(client_id=c, round=1, upload={"m": torch.tensor([m]), "d": torch.tensor([d])},
+                           num_samples=n, finite=True, loss=0.0) for c, (m, d, n) in enumerate(rows)]
+    weighting = Uploads.stats(m="algorithm", d="uniform").weights(None)
+    assert weighting == {"m": "samples", "d": "uniform"}
+    at_once = UploadSum().add_results([TrainResult(**{**vars(r), "upload": dict(r.upload)}) for r in results],
+                                      weighting).mean()
+    groups = merge_all([UploadSum().add_results(results[:1], weighting), UploadSum().add_results(results[1:],
+                                                                                                  weighting)]).mean()
+    for mean in (at_once, groups):
+        assert mean["m"].tolist() == [3.0] and mean["d"].tolist() == [4.0]
 
 
 def test_uniform_weights_by_hand_three_clients_of_unequal_size():
@@ -158,7 +197,7 @@ def test_an_algorithms_own_average_is_the_one_sum():
 
 
 def test_a_summed_upload_cannot_be_read_and_an_observer_keeps_the_sums(tmp_path):
-    with pytest.raises(RuntimeError, match="summed where the clients trained.*aggregation = 'uploads'"):
+    with pytest.raises(RuntimeError, match=r"summed where the clients trained.*Uploads.apart\(\)"):
         SummedUpload()["model"]
     mean = {"w": torch.ones(2)}
     updates = RoundUpdates([ClientUpdate(0, SummedUpload(), 5)], lambda: mean)

@@ -398,8 +398,11 @@ def test_auto_stacks_only_what_gives_the_one_at_a_time_bits(tmp_path, monkeypatc
 
 # ---------------------------------------------------------------------------------------------- what may vectorise
 def test_declaring_vectorisable_hooks():
-    assert all(get_algorithm(a).vectorizes() for a in [*SUPPORTED, "fedbn"])  # fedbn: within float32 rounding
-    assert not Algorithm.vectorizes() and not get_algorithm("moon").vectorizes()
+    def stacks(cls) -> bool:
+        return cls.refusal("stack") is None
+
+    assert all(stacks(get_algorithm(a)) for a in [*SUPPORTED, "fedbn"])  # fedbn: within float32 rounding
+    assert not stacks(Algorithm) and not stacks(get_algorithm("moon"))
 
     class ServerSide(FedAvg):  # FedAvg's client hooks, its own aggregation: still vectorisable
         def server_aggregate(self, updates, server_state, round):
@@ -412,7 +415,8 @@ def test_declaring_vectorisable_hooks():
     class Redeclared(OwnLoss):
         vectorizable = True
 
-    assert ServerSide.vectorizes() and not OwnLoss.vectorizes() and Redeclared.vectorizes()
+    assert stacks(ServerSide) and not stacks(OwnLoss) and stacks(Redeclared)
+    assert "OwnLoss overrides client_loss" in OwnLoss.refusal("stack")
 
 
 def test_notices_say_when_clients_train_one_at_a_time(tmp_path):

@@ -13,7 +13,7 @@
 import torch
 import torch.nn.functional as F
 
-from raysim.algorithms.base import Algorithm, average_updates, split_state
+from raysim.algorithms.base import Algorithm, split_state, weighted_average
 from raysim.registry import register_algorithm
 
 
@@ -59,7 +59,8 @@ class HookProbe(Algorithm):
         return {**split_state(model, lambda k: True), "visits": ctx.state["visits"] + 1}
 
     def server_aggregate(self, updates, server_state, round):
-        server_state["model"] = average_updates(updates, lambda up: up["head"])
+        server_state["model"] = weighted_average([u.upload["head"] for u in updates],
+                                                 [float(u.num_samples) for u in updates])
         server_state["seen"] = {**server_state["seen"], **{u.client_id: int(u.upload["visits"]) for u in updates}}
         return server_state
 

@@ -85,9 +85,9 @@ def test_bad_privacy_settings_are_one_line(tmp_path, monkeypatch):
     _refused(tmp_path, "privacy.noise_multiplier", **on)  # neither z nor a target ε
     line = refused_config("privacy.enabled", *tiny_overrides(tmp_path, **on, privacy__noise_multiplier=1,
                                                              algorithm__name="scaffold"))
-    assert "scaffold" in line and "aggregation" in line
-    assert "upload_is_model" in _refused(tmp_path, "privacy.enabled", **on, privacy__noise_multiplier=1,
-                                         algorithm__name="fedbn")
+    assert "scaffold" in line and "Uploads.stats" in line
+    assert "Uploads.mean" in _refused(tmp_path, "privacy.enabled", **on, privacy__noise_multiplier=1,
+                                      algorithm__name="fedbn")
     _refused(tmp_path, "algorithm.weighting", **on, privacy__noise_multiplier=1, algorithm__weighting="samples")
     _refused(tmp_path, "privacy.enabled", **on, privacy__noise_multiplier=1, asynchronous__mode="fedasync")
     # a robust rule is not the sum the noise is calibrated to, and an attack on the uploads would go unsummed
