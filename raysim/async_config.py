@@ -95,7 +95,7 @@ def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> N
     algorithm: Any = get_algorithm(name)
     why = algorithm.refusal("async", cfg)
     require(why is None, "asynchronous.mode", f"{section.mode} needs a method whose server step is a model average "
-            f"(fedavg, fedprox, the FedOpt family, partialavg, unideal): {name} {why}")
+            f"(fedavg, fedprox, the FedOpt family, unideal, ...: Uploads.model()): {name} {why}")
     deadline = getattr(getattr(cfg, "system", None), "deadline_s", None)
     require(deadline is None, "asynchronous.mode", f"{section.mode} has no rounds to cut short: drop "
             f"system.deadline_s (a deadline and over-selection are synchronous policies)")

@@ -40,7 +40,7 @@ def vectorize_notices(cfg: Any) -> list[str]:
         return []
     out = []
     head = f"engine.vectorize={setting}:"
-    if get_algorithm(cfg.algorithm.name).refusal("stack", cfg) is not None:
+    if get_algorithm(cfg.algorithm.name).refusal("stack") is not None:  # the declaration (a setting says its own)
         out.append(f"{head} algorithm {cfg.algorithm.name} declares no vectorisable client hooks "
                    f"(Algorithm.vectorizable), so its clients train one at a time")
     names = sorted(set(cfg.model.names()))

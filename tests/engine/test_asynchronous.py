@@ -272,11 +272,11 @@ def test_fedasync_mixes_every_arrival(tmp_path):
 def test_an_algorithm_without_a_model_average_is_refused(tmp_path):
     line = refused_config("asynchronous.mode", *tiny_overrides(tmp_path, algorithm__name="scaffold",
                                                                 asynchronous__mode="fedbuff"))
-    assert "scaffold needs every upload of a round at once" in line
+    assert "scaffold uploads named statistics, not a model" in line
     assert not (tmp_path / "run").exists()  # nothing written
     line = refused_config("asynchronous.mode", *tiny_overrides(tmp_path, algorithm__name="fednova",
                                                                 asynchronous__mode="fedasync"))
-    assert "fednova does not declare its server step a model average" in line
+    assert "fednova uploads a weighted mean, not a model" in line
     refused_config("asynchronous.concurrency", *tiny_overrides(tmp_path, asynchronous__mode="fedasync",
                                                                 asynchronous__concurrency=9))
 

@@ -64,7 +64,7 @@ def test_unknown_names_are_refused(tmp_path):
 
 def test_a_method_that_is_not_a_model_average_is_refused_with_why(tmp_path):
     line = refused(tmp_path, "aggregator.name", aggregator__name="median", algorithm__name="scaffold")
-    assert "model average" in line and "scaffold needs every upload" in line
+    assert "model average" in line and "scaffold uploads named statistics" in line
     line = refused(tmp_path, "attack.name", attack__name="alie", algorithm__name="fedrep")
     assert "fedrep" in line
 
