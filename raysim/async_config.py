@@ -30,9 +30,10 @@ Checked (2026-12-02) against the papers' definitions and FedBuff's reference imp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from raysim.validate import is_finite as _finite
 
 MODES = ("off", "fedasync", "fedbuff")
 STALENESS = ("constant", "polynomial", "hinge")
@@ -57,12 +58,6 @@ class AsynchronousConfig:
     @property
     def on(self) -> bool:
         return self.mode != "off"
-
-
-def _finite(value: Any, low: float, strict: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value > low if strict else value >= low
 
 
 def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> None:

@@ -21,3 +21,11 @@ def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:
     """Every (client, round) job draws its randomness from this seed alone, whichever worker runs it; a ``stream``
     tag separates the draws of evaluation, server-side training, noise and attacks from those of training."""
     return int(np.random.SeedSequence([seed, client_id, round, *stream]).generate_state(1)[0])
+
+
+def derive_seed(*parts: int, bits: int = 32) -> int:
+    """A ``bits``-bit (32 or 64) seed drawn from ``parts`` alone, by the same SeedSequence recipe as ``job_seed``:
+    the seeds that are not a (client, round) job's (a model's initial weights, the system model's streams, a central
+    training's) derive here, so no module keeps its own copy of the recipe."""
+    dtype = np.uint64 if bits == 64 else np.uint32
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=dtype)[0])

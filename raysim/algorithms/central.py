@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from raysim.errors import UserError
+from raysim.seeds import derive_seed
 from raysim.trees import detached_cpu
 
 Entry = dict[str, torch.Tensor]
@@ -88,7 +89,7 @@ def recipe_key(recipe: dict[str, Any], arrays: Iterable[Union[np.ndarray, torch.
 
 def derived_seed(*parts: int) -> int:
     """A 32-bit seed for one central training, drawn from ``parts`` (the run's seed and a stream of its own)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+    return derive_seed(*parts)
 
 
 def train_classifier(build_backbone: Callable[[], nn.Module], x: torch.Tensor, y: torch.Tensor, *,

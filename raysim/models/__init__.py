@@ -17,12 +17,12 @@ one); the factory of such a backbone is marked ``stages = True`` (``has_stages(a
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
 from raysim.errors import UserError
 from raysim.models.pooling import deterministic_pooling
+from raysim.seeds import derive_seed
 
 HEAD_PREFIX = "head."
 BACKBONE_PREFIX = "backbone."
@@ -91,7 +91,7 @@ def has_stages(arch: str) -> bool:
 
 def init_seed(seed: int, arch_key: str) -> int:
     """Initial weights depend on the run seed and the architecture only, so every worker builds the same start."""
-    return int(np.random.SeedSequence([seed, *arch_key.encode()]).generate_state(1)[0])
+    return derive_seed(seed, *arch_key.encode())
 
 
 def build_model(cfg, arch: str, input_shape: tuple[int, ...], num_classes: int, client_id: int = 0,

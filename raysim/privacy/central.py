@@ -29,15 +29,15 @@ import torch
 from raysim.algorithms.aggregation import UploadSum, flat_views, flatten, unflatten
 from raysim.errors import UserError
 from raysim.privacy.config import clients_per_round
+from raysim.seeds import job_seed
 
 DELTA_KEY, COUNT_KEY = "delta", "unclipped"  # what a clipped upload holds
 PRIVACY_STREAM = 37  # the noise's seed: job_seed(seed, 0, round, PRIVACY_STREAM)
 
 
 def noise_seed(seed: int, rnd: int) -> int:
-    """The round's noise seed: ``raysim.engine.core.job_seed(seed, 0, rnd, PRIVACY_STREAM)`` (a test holds them
-    equal), computed here so that neither the driver nor raysim.privacy imports the client-job core."""
-    return int(np.random.SeedSequence([seed, 0, rnd, PRIVACY_STREAM]).generate_state(1)[0])
+    """The round's noise seed: ``job_seed(seed, 0, rnd, PRIVACY_STREAM)`` (raysim.seeds, torch-free)."""
+    return job_seed(seed, 0, rnd, PRIVACY_STREAM)
 
 
 def delta_norm(delta: dict) -> float:

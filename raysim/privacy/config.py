@@ -11,14 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from raysim.validate import is_finite as _number
+
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
 ON_BUDGET = ("stop", "warn")
 MAX_NOISE = 1000.0  # privacy.target_epsilon: the largest noise multiplier the calibration searches
-
-
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclass

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from raysim.validate import is_finite as _finite, is_whole as _whole
+
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "norm_bound", "centered_clip")
 # attacks on the data, applied where the malicious client trains
 DATA_ATTACKS = ("label_flip", "backdoor", "scaling")
@@ -73,16 +75,6 @@ class AttackConfig:
     @property
     def backdoor(self) -> bool:
         return self.name in BACKDOOR_ATTACKS
-
-
-def _finite(value: Any, low: float, strict: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value > low if strict else value >= low
-
-
-def _whole(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def clients_per_round(cfg: Any) -> int:

@@ -1,7 +1,7 @@
 """The ``system`` config section: client speeds, bandwidths, latency, availability, dropout and the round deadline.
 
 Off by default (``system.enabled: false``): then no key here changes any number a run computes. Every mistake is a
-:class:`SystemConfigError` whose one-line message names the key. Files (``system.csv``,
+:class:`raysim.validate.ConfigError` whose one-line message names the key. Files (``system.csv``,
 ``system.availability.trace``) are checked when the run builds its :class:`raysim.system.model.SystemModel`, before
 its first round, with the same one-line errors.
 """
@@ -12,28 +12,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from raysim.errors import UserError
+from raysim.validate import ConfigError, is_finite as _finite, require as _require
 
 TRAIT_SOURCES = ("lognormal", "tiers", "csv")
 AVAILABILITY_MODES = ("always", "onoff", "diurnal", "trace")
 LATE_POLICIES = ("drop", "partial")
 
 
-class SystemConfigError(UserError):
-    """A ``system.*`` key holds an impossible value: raysim.config's ConfigError for this section, which cannot
-    import raysim.config (raysim.config imports it); the CLI gives both one line and exit 2."""
-
-
-def _require(ok: bool, key: str, why: str) -> None:
-    if not ok:
-        raise SystemConfigError(f"config key '{key}': {why}")
-
-
-def _finite(value: Any, low: float, *, strict: bool = False) -> bool:
-    """A finite number (not a bool) >= ``low`` (> with ``strict``), as raysim.config.is_finite."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return value > low if strict else value >= low
+SystemConfigError = ConfigError  # the name this section's errors had before raysim.validate held the convention
 
 
 def _positive(value: Any) -> bool:

@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 
 from raysim.config import ConfigError
+from raysim.seeds import derive_seed
 from raysim.system.config import SystemConfig
 
 # stream tags: each kind of draw has its own
@@ -88,7 +89,7 @@ def uniform(key: int, *counters: int) -> float:
 
 
 def stream_key(seed: int, stream: int) -> int:
-    return int(np.random.SeedSequence([seed, 36, stream]).generate_state(1, dtype=np.uint64)[0])
+    return derive_seed(seed, 36, stream, bits=64)
 
 
 def lognormal_sigma(spread: float) -> float:
