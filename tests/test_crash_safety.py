@@ -20,7 +20,7 @@ from raysim.config import load_config
 from raysim.dirlock import DirLock
 from raysim.engine.runner import run_experiment
 from raysim.errors import UserError
-from raysim.tune import load_sweep, spec_to_yaml
+from raysim.tune import load_sweep
 
 
 def _launch(args: list[str], env: dict) -> subprocess.Popen:
@@ -342,12 +342,14 @@ def test_a_filesystem_without_locks_warns_and_runs(tmp_path, capsys, monkeypatch
 
 
 def test_sweeps_and_seed_sets_are_refused_while_their_directory_is_in_use(tmp_path, capsys):
+    from raysim.tune.sweepdir import _check_sweep_dir
+
     sweep, out = _sweep_file(tmp_path), tmp_path / "sw"
     out.mkdir()
     with DirLock(out):
         assert main(["tune", str(sweep), f"dir={out}"]) == 2
         assert "is in use by another raysim process" in _one_line_error(capsys.readouterr().err, "raysim: error:")
-        (out / "sweep.yaml").write_text(spec_to_yaml(load_sweep(sweep)))
+        _check_sweep_dir(load_sweep(sweep), out, resume=False)  # the sweep's record and sweep.yaml, as a sweep starts
         assert main(["tune", "--resume", str(out)]) == 2
         assert "is in use by another raysim process" in _one_line_error(capsys.readouterr().err, "raysim: error:")
         assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={out}"]) == 2
@@ -366,24 +368,3 @@ def _wait_for(proc: subprocess.Popen, text: str, timeout: float = 300) -> None:
         if text in line.split():
             return
     raise AssertionError(f"never saw {text!r}:\n" + "".join(seen[-30:]))
-
-
-def test_torn_tune_state_files_fall_back_to_what_is_whole(tmp_path):
-    """Tune writes tuner.pkl and its experiment state in place: a kill can tear them."""
-    import pickle
-
-    from raysim.tune import _tune_state_restorable
-    from raysim.tune.sweepdir import _record_tuner_digest
-
-    tune_dir = tmp_path / "tune"
-    tune_dir.mkdir()
-    assert not _tune_state_restorable(tune_dir)  # killed before Tune wrote anything: the sweep starts anew
-    (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1})[:-3])
-    assert not _tune_state_restorable(tune_dir)
-    (tune_dir / "tuner.pkl").write_bytes(pickle.dumps({"x": 1}))
-    assert not _tune_state_restorable(tune_dir)  # no sha256 recorded for it: not known to be Tune's (issue 39)
-    _record_tuner_digest(tune_dir)  # as raysim does once Tune has written it
-    (tune_dir / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trial_data": []}')
-    (tune_dir / "experiment_state-2026-01-02_00-00-00.json").write_text('{"trial_data": [')
-    assert _tune_state_restorable(tune_dir)
-    assert [p.name for p in tune_dir.glob("experiment_state-*")] == ["experiment_state-2026-01-01_00-00-00.json"]

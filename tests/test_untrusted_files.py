@@ -1,6 +1,6 @@
 """No code runs from a file raysim reads (issue 39): each test plants a real payload, a pickle that would create a
 marker file when unpickled, in a file raysim reads (a CIFAR batch, a dataset cache entry; checkpoints: see
-tests/engine/test_faults.py, sweep state: tests/tune), and asserts the marker is never written."""
+tests/engine/test_faults.py, sweep state: tests/tune/test_state.py), and asserts the marker is never written."""
 
 from __future__ import annotations
 
@@ -83,32 +83,3 @@ def test_a_payload_in_a_cache_entry_never_runs(tmp_path):
         np.savez(fh, x=np.array([Payload(marker)], dtype=object))
     got = cached_arrays(cfg, "t", {"k": 1}, lambda: built)
     assert np.array_equal(got["x"], built["x"]) and not marker.exists()
-
-
-def _sweep_dir(tmp_path: Path) -> Path:
-    """A sweep directory as ``raysim tune`` leaves it (sweep.yaml, tune/tuner.pkl), the pickle a real payload."""
-    from conftest import ROOT
-    from raysim.tune.spec import load_sweep, spec_to_yaml
-
-    sweep_dir = tmp_path / "sw"
-    (sweep_dir / "tune").mkdir(parents=True)
-    spec = load_sweep(ROOT / "experiments" / "sweeps" / "smoke-lr.yaml", [f"dir={sweep_dir}"])
-    (sweep_dir / "sweep.yaml").write_text(spec_to_yaml(spec))
-    (sweep_dir / "tune" / "tuner.pkl").write_bytes(pickle.dumps(Payload(tmp_path / "code-ran")))
-    (sweep_dir / "tune" / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
-    return sweep_dir
-
-
-def test_a_payload_in_tunes_state_never_runs(tmp_path, capsys):
-    """A tuner.pkl other than the one Tune wrote for raysim (whose sha256 raysim recorded) is refused in one line;
-    without a record it is not read either (nothing is known to have run: the sweep would start again)."""
-    from raysim.cli import main
-    from raysim.tune.sweepdir import TUNER_DIGEST, _tune_state_restorable
-
-    sweep_dir = _sweep_dir(tmp_path)
-    assert _tune_state_restorable(sweep_dir / "tune") is False
-    (sweep_dir / TUNER_DIGEST).write_text("0" * 64 + "\n")  # the digest of the file Tune wrote
-    assert main(["tune", "--resume", str(sweep_dir), "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "tuner.pkl does not match the sha256 raysim recorded" in err and err.count("\n") == 0, err
-    assert not (tmp_path / "code-ran").exists()

@@ -12,6 +12,7 @@ import raysim.interrupts as interrupts
 from raysim.errors import RunStopped
 from raysim.tune.results import trial_error, trial_run_dir
 from raysim.tune.spec import SweepSpec
+from raysim.tune.state import trial_identity
 
 
 @contextlib.contextmanager
@@ -100,7 +101,7 @@ def _restarts_only_lost_trials(spec: SweepSpec, sweep_dir: Path) -> Iterator[Non
     restart = Trial.should_recover
 
     def should_recover(trial: Any) -> bool:
-        own = trial_error(trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config)) is not None
+        own = trial_error(trial_run_dir(spec, sweep_dir, *trial_identity(trial))) is not None
         return not own and restart(trial)
 
     Trial.should_recover = should_recover  # type: ignore[method-assign]

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 from raysim.tune.results import trial_error
 from raysim.tune.spec import SweepSpec
+from raysim.tune.state import trial_identity
 
 
 class _Progress:
@@ -16,22 +17,23 @@ class _Progress:
     def __init__(self, spec: SweepSpec, total: int, rounds: int, quiet: bool, done: tuple[str, ...] = (),
                  run_dir: Optional[Callable[[Any], Path]] = None):
         self.spec, self.total, self.rounds, self.quiet = spec, total, rounds, quiet
-        self.done = set(done)  # trial ids that ended (a resumed sweep starts with those ended before)
+        self.done = set(done)  # names of the trials that ended (a resumed sweep starts with those ended before)
         self.run_dir = run_dir
         self.best: Optional[tuple[float, str]] = None
         self.per_trial: dict[str, float] = {}  # each trial's best so far (seeds: their mean is the news)
         self.start = time.monotonic()
 
     def label(self, trial: Any) -> str:
-        return self.spec.names.label(trial.trial_id, trial.config)
+        return self.spec.names.label(*trial_identity(trial))
 
     def result(self, trial: Any, result: dict) -> None:
         value = result.get(self.spec.metric)
         if value is not None and (self.best is None or _better(value, self.best[0], self.spec.mode)):
             self.best = (value, self.label(trial))
-        old = self.per_trial.get(trial.trial_id)
+        name = trial_identity(trial)[0]
+        old = self.per_trial.get(name)
         if value is not None and (old is None or _better(value, old, self.spec.mode)):
-            self.per_trial[trial.trial_id] = value
+            self.per_trial[name] = value
         if not self.quiet:
             from raysim.runlog import format_round
 
@@ -52,9 +54,10 @@ class _Progress:
               f"checkpoint", flush=True)
 
     def finished(self, trial: Any, failed: bool) -> None:
-        if trial.trial_id in self.done and not failed:
-            return  # ended before a kill that Tune's state missed: counted, and re-reported without running
-        self.done.add(trial.trial_id)
+        name = trial_identity(trial)[0]
+        if name in self.done and not failed:
+            return  # ended before a kill that the sweep's record missed: counted, and re-reported without running
+        self.done.add(name)
         # seeds: a mean over the seeds that ended, never one still running (its best so far is no result yet)
         ended = {t: v for t, v in self.per_trial.items() if t in self.done}
         best = self.spec.names.progress_best(self.spec.metric, self.best, ended)

@@ -3,7 +3,6 @@ best.yaml and each trial's TensorBoard HParams."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
@@ -15,7 +14,6 @@ import yaml
 
 from raysim.config import load_config, to_yaml
 from raysim.fsutil import atomic_write_text
-from raysim.runlog import quiet_logger
 from raysim.tables import markdown_table, metric_cell, short_value
 from raysim.tboard import saved_hparams, write_hparams
 from raysim.tune.spec import SweepSpec
@@ -31,16 +29,22 @@ class SweepResult:
 
 
 def collect_trials(spec: SweepSpec, sweep_dir: Path) -> list[dict]:
-    """One row per trial from Tune's experiment state and the trial's run directory, best first."""
+    """One row per trial from raysim's record of the sweep (``raysim.tune.state``) and the trial's run directory,
+    best first."""
     from raysim.runlog import read_metrics
 
-    if spec.naming == "seed" and not (sweep_dir / "tune").is_dir():  # a seed set run in-process: no Tune state
+    if spec.naming == "seed" and not (sweep_dir / "tune").is_dir():  # a seed set run in-process: no Tune
         trials = seed_trials(spec, sweep_dir)
     else:
-        trials = _tune_trials(sweep_dir / "tune")
+        trials = _recorded_trials(sweep_dir)
     rows = []
     for trial in trials:
         values = {k: trial["config"].get(k) for k in spec.space}
+        if trial.get("missing"):  # an Optuna trial not suggested yet: no values, no run directory
+            rows.append({"trial": "(not started)", "trial_id": trial["trial_id"], **values,
+                         f"best_{spec.metric}": None, "best_round": None, "rounds": "0/?", "status": "unfinished",
+                         "run_dir": ""})
+            continue
         run_dir = trial_run_dir(spec, sweep_dir, trial["trial_id"], trial["config"])
         metrics = read_metrics(run_dir / "metrics.jsonl")
         scored = [m for m in metrics if m.get(spec.metric) is not None]
@@ -108,19 +112,20 @@ def trial_error(run_dir: Path) -> Optional[str]:
     return text.splitlines()[0] if text else None
 
 
-def _tune_trials(tune_dir: Path) -> list[dict]:
-    """Trial id, status and sampled values of every trial Tune knows of (its experiment state is the record)."""
-    if not tune_dir.is_dir():
-        return []
-    from ray.tune import ExperimentAnalysis
-
-    with _quiet_tune_logs():
-        analysis = ExperimentAnalysis(str(tune_dir))
-    return [{"trial_id": t.trial_id, "status": t.status, "config": dict(t.config)} for t in analysis.trials]
+_TUNE_STATUS = {"pending": "PENDING", "ended": "TERMINATED", "paused": "PAUSED", "error": "ERROR"}
 
 
-def _quiet_tune_logs() -> contextlib.AbstractContextManager:
-    return quiet_logger("ray.tune")
+def _recorded_trials(sweep_dir: Path) -> list[dict]:
+    """Name, status (in Tune's words) and sampled values of every trial the sweep's record holds (one not started
+    yet is unfinished, as one that was running); an Optuna sweep stopped before Optuna suggested all its trials
+    also gets a row per trial still to come, so that it never reads as a whole sweep."""
+    from raysim.tune.state import read_state
+
+    state = read_state(sweep_dir)
+    rows = [{"trial_id": t.name, "status": _TUNE_STATUS[t.status], "config": dict(t.values)} for t in state.trials]
+    rows += [{"trial_id": f"not-suggested-{i}", "status": "PENDING", "config": {}, "missing": True}
+             for i in range(state.new_left())]
+    return rows
 
 
 def _total_rounds(run_dir: Path) -> Optional[int]:
@@ -155,7 +160,7 @@ def finish_sweep(spec: SweepSpec, sweep_dir: Path) -> SweepResult:
     if best:
         write_best_config(spec, best, sweep_dir / "best.yaml")
     for row in rows:  # the trial's whole config (the searched keys as Tune chose them), and its best metric
-        hparams = saved_hparams(Path(row["run_dir"]))
+        hparams = saved_hparams(Path(row["run_dir"])) if row["run_dir"] else None  # "": not started
         if hparams is not None:
             write_hparams(Path(row["run_dir"]), {**hparams, **{k: row[k] for k in spec.space}},
                           {f"hparams/best_{spec.metric}": row[f"best_{spec.metric}"]})

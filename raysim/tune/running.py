@@ -1,6 +1,7 @@
-"""Running a sweep: the sweep directory's lock, then Ray Tune's Tuner (new or restored) over raysim's trials. The
-directory's state (``sweepdir``), Tune's guards (``guards``) and the scheduler and searcher (``search``) are
-modules of their own."""
+"""Running a sweep: the sweep directory's lock, then a Ray Tune Tuner over raysim's trials. The directory and
+raysim's record of the sweep (``sweepdir``, ``state``), Tune's guards (``guards``) and the scheduler and searcher
+(``search``) are modules of their own. A resume builds a new Tuner from raysim's record, never ``Tuner.restore``
+(which unpickles Tune's files)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import raysim.interrupts as interrupts
 from raysim.errors import RunStopped, UserError
 from raysim.tables import counted
 from raysim.tune.progress import _progress_callback, _Progress
-from raysim.tune.results import SweepResult, _quiet_tune_logs, collect_trials, finish_sweep, trial_run_dir
+from raysim.tune.results import SweepResult, collect_trials, finish_sweep, trial_run_dir
 from raysim.tune.spec import SweepError, SweepSpec, default_sweep_dir
 from raysim.tune.guards import (TuneStateUnwritable, _one_line_trial_errors, _restarts_only_lost_trials,
                                 _stops_on_signals, _stops_when_tune_cannot_save, _tune_env)
-from raysim.tune.search import _scheduler, _searcher
-from raysim.tune.sweepdir import TUNER_DIGEST, _check_sweep_dir, _record_tuner_digest
+from raysim.tune.search import _scheduler, recorded_search
+from raysim.tune.state import SweepState, state_callback, trial_identity
+from raysim.tune.sweepdir import _check_sweep_dir
 from raysim.tune.trials import ERROR_FILE, TrialSetup, _param_space, _trial_resources, run_trial
 from raysim.tune.validate import candidate_configs, check_cluster, validate_sweep
 
@@ -66,7 +68,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
             if in_process and not resume and (sweep_dir / "sweep.yaml").is_file():
                 raise SweepError(f"{sweep_dir} already holds a seed set; continue it with --resume {sweep_dir} "
                                  f"or choose another directory")
-            resume = _check_sweep_dir(spec, sweep_dir, resume)
+            state = _check_sweep_dir(spec, sweep_dir, resume)
         except BaseException:
             if created:
                 shutil.rmtree(sweep_dir, ignore_errors=True)
@@ -84,7 +86,7 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
                 raise
             return finish_sweep(spec, sweep_dir)
         try:
-            return _run_sweep_locked(spec, candidates, sweep_dir, resume, quiet, out, callbacks)
+            return _run_sweep_locked(spec, candidates, sweep_dir, state, resume, quiet, out, callbacks)
         except UserError:  # refused before Tune started (the cluster can never place a trial): leave nothing
             if created and not (sweep_dir / "tune").exists():
                 shutil.rmtree(sweep_dir, ignore_errors=True)
@@ -94,8 +96,9 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
             raise
 
 
-def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep_dir: Path, resume: bool,
-                      quiet: bool, out: Callable[[str], None], user_callbacks: Sequence[Any] = ()) -> "SweepResult":
+def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep_dir: Path, state: SweepState,
+                      resume: bool, quiet: bool, out: Callable[[str], None],
+                      user_callbacks: Sequence[Any] = ()) -> "SweepResult":
     import ray
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
@@ -113,8 +116,11 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
     for row in rows:  # errored trials run again: their causes go, so that a restart after a lost node is not
         if row["status"].startswith("error"):  # taken for their own failure (_restarts_only_lost_trials)
             (Path(row["run_dir"]) / ERROR_FILE).unlink(missing_ok=True)
+    to_run, new = state.to_run(), state.new_left()
+    if not (to_run or new):  # every trial ended: the tables again, without Ray or Tune
+        return finish_sweep(spec, sweep_dir)
     progress = _Progress(spec, total, first.rounds, quiet, done=done,
-                         run_dir=lambda trial: trial_run_dir(spec, sweep_dir, trial.trial_id, trial.config))
+                         run_dir=lambda trial: trial_run_dir(spec, sweep_dir, *trial_identity(trial)))
     with ray_session(first.engine, first.plugins):
         check_cluster(spec, candidates)
         setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
@@ -129,28 +135,17 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
             from raysim.engine.pool import release_warm_workers
             from raysim.tracking import tune_callbacks
 
-            callbacks = [_progress_callback(progress), CSVLoggerCallback(), JsonLoggerCallback(),
-                         *tune_callbacks(first, sweep_dir), *user_callbacks]
-            (sweep_dir / TUNER_DIGEST).unlink(missing_ok=True)  # Tune rewrites tuner.pkl in place next
-            if resume:
-                with _quiet_tune_logs():  # trials that never reported have no result.json: Tune warns of that
-                    tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True,
-                                               resume_errored=True)
-            else:
-                tuner = tune.Tuner(
-                    trainable, param_space=_param_space(spec),
-                    tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=spec.num_samples,
-                                                scheduler=_scheduler(spec, first.rounds),
-                                                search_alg=_searcher(spec),
-                                                max_concurrent_trials=spec.max_concurrent,
-                                                trial_dirname_creator=lambda trial: trial.trial_id),
-                    run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0,
-                                              callbacks=callbacks,
-                                              failure_config=tune.FailureConfig(max_failures=LOST_TRIAL_RESTARTS)))
-            _record_tuner_digest(tune_dir)  # the tuner.pkl the Tuner just wrote is the one --resume may read
-            # Tuner.restore keeps the original run config; the progress callback has to be re-attached
-            if resume:
-                tuner._local_tuner.get_run_config().callbacks = callbacks  # noqa: SLF001 - no public setter
+            callbacks = [state_callback(state), _progress_callback(progress), CSVLoggerCallback(),
+                         JsonLoggerCallback(), *tune_callbacks(first, sweep_dir), *user_callbacks]
+            tuner = tune.Tuner(
+                trainable, param_space=_param_space(spec) if new else {},
+                tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, num_samples=len(to_run) + new,
+                                            scheduler=_scheduler(spec, first.rounds),
+                                            search_alg=recorded_search(spec, state, to_run, new),
+                                            max_concurrent_trials=spec.max_concurrent,
+                                            trial_dirname_creator=lambda trial: trial.trial_id),
+                run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0, callbacks=callbacks,
+                                          failure_config=tune.FailureConfig(max_failures=LOST_TRIAL_RESTARTS)))
             release_warm_workers()  # Tune's trials need the CPUs that a run's kept workers hold (warm_workers)
             with _one_line_trial_errors(), _stops_on_signals(), _restarts_only_lost_trials(spec, sweep_dir), \
                     _stops_when_tune_cannot_save(tune_dir) as unsaved:

@@ -14,7 +14,7 @@ import yaml
 
 from raysim.config import flatten_dict
 from raysim.errors import UserError
-from raysim.tune.naming import TrialNaming, naming
+from raysim.tune.naming import NAMINGS, TrialNaming, naming
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 SCHEDULERS = ("fifo", "asha", "hyperband", "median")
@@ -214,11 +214,40 @@ def spec_to_yaml(spec: SweepSpec) -> str:
     return yaml.safe_dump(dataclasses.asdict(spec), sort_keys=False)
 
 
-def spec_from_yaml(path: Path) -> SweepSpec:
-    if not path.is_file():
-        raise SweepError(f"{path.parent} is not a sweep directory (no {path.name})")
-    return SweepSpec(**yaml.safe_load(path.read_text()))
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(SweepSpec))
 
+
+def spec_from_dict(raw: Any, where: str) -> SweepSpec:
+    """A sweep that raysim recorded (``sweep.yaml``, the sweep state), checked as a sweep file is checked before
+    anything of it is used: a damaged or edited record is one line naming ``where`` and the key."""
+    def refuse(why: str) -> SweepError:
+        return SweepError(f"{where}: {why}; restore it, or start the sweep again in another directory")
+
+    if not isinstance(raw, dict):
+        raise refuse("not a recorded sweep (a mapping of sweep keys)")
+    unknown = sorted(str(k) for k in set(raw) - set(SPEC_FIELDS))
+    if unknown:
+        raise refuse(f"sweep key '{unknown[0]}' is unknown")
+    kinds = {"base": (str, type(None)), "space": dict, "fixed": list, "metric": str, "mode": str, "num_samples": int,
+             "scheduler": dict, "search": dict, "max_concurrent": (int, type(None)), "dir": (str, type(None)),
+             "naming": str}
+    for key, kind in kinds.items():
+        if key in raw and (not isinstance(raw[key], kind) or isinstance(raw[key], bool)):
+            raise refuse(f"sweep key '{key}' holds {type(raw[key]).__name__} {raw[key]!r}")
+    if "base" not in raw:
+        raise refuse("sweep key 'base' is missing")
+    if not all(isinstance(item, str) and "=" in item for item in raw.get("fixed", [])):
+        raise refuse("sweep key 'fixed' must list dotted.key=value overrides")
+    if raw.get("naming", "trial") not in NAMINGS:
+        raise refuse(f"sweep key 'naming' must be one of {', '.join(NAMINGS)}, got {raw['naming']!r}")
+    try:
+        if flatten_space(raw.get("space", {})) != raw.get("space", {}):
+            raise SweepError("sweep key 'space' must map dotted config keys to one distribution each")
+        spec = SweepSpec(**raw)
+        check_spec(spec)
+    except SweepError as exc:
+        raise refuse(str(exc)) from None
+    return spec
 
 
 

@@ -17,6 +17,7 @@ from raysim.engine.placement import run_bundles
 from raysim.errors import UserError
 from raysim.tune.naming import naming
 from raysim.tune.spec import SweepSpec
+from raysim.tune.state import TRIAL_KEY, split_trial_config
 from raysim.tune.validate import _override
 
 
@@ -35,7 +36,7 @@ class TrialSetup:
         return Path(self.trials_dir) / naming(self.naming).run_dir_name(trial_id, values)
 
     def config(self, values: dict, run_dir: Optional[Path] = None) -> ExperimentConfig:
-        extra = [_override(k, v) for k, v in values.items()]
+        extra = [_override(k, v) for k, v in values.items() if k != TRIAL_KEY]
         if run_dir is not None:
             extra += [f"log.dir={run_dir}", "log.progress=false"]
         return load_config(self.base, list(self.fixed) + extra)
@@ -74,7 +75,8 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
     from raysim.engine.placement import this_node, trial_host
 
     quiet_exit_on_sigterm()
-    trial_id, group = tune.get_context().get_trial_id(), ray.util.get_current_placement_group()
+    trial_id, values = split_trial_config(values, tune.get_context().get_trial_id())  # raysim's name for the trial
+    group = ray.util.get_current_placement_group()
     if not setup.launch_node or this_node() == setup.launch_node:
         run_trial_on_launch_node(values, setup, trial_id, group, report=tune.report, on_start=lambda info: None,
                                  stopped=lambda: False)

@@ -9,13 +9,14 @@ import signal
 import pytest
 
 import raysim
-from raysim.tune import SweepError, _Progress, _scheduler, _searcher, load_sweep, run_sweep
+from raysim.tune import SweepError, _Progress, _scheduler, _searcher, load_sweep, read_state, run_sweep
 from test_tune import write_sweep
 
 
 def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch):
-    """Ctrl-C after the first trial: Tune saves the experiment with Optuna's study; --resume runs only what is
-    left of num_samples, keeps the first trial's values and finishes with every trial done."""
+    """Ctrl-C after the first trial: raysim's record holds that trial with its values and final loss; --resume
+    tells a new Optuna study that trial, runs only what is left of num_samples, keeps the first trial's values and
+    finishes with every trial done."""
     sweep = write_sweep(tmp_path, num_samples=2, max_concurrent=1, metric="loss", mode="min",
                         search={"name": "optuna", "seed": 1, "startup_trials": 1},
                         space={"train.lr": {"loguniform": [0.01, 0.5]}})
@@ -25,14 +26,16 @@ def test_optuna_sweep_interrupted_and_resumed(ray_cluster, tmp_path, monkeypatch
     def finish_then_interrupt(self, trial, failed):
         finished(self, trial, failed)
         if len(self.done) == 1:  # trial ids that ended
-            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: Tune stops, saving its state and the searcher's
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: Tune stops
 
     monkeypatch.setattr(_Progress, "finished", finish_then_interrupt)
     first = run_sweep(spec, quiet=True)
     monkeypatch.setattr(_Progress, "finished", finished)
     done = [r for r in first.rows if r["status"] == "done"]
     assert len(done) == 1 and len(first.rows) <= 2
-    assert list((tmp_path / "sw" / "tune").glob("searcher-state-*.pkl")), "Optuna's study saved with the sweep"
+    ended = [t for t in read_state(tmp_path / "sw").trials if t.status == "ended"]  # raysim's record, plain JSON
+    assert len(ended) == 1 and ended[0].value is not None and ended[0].values["train.lr"] == done[0]["train.lr"]
+    assert not list((tmp_path / "sw" / "tune").glob("searcher-state-*.pkl")), "no pickled searcher to restore"
 
     result = run_sweep(spec, sweep_dir=tmp_path / "sw", resume=True, quiet=True)
     rows = list(csv.DictReader(open(tmp_path / "sw" / "results.csv")))
