@@ -211,7 +211,12 @@ def load_run(run_dir: Union[str, Path]) -> RunResult:
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"{run_dir} is not a raysim run directory (no config.yaml)")
-    cfg = load_config(None, (), base=yaml.safe_load((run_dir / "config.yaml").read_text()))
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    if isinstance(saved, dict):
+        from raysim.engine.resume_config import check_named_plugins
+
+        check_named_plugins(run_dir, saved)  # a plugin the run directory names is imported only if its checkpoint
+    cfg = load_config(None, (), base=saved)  # records it
     rows = read_metrics(run_dir / "metrics.jsonl")
     return RunResult(run_dir=run_dir, metrics=_frame(rows), config=cfg,
                      stopped=bool(rows) and rows[-1]["round"] < cfg.rounds)

@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 from raysim.config import ExperimentConfig, load_config, to_flat_dict, to_yaml
 from raysim.dirlock import DirLock
 from raysim.engine.backend import choose_backend
-from raysim.engine.resume_config import load_resume_config  # noqa: F401 - raysim.api imports it from here
+from raysim.engine.resume_config import (check_named_plugins, load_resume_config,  # noqa: F401 - raysim.api
+                                         saved_mapping)  # imports load_resume_config from here
 from raysim.engine.state import checkpoint_dir, has_checkpoint, read_checkpoint, server_file, verify_files
 from raysim.errors import RunStopped, UserError, find_user_error
 import raysim.interrupts as interrupts
@@ -42,12 +43,7 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         try:
             if not has_checkpoint(run_dir):
                 raise UserError(f"{run_dir} holds no checkpoint to resume (expected {server_file(run_dir)})")
-            saved = load_config(run_dir / "config.yaml")
-            differ = [k for k, v in to_flat_dict(saved).items()
-                      if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
-            if differ:
-                raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
-                                f"resume with the same config, or start a new run")
+            check_same_config(run_dir, cfg)
             check_no_links(run_dir)
             _check_writable(run_dir)
             ckpt = read_checkpoint(run_dir)  # a damaged checkpoint is a one-line error now, before Ray starts
@@ -83,6 +79,17 @@ def prepare_run_dir(cfg: ExperimentConfig, resume: bool) -> tuple[Path, bool, Di
         lock.release()
         raise
     return run_dir, created, lock
+
+
+def check_same_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """Refuse to continue a run with a config other than its ``config.yaml`` (keys a resume may change aside)."""
+    check_named_plugins(run_dir, saved_mapping(run_dir))  # before load_config imports them
+    saved = load_config(run_dir / "config.yaml")
+    differ = [k for k, v in to_flat_dict(saved).items()
+              if not k.startswith(_RESUMABLE_PREFIXES) and to_flat_dict(cfg).get(k) != v]
+    if differ:
+        raise UserError(f"{run_dir} was made by another config (differs in: {', '.join(differ[:5])}); "
+                        f"resume with the same config, or start a new run")
 
 
 def check_no_links(run_dir: Path) -> None:
@@ -312,4 +319,7 @@ def already_complete(run_dir: Path, cfg: ExperimentConfig) -> Optional[int]:
     from raysim.engine.state import checkpoint_round
 
     done = checkpoint_round(run_dir)
-    return done if done is not None and done >= cfg.rounds else None
+    if done is None or done < cfg.rounds:
+        return None
+    check_same_config(run_dir, cfg)  # --resume DONE_DIR other.yaml: the mismatch, not "nothing to run"
+    return done
