@@ -36,6 +36,59 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
 
 
+# fewer available clients than this, expected at any moment, and a run is refused: in the 100,000 waits of
+# system.wait_s that an asynchronous job slot makes before it gives up (raysim.engine.asynchronous.MAX_WAITS), less
+# than one client would be expected to come by, and a synchronous round would find none round after round
+MIN_EXPECTED_AVAILABLE = 1e-5
+
+
+def check_availability(model: SystemModel, system: Any) -> None:
+    """Refuse, before round 1, an availability under which no client can be expected ever to be available: a trace
+    that makes none available (intervals of no length, or outside the period), or clients.num x the share of time
+    a client is available (``SystemModel.available_share``) below ``MIN_EXPECTED_AVAILABLE``. Without this an
+    asynchronous run waits ``system.wait_s`` after ``system.wait_s`` for minutes, and a synchronous one runs
+    round after round with no client and a NaN loss."""
+    mode = system.availability.mode
+    if mode == "always":
+        return
+    share = model.available_share()
+    key = {"diurnal": "on_share", "onoff": "mean_on_s", "trace": "trace"}[mode]
+    if share <= 0.0:
+        raise ConfigError(f"config key 'system.availability.trace': {system.availability.trace} makes no client "
+                          f"available: every interval of a client of this federation has no length or lies outside "
+                          f"its period, so no round could ever train")
+    expected = model.num_clients * share
+    if expected < MIN_EXPECTED_AVAILABLE:
+        raise ConfigError(f"config key 'system.availability.{key}': no client can be expected to be available: "
+                          f"{model.num_clients} clients x {share:.3g} of the time each = {expected:.3g} clients at "
+                          f"any moment, so the run would wait system.wait_s={float(system.wait_s):g} s after "
+                          f"system.wait_s for ever; make clients available a larger share of the time")
+
+
+MAX_SIM_S = float(2 ** 62)  # simulated seconds a run may reach: TensorBoard's sim_time steps are whole seconds, int64
+
+
+def check_job_times(model: SystemModel, cfg: Any, work: np.ndarray, bytes_each_way: int) -> None:
+    """Refuse, before round 1, client traits under which ``rounds`` of the slowest client's job (``work[c]``
+    samples x epochs for client c) would pass ``MAX_SIM_S`` simulated seconds, or are not a finite time: the clock,
+    the metrics' ``sim_time_s`` and TensorBoard's ``sim_time/*`` steps could not count them. The line names the
+    trait whose term dominates that client's job."""
+    worst, who = model.fastest(work, bytes_each_way, bytes_each_way, slowest=True)
+    limit = MAX_SIM_S / max(1, int(cfg.rounds))
+    if math.isfinite(worst) and worst <= limit:
+        return
+    t = model.traits(who)
+    terms = {"latency": t.latency, "down": bytes_each_way / t.down, "speed": work[who] / t.speed,
+             "up": bytes_each_way / t.up}
+    trait = max(terms, key=lambda k: terms[k] if math.isfinite(terms[k]) else math.inf)
+    key = {"lognormal": f"system.{trait}", "tiers": "system.tiers", "csv": "system.csv"}[cfg.system.traits]
+    rounds = f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}"
+    raise ConfigError(f"config key '{key}': client {who}'s job would take {worst:.3g} simulated seconds ({trait}: "
+                      f"{terms[trait]:.3g} s of it), and {rounds} of it more than the clock counts "
+                      f"({MAX_SIM_S:.3g} s in all: TensorBoard's steps are whole seconds in 64 bits); give the "
+                      f"clients traits that make a job take seconds to days")
+
+
 def samples_in_budget(num_samples: int, batch_size: int, epochs: int, budget: int) -> int:
     """The samples of the longest run of whole local steps (``batch_bounds`` batches, ``epochs`` times) whose
     samples add up to at most ``budget``."""
@@ -90,6 +143,7 @@ class RoundClock:
         """``target``: K, the clients a round of this run samples without a system model."""
         self.cfg, self.system = cfg, cfg.system
         self.model = SystemModel(cfg.system, cfg.seed, cfg.clients.num)
+        check_availability(self.model, cfg.system)  # before round 1: a run no client can join never starts
         self.target = target
         over = self.system.over_selection if self.system.deadline_s is not None else 0.0
         self.starts = min(cfg.clients.num, selected_count(self.target, over))
@@ -131,12 +185,15 @@ class RoundClock:
 
     def check_deadline(self, samples: Callable[[int], int], bytes_each_way: int) -> None:
         """Refuse, before round 1, a deadline that no client can meet: one line naming the fastest possible client
-        time (a whole job; with ``late=partial``, one local step), with the model's bytes each way."""
+        time (a whole job; with ``late=partial``, one local step), with the model's bytes each way. And refuse
+        traits under which the slowest client's job would outlast what the clock can count (see
+        :func:`check_job_times`)."""
+        num, epochs, batch = self.cfg.clients.num, self.cfg.train.local_epochs, self.cfg.train.batch_size
+        sizes = np.array([samples(c) for c in range(num)], dtype=np.float64)
+        check_job_times(self.model, self.cfg, sizes * epochs, bytes_each_way)
         deadline = self.system.deadline_s
         if deadline is None:
             return
-        num, epochs, batch = self.cfg.clients.num, self.cfg.train.local_epochs, self.cfg.train.batch_size
-        sizes = np.array([samples(c) for c in range(num)], dtype=np.float64)
         work = np.minimum(sizes, batch) if self.system.late == "partial" else sizes * epochs
         best, who = self.model.fastest(work, bytes_each_way, bytes_each_way)
         if best > deadline:

@@ -284,7 +284,8 @@ class SystemModel:
                                                (LATENCY, self.cfg.latency))):
             sigma = lognormal_sigma(float(trait.spread))
             z = ndtri(uniforms(self._keys[stream], clients)) if sigma > 0 else 0.0
-            out[:, col] = float(trait.median) * np.exp(sigma * z)
+            with np.errstate(over="ignore"):  # an absurd spread: inf, refused by clock.check_job_times
+                out[:, col] = float(trait.median) * np.exp(sigma * z)
         return out
 
     def traits(self, client_id: int) -> ClientTraits:
@@ -423,6 +424,31 @@ class SystemModel:
             cutoff[todo] = 1.0
         return state
 
+    def available_share(self) -> float:
+        """The mean over clients of the share of time each is available: on_share (diurnal), the on-state's
+        stationary probability (onoff), the share of its period a trace's intervals cover (0 for a client the trace
+        does not list, or whose intervals have no length or fall outside its period)."""
+        av = self.cfg.availability
+        if av.mode == "always":
+            return 1.0
+        if av.mode == "diurnal":
+            return float(av.on_share)
+        if av.mode == "onoff":
+            return float(av.mean_on_s) / (float(av.mean_on_s) + float(av.mean_off_s))
+        assert self._trace is not None
+        covered: dict[int, list[tuple[float, float, float]]] = {}
+        for cid, start, end, period in zip(*(a.tolist() for a in self._trace)):
+            covered.setdefault(cid, []).append((max(start, 0.0), min(end, period), period))
+        share = 0.0
+        for spans in covered.values():  # the union of each client's intervals within [0, period]
+            reach, length = -math.inf, 0.0
+            for start, end, _ in sorted(spans):
+                if end > max(start, reach):
+                    length += end - max(start, reach)
+                reach = max(reach, end)
+            share += length / spans[0][2]
+        return share / self.num_clients
+
     def dropped(self, client_id: int, round: int) -> bool:
         """Whether the client, having started ``round``, never reports (probability ``system.dropout``)."""
         p = float(self.cfg.dropout)
@@ -453,14 +479,17 @@ class SystemModel:
             return np.sort(rng.choice(pool, size=count, replace=False)).tolist()
         return sorted(chosen)
 
-    def fastest(self, samples: np.ndarray, bytes_down: float, bytes_up: float) -> tuple[float, int]:
-        """(the shortest job any client can do, that client): ``samples[c]`` samples x epochs for client c."""
-        best, who = math.inf, -1
+    def fastest(self, samples: np.ndarray, bytes_down: float, bytes_up: float, *,
+                slowest: bool = False) -> tuple[float, int]:
+        """(the shortest job any client can do, that client), or the longest with ``slowest``: ``samples[c]``
+        samples x epochs for client c."""
+        best, who, sign = math.inf, -1, -1.0 if slowest else 1.0
         for a in range(0, self.num_clients, CHUNK):
             ids = np.arange(a, min(a + CHUNK, self.num_clients))
             tr = self.traits_many(ids)
-            d = tr[:, 3] + bytes_down / tr[:, 1] + samples[ids] / tr[:, 0] + bytes_up / tr[:, 2]
+            with np.errstate(over="ignore", divide="ignore"):
+                d = sign * (tr[:, 3] + bytes_down / tr[:, 1] + samples[ids] / tr[:, 0] + bytes_up / tr[:, 2])
             i = int(np.argmin(d))
-            if d[i] < best:
+            if d[i] < best or who < 0:
                 best, who = float(d[i]), int(ids[i])
-        return best, who
+        return sign * best, who
