@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import field
 from pathlib import Path
 from typing import Any, Optional
@@ -45,11 +46,41 @@ def _read_yaml(path: Path, depth: int = 0) -> DictConfig:
             from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"{path}: a config file must be a mapping of keys")
+    odd = next((i for i, key in enumerate(raw.keys()) if not (isinstance(key, str) and _KEY.fullmatch(key))), None)
+    if odd is not None:  # a file that is no config (extends: /etc/passwd): named, never echoed
+        raise ConfigError(f"{path}: not a raysim config: its top-level key number {odd + 1} is not a config key name")
     parent = raw.pop("extends", None)
     if parent is not None:
         require(depth < 8, "extends", "chain is too deep (a cycle?)")
+        require(str(parent).endswith((".yaml", ".yml")), "extends",
+                f"names a config file, which ends in .yaml or .yml (in {path})")
         raw = OmegaConf.merge(_read_yaml((path.parent / str(parent)).resolve(), depth + 1), raw)
     return raw
+
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_ENV = re.compile(r"\$\{\s*oc\.env\s*:")  # OmegaConf's resolver that reads an environment variable
+
+
+def _refuse_environment(layer: DictConfig) -> None:
+    """``${oc.env:VAR}`` would be resolved into the ``config.yaml`` a run saves in its directory, carrying the
+    variable's value (a token, a password) there: refused, naming the key."""
+    for key, value in flatten_container(OmegaConf.to_container(layer, resolve=False)).items():
+        if isinstance(value, str) and _ENV.search(value):
+            raise ConfigError(f"config key '{key}': ${{oc.env:...}} reads an environment variable, whose value a "
+                              f"run would save in its directory's config.yaml; give the value itself (on the "
+                              f"command line, {key}=\"$VAR\" is expanded by the shell)")
+
+
+def flatten_container(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists as dotted keys (list items by index)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else None
+    if items is None:
+        return {prefix[:-1]: tree}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(flatten_container(value, f"{prefix}{key}."))
+    return out
 
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:
@@ -105,6 +136,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"override '{item}' must look like dotted.key=value")
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
+        for layer in layers:
+            _refuse_environment(layer)
         peek = OmegaConf.merge(*layers) if layers else OmegaConf.create()
         from raysim.registry import import_plugins
 

@@ -17,7 +17,7 @@ from raysim.async_config import AsynchronousConfig, check_asynchronous
 from raysim.privacy.config import PrivacyConfig, check_privacy
 from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
 from raysim.system.config import SystemConfig
-from raysim.validate import is_finite, one_of as _one_of, require
+from raysim.validate import FLOAT32_MAX, is_finite, one_of as _one_of, path_too_long, require
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "natural", "linear", "square", "exponential",
               "inner_dirichlet", "niid1", "niid2", "legacy_iid", "legacy_dirichlet")
@@ -180,13 +180,18 @@ class TrainConfig:
     weight_decay: float = 0.0  # L2 penalty of the local optimiser
 
     def validate(self) -> None:
-        require(is_finite(self.lr, 0, strict=True), "train.lr", f"must be a finite number > 0, got {self.lr}")
+        # the optimiser scales float32 tensors by lr (Adam by lr / (1 - beta1) = 10 lr at its first step) and by
+        # weight_decay: a factor beyond float32's range is refused by torch with a traceback
+        most = FLOAT32_MAX * (0.1 if self.optimizer == "adam" else 1.0)
+        require(is_finite(self.lr, 0, strict=True) and self.lr <= most, "train.lr",
+                f"must be a finite number > 0, at most {most:.4g} (float32's largest"
+                f"{' over 10: adam divides lr by 1 - beta1 = 0.1' if self.optimizer == 'adam' else ''}), got {self.lr}")
         require(self.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {self.local_epochs}")
         require(self.batch_size >= 1, "train.batch_size", f"must be >= 1, got {self.batch_size}")
         _one_of(self.optimizer, "train.optimizer", ("sgd", "adam"))
         require(0.0 <= self.momentum < 1.0, "train.momentum", "must be in [0, 1)")
-        require(is_finite(self.weight_decay, 0), "train.weight_decay", f"must be a finite number >= 0, got "
-                f"{self.weight_decay}")
+        require(is_finite(self.weight_decay, 0) and self.weight_decay <= FLOAT32_MAX, "train.weight_decay",
+                f"must be a finite number >= 0, at most {FLOAT32_MAX:.4g} (float32's largest), got {self.weight_decay}")
 
 
 @dataclass
@@ -330,6 +335,9 @@ class LogConfig:
     wandb: Optional[str] = None
 
     def validate(self) -> None:
+        if self.dir is not None:
+            too_long = path_too_long(str(self.dir))
+            require(not too_long, "log.dir", f"cannot be a directory: {too_long}")
         require(self.checkpoint_every >= 1, "log.checkpoint_every", "must be >= 1")
         for key in ("mlflow", "wandb"):  # false / off / empty: no tracking
             value = getattr(self, key)
@@ -367,6 +375,8 @@ class ExperimentConfig:
         require(bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0"), "name",
                 f"must be one path component (it names the run directory runs/<name>-<time>), got {name!r}; "
                 f"to choose where the run goes, set log.dir")
+        too_long = path_too_long(name, suffix=len("-20261231-235959"))
+        require(not too_long, "name", f"names the run directory runs/<name>-<time>, which cannot be {too_long}")
         require(self.rounds >= 1, "rounds", f"must be >= 1, got {self.rounds}")
         require(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
         for f in dataclasses.fields(self):
@@ -382,6 +392,8 @@ class ExperimentConfig:
         check_asynchronous(self, require)
         check_robust(self, require)
         check_privacy(self, require)
+        if self.privacy.dpsgd:
+            _check_dpsgd_models(self.model)
         names = self.model.names()
         require(len(names) in (1, self.clients.num), "model.name",
                  f"a list must have one entry per client ({self.clients.num}), got {len(names)}")
@@ -389,6 +401,18 @@ class ExperimentConfig:
             require(len(self.model.weights) in (1, self.clients.num), "model.weights",
                      f"a list must have one entry per client ({self.clients.num}), got {len(self.model.weights)}")
         return self
+
+
+def _check_dpsgd_models(model: ModelConfig) -> None:
+    """DP-SGD clips each sample's own gradient; a batch norm layer mixes the samples of a batch (and updates its
+    running statistics in place, which torch.func's per-sample gradients refuse), so a model whose factory declares
+    ``batch_norm = True`` is refused (Opacus refuses batch norm too, and swaps it for group norm)."""
+    from raysim.registry import get_model
+
+    for name in dict.fromkeys(model.names()):
+        require(not getattr(get_model(name), "batch_norm", False), "privacy.dpsgd",
+                f"DP-SGD needs each sample's own gradient, and model.name={name} has batch norm layers, which mix "
+                f"the samples of a batch; with privacy.dpsgd use a model without them (mlp, cnn)")
 
 
 def _check_weighting(algorithm: AlgorithmConfig) -> None:

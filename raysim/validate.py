@@ -42,3 +42,23 @@ def one_of(value: Any, key: str, choices: Iterable[Any]) -> None:
     """Refuse ``value`` unless it is one of ``choices``, listing them."""
     choices = tuple(choices)
     require(value in choices, key, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes in one path component and in a whole path (Linux's limits; most file systems)
+
+
+def path_too_long(path: str, *, suffix: int = 0) -> str:
+    """Why ``path`` cannot be a path on this machine (a component longer than NAME_MAX bytes, ``suffix`` bytes
+    still to be added to its last one, or a whole longer than PATH_MAX), or "" when it can."""
+    import os
+
+    parts = [p for p in str(path).split(os.sep) if p]
+    for i, part in enumerate(parts):
+        size = len(os.fsencode(part)) + (suffix if i == len(parts) - 1 else 0)
+        if size > NAME_MAX:
+            what = f"with the {suffix}-byte suffix added, " if suffix and i == len(parts) - 1 else ""
+            return (f"a path component of {size} bytes ({what}{part[:24]}...): file systems take at most "
+                    f"{NAME_MAX}")
+    if len(os.fsencode(str(path))) + suffix > PATH_MAX:
+        return f"a path of {len(os.fsencode(str(path))) + suffix} bytes: file systems take at most {PATH_MAX}"
+    return ""

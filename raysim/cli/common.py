@@ -48,10 +48,18 @@ def _resume_hint(exc: Optional[BaseException], say_round: bool = False) -> str:
 
 
 
+def _exists(path: str) -> bool:
+    """``Path(path).exists()``, False where the name cannot be a path at all (a 300-character override)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _split_config_and_overrides(args: argparse.Namespace) -> tuple[Optional[str], list[str]]:
     """argparse can't tell CONFIG from an override when CONFIG is omitted (``--resume DIR rounds=8``)."""
     config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not Path(config).exists():
+    if config is not None and "=" in config and not _exists(config):
         overrides.insert(0, config)
         config = None
     return config, overrides

@@ -93,3 +93,4 @@ def cnn_bn(*, input_shape: tuple[int, ...], cfg, **_: object) -> nn.Module:
 
 
 cnn_bn.stages = True  # type: ignore[attr-defined]
+cnn_bn.batch_norm = True  # type: ignore[attr-defined]  # its layers mix a batch's samples: no DP-SGD

@@ -166,3 +166,7 @@ def mlp_hete(*, input_shape: tuple[int, ...], cfg, client_id: int, seed: int, **
 
 mlp_hete.stages = True  # type: ignore[attr-defined]
 mlp_hete.per_client = True  # type: ignore[attr-defined]  # model_key separates clients: one architecture each
+
+# torchvision's batch norm layers mix the samples of a batch: no per-sample gradient for DP-SGD
+for _factory in (resnet18, resnet10, mobilenet_v3_small, mobilenet_v2, vgg11_bn):
+    _factory.batch_norm = True  # type: ignore[attr-defined]

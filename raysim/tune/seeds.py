@@ -9,26 +9,38 @@ from raysim.config import load_config
 from raysim.errors import UserError
 from raysim.tune.results import SweepResult
 from raysim.tune.running import run_sweep
-from raysim.tune.spec import SweepSpec, check_spec, spec_from_yaml
+from raysim.tune.spec import SweepSpec, check_spec
+from raysim.tune.state import spec_from_yaml
+
+
+MAX_SEEDS = 10_000  # seeds in one set: each is a whole run (a larger set is refused before anything is built)
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``0-9``, ``0,3,5`` or a mix (``0-4,10``) -> sorted distinct seeds."""
-    seeds: set[int] = set()
+    """``0-9``, ``0,3,5`` or a mix (``0-4,10``) -> sorted distinct seeds; at most ``MAX_SEEDS`` of them, counted
+    before any is listed (``0-100000000`` is one line at once, not gigabytes of seeds)."""
+    ranges: list[tuple[int, int]] = []
     for part in text.replace(" ", "").split(","):
         if not part:
             continue
         lo, sep, hi = part.partition("-")
         try:
-            if sep:
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise ValueError
-                seeds.update(range(a, b + 1))
-            else:
-                seeds.add(int(part))
+            a, b = (int(lo), int(hi)) if sep else (int(part), int(part))
+            if b < a:
+                raise ValueError
         except ValueError:
             raise UserError(f"--seeds {text!r}: write seeds as 0-9, 0,3,5 or 0-4,10") from None
+        ranges.append((a, b))
+    count, reach = 0, None  # distinct seeds: the ranges merged, counted without listing them
+    for a, b in sorted(ranges):
+        start = a if reach is None else max(a, reach + 1)
+        count += max(0, b - start + 1)
+        reach = b if reach is None else max(reach, b)
+    if count > MAX_SEEDS:
+        raise UserError(f"--seeds {text[:60]!r}: {count} seeds, and a set runs at most {MAX_SEEDS} (each seed is a "
+                        f"whole run); split it into sets of at most {MAX_SEEDS} (0-{MAX_SEEDS - 1}, "
+                        f"{MAX_SEEDS}-{2 * MAX_SEEDS - 1}, ...)")
+    seeds = {s for a, b in ranges for s in range(a, b + 1)}
     if not seeds or min(seeds) < 0:
         raise UserError(f"--seeds {text!r}: give at least one seed >= 0")
     return sorted(seeds)

@@ -79,8 +79,11 @@ def load_sweep(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
         raise SweepError(f"{path}: not valid YAML ({yaml_problem(exc, path.read_text(errors='replace'))})") from None
     if not isinstance(raw, dict):
         raise SweepError(f"{path}: a sweep file must be a mapping of keys")
-    unknown = sorted(set(raw) - set(SWEEP_KEYS))
+    unknown = sorted(map(str, set(raw) - set(SWEEP_KEYS)))
     if unknown:
+        if not all(k.isidentifier() for k in unknown):  # a file that is no sweep file: named, never echoed
+            raise SweepError(f"{path}: not a sweep file (a top-level key is not a sweep key name; known: "
+                             f"{', '.join(SWEEP_KEYS)})")
         raise SweepError(f"sweep key '{unknown[0]}' is unknown (known: {', '.join(SWEEP_KEYS)})")
     if "base" not in raw:
         raise SweepError(f"{path}: sweep key 'base' (the experiment config to start from) is missing")

@@ -16,6 +16,8 @@ def candidate_overrides(spec: SweepSpec) -> list[list[str]]:
     for key, dist in spec.space.items():
         kind, args = next(iter(dist.items()))
         values[key] = [args[0], args[1] - 1] if kind == "randint" else args  # randint's high is exclusive
+        if key == "seed" and len(args) > 2 and all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            values[key] = [min(args), max(args)]  # seeds differ only in number: both ends stand for all (--seeds)
     first = {key: vals[0] for key, vals in values.items()}
     out = [[_override(k, v) for k, v in first.items()]]
     for key, vals in values.items():
