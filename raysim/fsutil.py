@@ -38,8 +38,15 @@ def run_dir_write(run_dir: Path, what: str, checkpointed: int) -> Iterator[None]
             free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
             reason = (f"No space left on device ({free} bytes free)" if free < 16 * 1024 * 1024
                       else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        raise WriteFailed(f"cannot write {what} in {run_dir}: {reason}; the run stopped with round "
-                          f"{checkpointed} checkpointed (free some space, then resume)") from None
+        then = ", then resume" if checkpointed else " first"
+        raise WriteFailed(f"cannot write {what} in {run_dir}: {reason}; {run_stopped(checkpointed)} (free some "
+                          f"space{then})") from None
+
+
+def run_stopped(checkpointed: int) -> str:
+    """"the run stopped with round N checkpointed", or, before round 1's checkpoint, "the run stopped" (the command's
+    own line then says that no round was checkpointed)."""
+    return f"the run stopped with round {checkpointed} checkpointed" if checkpointed else "the run stopped"
 
 
 @contextlib.contextmanager

@@ -100,7 +100,23 @@ def _truncate(path: Path, resume_round: int) -> None:
     """Keep the whole lines of rounds up to the checkpoint (a torn last line is dropped), atomically."""
     kept = [m for m in read_metrics(path) if m["round"] <= resume_round]
     # fsync, as for every metrics line
-    atomic_write_text(path, "".join(json.dumps(m) + "\n" for m in kept), fsync=True)
+    atomic_write_text(path, "".join(json_line(m) for m in kept), fsync=True)
+
+
+def json_line(row: dict) -> str:
+    """One line of strict JSON: a NaN or infinite number (a round with no client's loss, a diverged value) is
+    written as null, which every JSON reader takes (bare NaN is Python's extension, not JSON)."""
+    return json.dumps(_nulls(row), allow_nan=False) + "\n"
+
+
+def _nulls(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulls(v) for v in value]
+    return value
 
 
 def client_row(round: int, counts: dict[int, tuple[int, int]]) -> dict:
@@ -178,10 +194,10 @@ class RunLog:
         """``client_counts`` (client -> (correct, total)) goes to ``client_metrics.jsonl`` first, so every round in
         ``metrics.jsonl`` has its clients' line; resuming trims both files to the checkpoint."""
         if client_counts:
-            self._clients_fh.write(json.dumps(client_row(metrics["round"], client_counts)) + "\n")
+            self._clients_fh.write(json_line(client_row(metrics["round"], client_counts)))
             self._clients_fh.flush()
             os.fsync(self._clients_fh.fileno())
-        self._fh.write(json.dumps(metrics) + "\n")
+        self._fh.write(json_line(metrics))
         self._fh.flush()
         os.fsync(self._fh.fileno())
         if self.tb is None:

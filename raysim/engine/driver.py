@@ -34,7 +34,7 @@ from raysim.engine.sampling import draw_clients
 from raysim.engine.state import ClientHistoryStore, ClientStateStore, has_checkpoint
 from raysim.engine.vectorize_probe import run_cohort_size
 from raysim.errors import OutOfMemory, RunStopped
-from raysim.fsutil import WriteFailed, run_dir_write
+from raysim.fsutil import WriteFailed, run_dir_write, run_stopped
 from raysim.models import build_model
 from raysim.registry import get_algorithm, import_plugins
 from raysim.runlog import RunLog
@@ -280,9 +280,9 @@ class Driver:
             result, _ = done[cid]
             if not result.finite:
                 if self.cfg.engine.on_nonfinite == "stop":
-                    raise RunStopped(f"client {cid} returned a non-finite (NaN/Inf) update in round {rnd}; the run "
-                                     f"stopped with round {self.round} checkpointed (engine.on_nonfinite=skip drops "
-                                     f"such updates instead)")
+                    raise RunStopped(f"client {cid} returned a non-finite (NaN/Inf) update in round {rnd}; "
+                                     f"{run_stopped(self.round)} (engine.on_nonfinite=skip drops such updates "
+                                     f"instead)")
                 skipped.append(cid)
                 continue
             finished.append(result)
@@ -346,8 +346,6 @@ class Driver:
             "bytes_down": reports.bytes_down,
             "clients": len(reports.clients),
         }
-        if self.cfg.engine.vectorize != "off":
-            metrics["vectorize"] = self.cohort_size  # clients per cohort (1: one at a time)
         for part in sorted({k for r in results for k in r.parts}):
             metrics[f"loss_{part}"] = float(sum(r.parts.get(part, 0.0) * w for r, w in zip(results, weights)) / total_w)
         if reports.skipped:
