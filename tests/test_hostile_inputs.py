@@ -155,7 +155,7 @@ def test_a_run_writes_strict_json(tmp_path):
     run_dir = raysim.run(None, *tiny_overrides(tmp_path, rounds=1)).run_dir
     for name in ("metrics.jsonl", "client_metrics.jsonl"):
         for line in (run_dir / name).read_text().splitlines():
-            json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {name}"))
+            json.loads(line, parse_constant=lambda c, name=name: pytest.fail(f"bare {c} in {name}"))
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "passwd.yaml"])

@@ -1,5 +1,5 @@
-"""A sweep's results: one row per trial from Tune's state and the trial's run directory; results.csv/.md,
-best.yaml and each trial's TensorBoard HParams."""
+"""A sweep's results: one row per trial from raysim's record of the sweep and the trial's run directory;
+results.csv/.md, best.yaml and each trial's TensorBoard HParams."""
 
 from __future__ import annotations
 

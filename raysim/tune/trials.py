@@ -91,7 +91,7 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
                              stopped: Callable[[], bool]) -> None:
     """A trial's raysim run, on the node that holds the sweep directory; ``report`` sends a row to Tune.
 
-    A trial restarted by ``Tuner.restore`` (after Ctrl-C or a kill) or by Tune on another node finds its run
+    A trial run again by a resumed sweep (after Ctrl-C or a kill) or by Tune on another node finds its run
     directory's checkpoint and continues from it; one whose run had already ended (killed before Tune recorded it)
     reports its last round again and runs nothing. A failure leaves its one-line cause in ``error.txt`` and is
     raised to Tune.
