@@ -115,6 +115,12 @@ def test_a_name_or_log_dir_too_long_for_the_file_system_is_refused(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_sweep_dir_too_long_for_the_file_system_is_refused(tmp_path, capsys):
+    err = _one_line(capsys, 2, ["tune", str(ROOT / "experiments" / "sweeps" / "smoke-lr.yaml"),
+                                f"dir={tmp_path / ('d' * 300)}"])
+    assert err.startswith("raysim: error: sweep key 'dir': cannot be a directory: a path component of 300"), err
+
+
 def test_dp_sgd_on_a_model_with_batch_norm_is_refused():
     pytest.importorskip("opacus")  # the privacy extra: without it privacy.dpsgd is refused for that first
     line = refused_config("privacy.dpsgd", "model.name=cnn_bn", "privacy.dpsgd=true")

@@ -209,6 +209,12 @@ def check_spec(spec: SweepSpec) -> None:
         if grids:
             raise SweepError(f"sweep key 'space.{grids[0]}': Optuna samples, it does not enumerate grids; use "
                              f"choice instead of grid (or search.name=random)")
+    if spec.dir is not None:
+        from raysim.validate import path_too_long
+
+        too_long = path_too_long(str(spec.dir))
+        if too_long:
+            raise SweepError(f"sweep key 'dir': cannot be a directory: {too_long}")
     if spec.max_concurrent is not None and (not isinstance(spec.max_concurrent, int) or spec.max_concurrent < 1):
         raise SweepError(f"sweep key 'max_concurrent': must be an integer >= 1, got {spec.max_concurrent!r}")
 
