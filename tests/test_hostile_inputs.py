@@ -100,9 +100,11 @@ def test_adam_learning_rates_beyond_float32_over_ten_are_refused():
 @pytest.mark.parametrize("override, key", [("system.speed.median=1e-300", "system.speed"),
                                            ("system.latency.median=1e300", "system.latency"),
                                            ("system.speed.spread=1e300", "system.speed")])
-def test_jobs_longer_than_the_clock_counts_are_refused(tmp_path, capsys, override, key):
+@pytest.mark.parametrize("mode", ["off", "fedasync"])
+def test_jobs_longer_than_the_clock_counts_are_refused(tmp_path, capsys, override, key, mode):
     """Simulated time beyond 2^62 s overflowed TensorBoard's int64 step (``ValueError: Value out of range``)."""
-    err = _one_line(capsys, 2, ["run", *tiny_overrides(tmp_path, system__enabled="true"), override])
+    err = _one_line(capsys, 2, ["run", *tiny_overrides(tmp_path, system__enabled="true",
+                                                        asynchronous__mode=mode), override])
     assert err.startswith(f"raysim: error: config key '{key}': client ") and "more than the clock counts" in err, err
     assert not (tmp_path / "run").exists()
 

@@ -68,6 +68,7 @@ from raysim.errors import UserError
 from raysim.seeds import ASYNC_STREAM
 from raysim.stages import Reports, RoundContext, RoundRun, Schedule
 from raysim.system.config import SystemConfig
+from raysim.system.clock import check_availability, check_clock_limits
 from raysim.system.model import SystemModel
 from raysim.trees import copy_tree, nbytes
 
@@ -173,6 +174,11 @@ class AsyncSchedule(Schedule):
     def prepare(self) -> None:
         cfg = self.cfg
         self.system = SystemModel(cfg.system if cfg.system.enabled else SystemConfig(), cfg.seed, cfg.clients.num)
+        check_availability(self.system)  # a run no client can ever join: one line now, not minutes of waits
+
+    def check(self, setup: Any) -> None:
+        """Simulated time the clock cannot count (raysim.system.clock): one line before round 1."""
+        check_clock_limits(self.system, self.cfg, setup.data.num_train, nbytes(setup.initial))
 
     # ------------------------------------------------------------------ jobs
     def _current_version(self, run: RoundRun) -> Version:

@@ -42,12 +42,13 @@ if TYPE_CHECKING:
 MIN_EXPECTED_AVAILABLE = 1e-5
 
 
-def check_availability(model: SystemModel, system: Any) -> None:
+def check_availability(model: SystemModel) -> None:
     """Refuse, before round 1, an availability under which no client can be expected ever to be available: a trace
     that makes none available (intervals of no length, or outside the period), or clients.num x the share of time
     a client is available (``SystemModel.available_share``) below ``MIN_EXPECTED_AVAILABLE``. Without this an
     asynchronous run waits ``system.wait_s`` after ``system.wait_s`` for minutes, and a synchronous one runs
     round after round with no client and a NaN loss."""
+    system = model.cfg
     mode = system.availability.mode
     if mode == "always":
         return
@@ -66,6 +67,12 @@ def check_availability(model: SystemModel, system: Any) -> None:
 
 
 MAX_SIM_S = float(2 ** 62)  # simulated seconds a run may reach: TensorBoard's sim_time steps are whole seconds, int64
+
+
+def check_clock_limits(model: SystemModel, cfg: Any, samples: Callable[[int], int], bytes_each_way: int) -> None:
+    """:func:`check_job_times` for whole jobs: ``samples(c)`` training samples x ``train.local_epochs``."""
+    sizes = np.array([samples(c) for c in range(cfg.clients.num)], dtype=np.float64)
+    check_job_times(model, cfg, sizes * cfg.train.local_epochs, bytes_each_way)
 
 
 def check_job_times(model: SystemModel, cfg: Any, work: np.ndarray, bytes_each_way: int) -> None:
@@ -143,7 +150,7 @@ class RoundClock:
         """``target``: K, the clients a round of this run samples without a system model."""
         self.cfg, self.system = cfg, cfg.system
         self.model = SystemModel(cfg.system, cfg.seed, cfg.clients.num)
-        check_availability(self.model, cfg.system)  # before round 1: a run no client can join never starts
+        check_availability(self.model)  # before round 1: a run no client can join never starts
         self.target = target
         over = self.system.over_selection if self.system.deadline_s is not None else 0.0
         self.starts = min(cfg.clients.num, selected_count(self.target, over))
@@ -188,9 +195,9 @@ class RoundClock:
         time (a whole job; with ``late=partial``, one local step), with the model's bytes each way. And refuse
         traits under which the slowest client's job would outlast what the clock can count (see
         :func:`check_job_times`)."""
+        check_clock_limits(self.model, self.cfg, samples, bytes_each_way)
         num, epochs, batch = self.cfg.clients.num, self.cfg.train.local_epochs, self.cfg.train.batch_size
         sizes = np.array([samples(c) for c in range(num)], dtype=np.float64)
-        check_job_times(self.model, self.cfg, sizes * epochs, bytes_each_way)
         deadline = self.system.deadline_s
         if deadline is None:
             return
