@@ -1,6 +1,6 @@
 """No code runs from a file raysim reads (issue 39): each test plants a real payload, a pickle that would create a
 marker file when unpickled, in a file raysim reads (a CIFAR batch, a dataset cache entry; checkpoints: see
-tests/engine/test_faults.py, sweep state: tests/tune/test_state.py), and asserts the marker is never written."""
+tests/engine/test_faults.py, sweep state: tests/tune/test_sweep_state.py), and asserts the marker is never written."""
 
 from __future__ import annotations
 
