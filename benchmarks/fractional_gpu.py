@@ -112,7 +112,8 @@ def one_run(per_gpu: int, deterministic: bool, vectorize: str, args: argparse.Na
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
-        probe["cohort"] = m.get("vectorize", 1)  # clients per cohort (1: one at a time)
+        # clients per cohort (1: one at a time): the run's choice, which the metrics rows no longer carry
+        probe["cohort"] = probe["control"].vectorize_choice()[0] or 1
         # rounds 2..R-1 are the timed ones: utilisation is sampled while they run
         if m["round"] == 1:
             util.on.set()

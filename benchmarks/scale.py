@@ -93,11 +93,13 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
         probe["stamps"].append(time.perf_counter())
         probe["driver_pid"] = (find_actor_pids("Driver") or [0])[0]
         probe["worker_pids"] = [w["pid"] for w in info["control"].worker_info()]
+        probe["control"] = info["control"]
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
         probe["driver_wall"].append(m["wall_s"])
-        probe["cohort"] = m.get("vectorize", 1)  # engine.vectorize: clients per cohort (1: one at a time)
+        # engine.vectorize: clients per cohort (1: one at a time), the run's choice (no longer in the metrics rows)
+        probe["cohort"] = probe["control"].vectorize_choice()[0] or 1
         tree = [os.getpid(), *descendants(os.getpid())]
         probe["tree_pss_mib"] = max(probe["tree_pss_mib"], sum(pss_mib(p) for p in tree))
         # VmHWM only grows, but the driver's generator runs ahead and shuts the workers down right after the last
