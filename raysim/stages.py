@@ -71,6 +71,19 @@ class ClientPart:
         """The upload as it leaves the client, before any partial sum; ``shared``: the payload it downloaded."""
         return upload
 
+    def upload_bytes(self, n: int) -> int:
+        """The bytes the upload takes on the wire, given ``n`` (its tensors' bytes, or an earlier part's count):
+        ``bytes_up`` and the simulated clock count this (a compressed encoding's values, indices and scales)."""
+        return n
+
+    def restore(self, state: Any) -> None:
+        """Before ``setup``: what this stage kept for the client last time (``keep``), or None (its first job)."""
+
+    def keep(self) -> Any:
+        """After training: what this stage keeps for the client until its next job (error feedback's residual),
+        held in the client state store beside the algorithm's (checkpointed, outside workers); None: nothing."""
+        return None
+
     def report(self, seen: int) -> Any:
         """What goes back to the driver in ``TrainResult.stage[name]`` (None: nothing); ``seen``: the samples its
         steps took."""
@@ -165,6 +178,15 @@ class Stage:
     def job_params(self, rnd: int) -> Any:
         """What every training job of round ``rnd`` carries for this stage's client part (None: nothing)."""
         return None
+
+    def download(self, shared: dict, rnd: int) -> dict:
+        """The shared payload of round ``rnd`` as the clients get it (a compressed download, decoded), before it is
+        put once for the round."""
+        return shared
+
+    def download_bytes(self, n: int, rnd: int) -> int:
+        """The bytes a payload of ``n`` tensor bytes takes on the wire in round ``rnd`` (``bytes_down``)."""
+        return n
 
     def transform_rows(self, rows: Any, ctx: RoundContext) -> None:
         """Change the round's updates as rows (``raysim.robust.rows.UpdateRows``) in place, before a rule that reads
@@ -322,6 +344,16 @@ class StageSet:
     def job_params(self, rnd: int) -> dict[str, Any]:
         return {s.name: p for s in self.stages if (p := s.job_params(rnd)) is not None}
 
+    def download(self, shared: dict, rnd: int) -> dict:
+        for s in self.stages:
+            shared = s.download(shared, rnd)
+        return shared
+
+    def download_bytes(self, n: int, rnd: int) -> int:
+        for s in self.stages:
+            n = s.download_bytes(n, rnd)
+        return n
+
     def trains_alone(self, params: dict[str, Any]) -> bool:
         return any(s.trains_alone(params.get(s.name)) for s in self.stages)
 
@@ -346,6 +378,17 @@ class StageSet:
             if s is not self.schedule:
                 out.update(s.state())
         return out
+
+
+STAGE_STATE_KEY = "__stages__"  # a client's kept state: the stages' own, beside the algorithm's entries
+
+
+def split_state(state: Optional[dict]) -> tuple[Optional[dict], dict]:
+    """(the algorithm's part of a client's kept state, None when it kept nothing; the stages' own, by stage name)."""
+    if not state or STAGE_STATE_KEY not in state:
+        return state, {}
+    own = {k: v for k, v in state.items() if k != STAGE_STATE_KEY}
+    return own or None, dict(state[STAGE_STATE_KEY])
 
 
 # ---------------------------------------------------------------------------------------------- which stages run

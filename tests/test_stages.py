@@ -19,10 +19,11 @@ def test_the_probe_stages_client_part_by_hand():
     from stage_probe import _Shrink
 
     part = _Shrink(0.5)
+    part.restore(None)
     out = part.upload({"w": torch.tensor([3.0]), "n": torch.tensor(4), "own": torch.tensor([9.0])},
                       {"model": {"w": torch.tensor([1.0]), "n": torch.tensor(1)}})
     assert out["w"].tolist() == [2.0] and int(out["n"]) == 4 and out["own"].tolist() == [9.0]
-    assert part.report(0) == 2.0
+    assert part.report(0) == {"norm": 2.0, "jobs": 1} and int(part.keep()) == 1 and part.upload_bytes(10) == 5
 
 
 def test_a_plugin_stage_runs_only_where_the_config_names_it(tmp_path):
@@ -35,15 +36,16 @@ def test_a_plugin_stage_runs_only_where_the_config_names_it(tmp_path):
 
 
 def test_a_plugin_stage_logs_keeps_its_state_through_a_resume_and_shrinks_the_server_step(tmp_path):
-    extra = dict(plugins="[stage_probe]", rounds=3, clients__num=6, clients__fraction=0.5)
+    extra = dict(plugins="[stage_probe]", rounds=3, clients__num=4)
     full, rows, _ = run_experiment(load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "full"),
                                                                     **extra)))
-    assert [r["probe/reports"] for r in rows] == [3, 6, 9] and all(r["probe/change_norm"] > 0 for r in rows)
+    assert [r["probe/reports"] for r in rows] == [4, 8, 12] and all(r["probe/change_norm"] > 0 for r in rows)
+    assert [r["probe/most_jobs"] for r in rows] == [1, 2, 3]  # each client's count, kept in the state store
     plain, plain_rows, _ = run_experiment(load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "plain"),
-                                                                           rounds=3, clients__num=6,
-                                                                           clients__fraction=0.5)))
+                                                                           rounds=3, clients__num=4)))
     assert rows[0]["loss"] == plain_rows[0]["loss"]  # round 1 trains from the same model; the server step differs
     assert rows[1]["loss"] != plain_rows[1]["loss"]
+    assert [2 * r["bytes_up"] for r in rows] == [r["bytes_up"] for r in plain_rows]  # the part's wire bytes
     cfg = load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "resumed"), **extra))
     crash_after(cfg, 2)
     resumed, _, _ = run_experiment(cfg, resume=True)

@@ -29,7 +29,7 @@ from raysim.engine.cohort import train_cohort
 from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
 from raysim.models import build_model, model_key
 from raysim.seeds import AUGMENT_STREAM, EVAL_STREAM, SERVER_STREAM, job_seed  # noqa: F401 - job_seed: public here too
-from raysim.stages import build_stages
+from raysim.stages import STAGE_STATE_KEY, build_stages, split_state
 from raysim.trees import all_finite, copy_tree, detached_cpu, nbytes, to_device
 
 if TYPE_CHECKING:
@@ -136,9 +136,11 @@ class ClientJobs:
         model = self.model(cid)  # first: building a model reseeds torch's global RNG (deterministic weights)
         seed_torch(seed, self.device)  # so that a hook drawing from the global RNG gets the same numbers anywhere
         gen = torch.Generator().manual_seed(seed)
+        state, kept_by_stages = split_state(state)
         ctx = self.context(cid, rnd, self.payload(shared, own), state, with_data=True)
         parts = self.stages.client_parts(job)
-        for _, part in parts:
+        for name, part in parts:
+            part.restore(kept_by_stages.get(name))
             part.setup(ctx)
         if state is None:
             ctx.state = alg.init_client_state(model, ctx) or {}
@@ -163,14 +165,20 @@ class ClientJobs:
         for _, part in started.parts:  # the stages' transforms, here where the client trained (DP clipping)
             upload = part.upload(upload, self._shared)
         keep = detached_cpu(alg.client_keep(model, ctx))
+        stage_keep = {name: k for name, part in started.parts if (k := part.keep()) is not None}
+        if stage_keep:  # each stage's own per-client state, beside the algorithm's in the client state store
+            keep = {**(keep or {}), STAGE_STATE_KEY: detached_cpu(stage_keep)}
         finite = finite and all_finite(upload) and all_finite(keep)
         reports = {name: r for name, part in started.parts if (r := part.report(int(seen))) is not None}
+        upload_bytes = nbytes(upload)
+        for _, part in started.parts:  # what the upload takes on the wire (a compressed encoding)
+            upload_bytes = part.upload_bytes(upload_bytes)
         result = TrainResult(client_id=started.job.client_id, round=started.job.round, upload=upload,
                              num_samples=len(ctx.train_data[1]), finite=finite,
                              loss=float(loss_sum) / max(seen, 1),
                              parts={k: float(v) / max(seen, 1) for k, v in part_sums.items()},
                              seconds=time.perf_counter() - started.clock if seconds is None else seconds,
-                             has_state=bool(keep), upload_bytes=nbytes(upload), stage=reports,
+                             has_state=bool(keep), upload_bytes=int(upload_bytes), stage=reports,
                              private=self._fresh_uploads and upload is made)
         return result, (keep or None)
 
@@ -218,6 +226,7 @@ class ClientJobs:
         """The model client ``client_id`` predicts with after ``round``'s aggregation, in eval mode, and its
         context: built, seeded (evaluation that trains, such as fine-tuning, is seeded), set up."""
         model = self.model(client_id)
+        state, _ = split_state(state)
         ctx = self.context(client_id, -1, self.payload(shared, own), state, self.algorithm.eval_needs_train_data)
         seed_torch(job_seed(self.cfg.seed, client_id, round, EVAL_STREAM), self.device)
         if state is None:  # a client that has not trained yet holds what it would start its first round with

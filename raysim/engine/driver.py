@@ -210,9 +210,10 @@ class Driver:
         return self.executor.put(obj)
 
     def payload(self, rnd: int) -> dict:
-        """What every client of round ``rnd`` downloads (``rnd`` <= 0: the evaluation's)."""
-        return (self.algorithm.server_payload(self.server_state, rnd) if rnd > 0
-                else self.algorithm.eval_payload(self.server_state))
+        """What every client of round ``rnd`` downloads, as the stages send it (``rnd`` <= 0: the evaluation's)."""
+        if rnd > 0:
+            return self.stages.download(self.algorithm.server_payload(self.server_state, rnd), rnd)
+        return self.algorithm.eval_payload(self.server_state)
 
     def downloads(self, clients: list[int], rnd: int) -> Downloads:
         """The shared payload, put once, and each client's own payload (``client_payload``, only where the algorithm
@@ -224,10 +225,14 @@ class Driver:
             personal = self.algorithm.client_payload(self.server_state, cid, rnd)
             if personal is not None:
                 own[cid] = self.executor.put(personal)
-                own_bytes[cid] = nbytes(personal)
-        shared_bytes = nbytes(shared)
+                own_bytes[cid] = self._wire(nbytes(personal), rnd)
+        shared_bytes = self._wire(nbytes(shared), rnd)
         return Downloads(shared, self.executor.put(shared), own, shared_bytes, own_bytes,
                          int(shared_bytes * len(clients) + sum(own_bytes.values())))
+
+    def _wire(self, n: int, rnd: int) -> int:
+        """The bytes a payload of ``n`` tensor bytes takes on the wire (the stages'; evaluation's is not sent)."""
+        return self.stages.download_bytes(n, rnd) if rnd > 0 else n
 
     def sample(self, rnd: int, count: int) -> list[int]:
         return draw_clients(self.cfg.seed, rnd, self.cfg.clients.num, count)

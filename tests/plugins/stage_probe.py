@@ -7,7 +7,9 @@ download), where the client trained (its client part), before any partial sum; Î
 job (``job_params``). The part reports the L2 norm of the client's own change before shrinking, which the stage logs
 as the round's mean (``probe/change_norm``, in client-id order), and the stage counts the reports it has seen over
 the run (``probe/reports``: its state, in the checkpoint, so a resumed run continues the count). With Î» = 1/2
-(``LAMBDA``) FedAvg's server moves half as far as it would.
+(``LAMBDA``) FedAvg's server moves half as far as it would. Each client part also keeps, in the client state store,
+how many jobs its client has run (``probe/most_jobs``: the most over the round's clients), and says its upload
+travels in half its bytes (as float16 would: ``bytes_up``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ LAMBDA = 0.5
 
 class _Shrink(ClientPart):
     def __init__(self, lam: float):
-        self.lam, self.norm = lam, 0.0
+        self.lam, self.norm, self.jobs = lam, 0.0, 0
+
+    def restore(self, state: Any) -> None:
+        self.jobs = int(state) if state is not None else 0
+
+    def keep(self) -> Any:
+        return torch.tensor(self.jobs + 1)
+
+    def upload_bytes(self, n: int) -> int:
+        return n // 2
 
     def upload(self, upload: dict, shared: dict) -> dict:
         model = shared.get("model") or {}
@@ -40,7 +51,7 @@ class _Shrink(ClientPart):
         return out
 
     def report(self, seen: int) -> Any:
-        return self.norm
+        return {"norm": self.norm, "jobs": self.jobs + 1}
 
 
 class ShrinkStage(Stage):
@@ -57,10 +68,11 @@ class ShrinkStage(Stage):
         return _Shrink(float(params)) if params is not None else None
 
     def round_metrics(self, ctx: RoundContext, results: list) -> dict[str, Any]:
-        norms = [r.stage[self.name] for r in results]
+        norms = [r.stage[self.name]["norm"] for r in results]
         self.reports += len(norms)
         return {"probe/change_norm": float(torch.tensor(norms, dtype=torch.float64).mean()) if norms else None,
-                "probe/reports": self.reports}
+                "probe/reports": self.reports,
+                "probe/most_jobs": max((r.stage[self.name]["jobs"] for r in results), default=0)}
 
     def state(self) -> dict:
         return {"shrink_reports": self.reports}
