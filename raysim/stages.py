@@ -41,8 +41,11 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, O
 if TYPE_CHECKING:
     import torch
 
-    from raysim.algorithms.aggregation import UploadSum
-    from raysim.config import ExperimentConfig
+# This module sits below everything it describes: it names the config (``raysim.config.ExperimentConfig``), the one sum
+# (``raysim.algorithms.aggregation.UploadSum``) and the engine's records (``TrainJob``, ``TrainResult``) only in its
+# docs, and types them ``Any``, so that importing it imports none of them.
+ExperimentConfig = Any
+UploadSum = Any
 
 
 class ClientPart:
@@ -392,7 +395,7 @@ def split_state(state: Optional[dict]) -> tuple[Optional[dict], dict]:
 
 
 # ---------------------------------------------------------------------------------------------- which stages run
-StageFactory = Callable[["ExperimentConfig"], Optional[Stage]]
+StageFactory = Callable[[ExperimentConfig], Optional[Stage]]
 
 # the built-in stages, in their documented order: each factory imports its module and returns None when its section
 # is off (a module path and a function name, so that building the stages of a run without them imports nothing)

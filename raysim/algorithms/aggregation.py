@@ -174,7 +174,8 @@ class UploadSum:
         else:
             self.total.add_(scaled)
 
-    def add(self, client_id: int, upload: dict, weight: float, origin: Optional[torch.Tensor] = None) -> None:
+    def add(self, client_id: int, upload: dict, weight: float | dict[str, float],
+            origin: Optional[torch.Tensor] = None) -> None:
         """Add one client's upload with its weight (the caller adds clients in id order); ``origin``: a float64
         buffer of the upload's layout (:func:`flatten`'s values) that is subtracted first, so that the term is
         (upload − origin)·weight, each operation on float64 values (FedBuff's change from the model a client
@@ -374,7 +375,7 @@ def sum_in_groups(updates: Iterable[Any], clients: Sequence[int], size: int, wei
     return total
 
 
-def weighted_average(uploads: list[dict], weights: list[float]) -> dict:
+def weighted_average(uploads: list[dict], weights: Sequence[float | dict[str, float]]) -> dict:
     """Σ_i w_i·u_i / Σ_i w_i of (nested dicts of) tensors, summed in the order given (client-id order) by the one
     :class:`UploadSum`, so an algorithm's own means take the engine's arithmetic: each tensor cast back to its
     dtype (integers rounded)."""
