@@ -84,11 +84,10 @@ def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> N
             f"must be a finite number > 0, got {section.server_lr!r}")
     if not section.on:
         return
-    from raysim.registry import get_algorithm
+    from raysim.algorithms.capabilities import refusal
 
     name = cfg.algorithm.name
-    algorithm: Any = get_algorithm(name)
-    why = algorithm.refusal("async", cfg)
+    why = refusal(name, "async", cfg)
     require(why is None, "asynchronous.mode", f"{section.mode} needs a method whose server step is a model average "
             f"(fedavg, fedprox, the FedOpt family, unideal, ...: Uploads.model()): {name} {why}")
     deadline = getattr(getattr(cfg, "system", None), "deadline_s", None)

@@ -33,14 +33,15 @@ def config_warnings(cfg: Any) -> list[str]:
 def vectorize_notices(cfg: Any) -> list[str]:
     """``engine.vectorize=N`` where some clients will train one at a time anyway (they fall back: nothing is
     refused), one line per reason. Nothing for ``off`` and ``auto`` (auto stacks clients where it can and pays)."""
-    from raysim.registry import get_algorithm, get_model
+    from raysim.algorithms.capabilities import refusal
+    from raysim.registry import get_model
 
     setting = str(cfg.engine.vectorize)
     if not setting.isdigit() or int(setting) < 2:
         return []
     out = []
     head = f"engine.vectorize={setting}:"
-    if get_algorithm(cfg.algorithm.name).refusal("stack") is not None:  # the declaration (a setting says its own)
+    if refusal(cfg.algorithm.name, "stack") is not None:  # the declaration (a setting says its own)
         out.append(f"{head} algorithm {cfg.algorithm.name} declares no vectorisable client hooks "
                    f"(Algorithm.vectorizable), so its clients train one at a time")
     names = sorted(set(cfg.model.names()))

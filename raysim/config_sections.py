@@ -207,6 +207,12 @@ class AlgorithmConfig:
     def validate(self) -> None:
         pass
 
+    def refusal(self, feature: str) -> Optional[str]:
+        """Why these settings cannot serve ``feature`` (``stack``, ``async``, ``privacy``, ``robust``; None: they
+        can), beside what the algorithm's declarations allow (``Algorithm.refusal``): Ditto's ``select_lam`` cannot be
+        stacked. Here, on the Config, so that the checks read it without importing the algorithm."""
+        return None
+
     def config_warnings(self, cfg: "ExperimentConfig") -> list[str]:
         """Settings of these keys that run but mean less than they seem (what ``Algorithm.config_warnings`` returns
         by default): here, so that loading a config warns without importing the algorithm (and torch)."""

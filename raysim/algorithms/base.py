@@ -269,8 +269,17 @@ class Algorithm:
           server, and for privacy no server-side training from the uploads; robust rules also need the whole model
           shared (``shared = "all"``).
 
-        A subclass adds a reason a configuration of its own cannot serve (``cfg``: Ditto's ``select_lam`` cannot
-        be stacked) and calls ``super()``."""
+        With ``cfg``, the reason its settings give too (the Config's ``refusal``: Ditto's ``select_lam`` cannot be
+        stacked). The built-ins' answers are also kept torch-free in ``raysim.algorithms.capabilities``, which the
+        config checks read."""
+        static = cls._static_refusal(feature)
+        if static is not None or cfg is None:
+            return static
+        return cfg.algorithm.refusal(feature)
+
+    @classmethod
+    def _static_refusal(cls, feature: str) -> Optional[str]:
+        """:meth:`refusal` from the class's declarations alone."""
         if feature == "stack":
             declared = next((c for c in cls.__mro__ if "vectorizable" in c.__dict__), None)
             if declared is None or not declared.__dict__["vectorizable"]:

@@ -52,7 +52,7 @@ Logged loss parts: ``loss_ce`` (the global model's), ``loss_personal`` (the pers
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,6 @@ from torch import nn
 from raysim.algorithms.base import Algorithm, ClientContext
 from raysim.algorithms.configs.ditto import DittoConfig
 from raysim.algorithms.fedprox import proximal_term
-from raysim.config import ExperimentConfig
 from raysim.errors import UserError
 from raysim.registry import register_algorithm
 
@@ -110,12 +109,6 @@ class Ditto(Algorithm):
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model.add_module(PERSONAL, copy.deepcopy(model))  # the initial weights, as the global model's
         return model
-
-    @classmethod
-    def refusal(cls, feature: str, cfg: Optional[ExperimentConfig] = None) -> Optional[str]:
-        if feature == "stack" and cfg is not None and cfg.algorithm.select_lam:
-            return "ditto's select_lam picks λ on each client's validation data, which a cohort's loss does not see"
-        return super().refusal(feature, cfg)
 
     def check(self, cfg, data) -> None:
         super().check(cfg, data)

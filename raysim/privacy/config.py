@@ -112,12 +112,11 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         require(not cfg.system.enabled, "privacy.enabled",
                 "the accountant models raysim's own client sampling, which system.enabled replaces by availability "
                 "and deadlines; turn system.enabled off")
-        from raysim.registry import get_algorithm
+        from raysim.algorithms.capabilities import refusal
 
-        algorithm: Any = get_algorithm(cfg.algorithm.name)
-        refusal = algorithm.refusal("privacy", cfg)
-        require(refusal is None, "privacy.enabled", f"DP-FedAvg clips and noises a model delta, but "
-                f"{cfg.algorithm.name} {refusal}")
+        why = refusal(cfg.algorithm.name, "privacy", cfg)
+        require(why is None, "privacy.enabled", f"DP-FedAvg clips and noises a model delta, but "
+                f"{cfg.algorithm.name} {why}")
         require(getattr(cfg.algorithm, "weighting", None) in (None, "uniform"), "algorithm.weighting",
                 "DP-FedAvg weighs every client 1 over a fixed denominator (McMahan et al. 2018); drop "
                 "algorithm.weighting or set it to uniform")
@@ -130,10 +129,9 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         if p.dpsgd_delta is not None:
             require(_number(p.dpsgd_delta) and 0 < p.dpsgd_delta < 1, "privacy.dpsgd_delta",
                     f"must be in (0, 1), got {p.dpsgd_delta!r}")
-        from raysim.registry import get_algorithm
+        from raysim.algorithms.capabilities import refusal as declared_refusal
 
-        dpsgd_alg: Any = get_algorithm(cfg.algorithm.name)
-        require(dpsgd_alg.refusal("stack", cfg) is None, "privacy.dpsgd",
+        require(declared_refusal(cfg.algorithm.name, "stack") is None, "privacy.dpsgd",
                 f"DP-SGD takes per-sample gradients of {cfg.algorithm.name}'s client_loss under torch.func.vmap, which "
                 f"it does not declare it can run (Algorithm.vectorizable, docs/hooks.md)")
         require(str(cfg.engine.vectorize) in ("off", "1", "auto"), "engine.vectorize",

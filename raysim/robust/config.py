@@ -147,11 +147,10 @@ def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
     require(str(getattr(cfg.asynchronous, "mode", "off")) in ("off", "False", "false"), key,
             f"{what} works on a synchronous round's uploads; asynchronous.mode={cfg.asynchronous.mode} mixes each "
             f"arrival on its own (set asynchronous.mode=off)")
-    from raysim.registry import get_algorithm
+    from raysim.algorithms.capabilities import refusal
 
     name = cfg.algorithm.name
-    algorithm: Any = get_algorithm(name)
-    why = algorithm.refusal("robust", cfg)
+    why = refusal(name, "robust", cfg)
     require(why is None, key, f"{what} replaces the server's model average of a model-averaging method (fedavg, "
             f"fedprox, the FedOpt family), and {name} {why}")
     if agg.on:

@@ -4,6 +4,7 @@ config (``raysim config show``/``keys``) reads them without importing torch."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from raysim.config import AlgorithmConfig, is_finite, require
 
@@ -19,6 +20,11 @@ class DittoConfig(AlgorithmConfig):
     select_lam: bool = False  # λ per client and step by validation loss (the paper's procedure, --dynamic_lam)
     lam_candidates: list[float] = field(default_factory=lambda: [0.1, 1.0, 2.0])  # the authors' candidates
     val_fraction: float = 0.1  # with select_lam: the tail of each client's training data held out (authors: 10 %)
+
+    def refusal(self, feature: str) -> Optional[str]:
+        if feature == "stack" and self.select_lam:
+            return "ditto's select_lam picks λ on each client's validation data, which a cohort's loss does not see"
+        return None
 
     def validate(self) -> None:
         require(is_finite(self.lam, 0.0), "algorithm.lam", f"must be a number >= 0, got {self.lam}")
