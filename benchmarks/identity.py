@@ -70,6 +70,21 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
        for attack in ("label_flip", "sign_flip", "gaussian", "scaling", "alie", "ipm", "backdoor")},
     "attack-alie-krum": (None, {**TINY_ROBUST, "attack__name": "alie", "aggregator__name": "krum"}),
     "attack-backdoor-median": (None, {**TINY_ROBUST, "attack__name": "backdoor", "aggregator__name": "median"}),
+    # issue 54: the newer rules, pre-aggregation steps and attacks (FLTrust's root dataset from the server's holdout)
+    **{f"rule-{rule}": (None, {**TINY_ROBUST, "aggregator__name": rule, "attack__name": "sign_flip", **more})
+       for rule, more in (("geomed", {}), ("foolsgold", {}),
+                          ("fltrust", {"aggregator__root": "server_holdout", "aggregator__root_samples": 30,
+                                       "data__server_holdout": 0.1}))},
+    "rule-krum-nnm": (None, {**TINY_ROBUST, "aggregator__name": "krum", "aggregator__nnm": "true",
+                             "attack__name": "alie"}),
+    "rule-median-bucket": (None, {**TINY_ROBUST, "aggregator__name": "median", "aggregator__bucket": 3,
+                                  "attack__name": "ipm"}),
+    **{f"attack-{attack}": (None, {**TINY_ROBUST, "attack__name": attack, "aggregator__name": rule})
+       for attack, rule in (("minmax", "mean"), ("minsum", "median"), ("fang_krum", "krum"),
+                            ("fang_trim", "trimmed_mean"), ("mimic", "centered_clip"))},
+    "attack-dba": (None, {**TINY_ROBUST, "attack__name": "dba", "attack__dba_size": 3}),
+    "attack-alie-karimireddy": (None, {**TINY_ROBUST, "attack__name": "alie", "attack__z_rule": "karimireddy",
+                                       "aggregator__name": "trimmed_mean"}),
     "system-sync": (None, TINY_SYSTEM),
     "system-diurnal": (None, {**TINY_SYSTEM, "system__availability__mode": "diurnal",
                               "system__availability__period_s": 30, "system__wait_s": 1}),

@@ -15,6 +15,9 @@ ASYNC_STREAM = 4  # an asynchronous job, with its sequence number (raysim.engine
 ATTACK_STREAM = 4  # an attack's own draws: Gaussian updates, the poisoned rows (raysim.robust)
 PRIVACY_STREAM = 37  # DP-FedAvg's noise on the round's sum (raysim.privacy.central)
 DPSGD_STREAM = 38  # DP-SGD's noise on each step (raysim.privacy.dpsgd)
+MIMIC_STREAM = 39  # the mimic attack's first random direction (raysim.robust.attack_stage)
+BUCKET_STREAM = 40  # bucketing's shuffle of a round's updates (raysim.robust.rule_stage)
+FLTRUST_STREAM = 41  # FLTrust: the root samples' draw and the server's own training each round (raysim.robust)
 
 
 def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:

@@ -119,6 +119,7 @@ class RoundContext:
     stages: StageSet
     meta: dict = field(default_factory=dict)  # the schedule's facts about each update (FedBuff: origin, staleness)
     on_nonfinite: str = "stop"
+    skipped: list[int] = field(default_factory=list)  # clients whose non-finite update was dropped before the round
 
 
 @dataclass

@@ -305,7 +305,7 @@ class Driver:
                             server_state=self.server_state, shared=reports.shared,
                             weighting=self.stages.weighting(self.algorithm.sum_weighting),
                             sum_group=group_size(self.cfg.engine.sum_group, len(reports.clients)), stages=self.stages,
-                            meta=reports.meta, on_nonfinite=self.cfg.engine.on_nonfinite)
+                            meta=reports.meta, on_nonfinite=self.cfg.engine.on_nonfinite, skipped=reports.skipped)
 
     def _keep_history(self, updates: list[ClientUpdate], rnd: int) -> None:
         """What the server keeps of each finite update (``server_keep``), into the bounded per-client window."""

@@ -8,6 +8,7 @@ model again with :meth:`UpdateRows.model`: global + row, cast back to each entry
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -31,6 +32,28 @@ class UpdateRows:
 
     def __len__(self) -> int:
         return self.rows.shape[0]
+
+    def nonfinite(self) -> list[int]:
+        """The positions of the rows that cannot make a model: a row that is not finite, or whose model
+        global + row is not finite in its entries' own dtypes (an update 1e300 is finite in float64 and inf in
+        float32)."""
+        bad = ~torch.isfinite(self.rows).all(dim=1)
+        models = self.origin + self.rows
+        at = 0
+        for _, shape, dtype in self.layout:
+            size = math.prod(shape)
+            if dtype != torch.float64:
+                bad |= ~torch.isfinite(models[:, at:at + size].to(dtype)).all(dim=1)
+            at += size
+        bad |= ~torch.isfinite(models).all(dim=1)
+        return [i for i in range(len(self)) if bool(bad[i])]
+
+    def drop(self, positions: list[int]) -> None:
+        """Leave the rows at ``positions`` (and their clients, updates and weights) out of the round."""
+        keep = [i for i in range(len(self)) if i not in set(positions)]
+        self.rows, self.weights = self.rows[keep], self.weights[keep]
+        self.updates = [self.updates[i] for i in keep]
+        self.clients = [self.clients[i] for i in keep]
 
     def model(self, aggregate: torch.Tensor) -> dict[str, Any]:
         """The round's mean upload for an aggregate row: global + row for the floating entries, the weighted mean of

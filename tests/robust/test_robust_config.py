@@ -33,7 +33,7 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path):
                                      algorithm__name="scaffold")
 
 
-@pytest.mark.parametrize("name, n, f", [("krum", 4, 1), ("multikrum", 6, 2), ("bulyan", 7, 1),
+@pytest.mark.parametrize("name, n, f", [("krum", 4, 1), ("multikrum", 6, 2), ("bulyan", 6, 1), ("bulyan", 10, 2),
                                         ("trimmed_mean", 4, 2)])
 def test_a_rule_told_to_tolerate_more_than_n_allows_is_refused(tmp_path, name, n, f):
     line = refused(tmp_path, "aggregator.f", clients__num=n, aggregator__name=name, aggregator__f=f)
@@ -41,9 +41,11 @@ def test_a_rule_told_to_tolerate_more_than_n_allows_is_refused(tmp_path, name, n
 
 
 def test_the_bounds_by_hand():
-    # Krum: n > 2f + 2; Bulyan: n > 4f + 3; trimmed mean: 2f < n
+    # Krum: n > 2f + 2; Bulyan: n >= 4f + 3 (El Mhamdi et al.'s bound: n = 7 takes f = 1, n = 11 takes f = 2);
+    # trimmed mean: 2f < n
     assert most_tolerated("krum", 5) == 1 and most_tolerated("krum", 4) == 0
-    assert most_tolerated("bulyan", 8) == 1 and most_tolerated("bulyan", 7) == 0
+    assert most_tolerated("bulyan", 7) == 1 and most_tolerated("bulyan", 6) == 0
+    assert most_tolerated("bulyan", 11) == 2 and most_tolerated("bulyan", 10) == 1
     assert most_tolerated("trimmed_mean", 5) == 2 and most_tolerated("trimmed_mean", 4) == 1
     assert most_tolerated("median", 2) is None
 
@@ -100,3 +102,60 @@ def test_an_older_checkpoint_without_these_sections_resumes(tmp_path):
     with pytest.raises(UserError, match=r"aggregator\.name \('mean' in the checkpoint, 'median' now\)"):
         check_checkpoint_config(tmp_path, {"config": older}, load_config(overrides=["aggregator.name=median"],
                                                                          warn=False))
+
+
+def test_fltrust_without_a_public_split_is_refused(tmp_path):
+    line = refused_cli(tmp_path, "aggregator.root", aggregator__name="fltrust")
+    assert "public split" in line and "server_holdout" in line
+    line = refused(tmp_path, "data.server_holdout", aggregator__name="fltrust", aggregator__root="server_holdout")
+    assert "fltrust" in line
+    refused(tmp_path, "aggregator.root", aggregator__name="fltrust", aggregator__root="test")
+
+
+@pytest.mark.parametrize("rule", ["mean", "norm_bound", "fltrust", "foolsgold"])
+def test_a_pre_aggregation_step_with_a_rule_that_cannot_take_it_is_refused(tmp_path, rule):
+    extra = dict(aggregator__name=rule, attack__name="ipm", data__server_holdout=0.1,
+                 aggregator__root="server_holdout")
+    line = refused_cli(tmp_path, "aggregator.nnm", aggregator__nnm="true", **extra)
+    assert f"aggregator.name={rule}" in line and "pre-aggregation" in line
+    refused(tmp_path, "aggregator.bucket", aggregator__bucket=2, **extra)
+
+
+def test_bucketing_counts_against_the_rules_bound(tmp_path):
+    # 12 clients, f = 2: Krum takes them (12 > 6), but not 6 buckets of 2 (6 is not > 2f + 2)
+    load_config(None, tiny_overrides(tmp_path, clients__num=12, aggregator__name="krum", aggregator__f=2),
+                warn=False)
+    line = refused(tmp_path, "aggregator.bucket", clients__num=12, aggregator__name="krum", aggregator__f=2,
+                   aggregator__bucket=2)
+    assert "n=6 buckets" in line and "at most f=1" in line
+    # the median has no bound: any bucket size
+    load_config(None, tiny_overrides(tmp_path, clients__num=12, aggregator__name="median", aggregator__bucket=5),
+                warn=False)
+
+
+def test_the_new_keys_bad_values_are_refused(tmp_path):
+    refused(tmp_path, "aggregator.bucket", aggregator__name="median", aggregator__bucket=1)
+    refused(tmp_path, "aggregator.nu", aggregator__name="geomed", aggregator__nu=0)
+    refused(tmp_path, "aggregator.maxiter", aggregator__name="geomed", aggregator__maxiter=0)
+    refused(tmp_path, "aggregator.root_samples", aggregator__root_samples=0)
+    assert "karimireddy" in refused(tmp_path, "attack.z_rule", attack__name="alie", attack__z_rule="epfml")
+    refused(tmp_path, "attack.perturbation", attack__name="minmax", attack__perturbation="unit")
+    refused(tmp_path, "attack.gamma_init", attack__name="minmax", attack__gamma_init=0)
+    refused(tmp_path, "attack.mimic_warmup", attack__name="mimic", attack__mimic_warmup=0)
+    refused(tmp_path, "attack.dba_size", attack__name="dba", attack__dba_size=0)
+    refused(tmp_path, "attack.dba_gap", attack__name="dba", attack__dba_gap=-1)
+
+
+def test_what_the_data_rules_out_is_refused_before_round_1(tmp_path):
+    """FLTrust's root samples beyond the holdout, a distributed trigger larger than the images: one line each."""
+    from raysim.engine.runner import run_experiment
+    from raysim.errors import UserError
+
+    cfg = load_config(None, tiny_overrides(tmp_path, aggregator__name="fltrust", aggregator__root="server_holdout",
+                                           data__server_holdout=0.05), warn=False)
+    with pytest.raises(UserError, match=r"^config key 'aggregator\.root_samples': 100 root samples, and data"):
+        run_experiment(cfg)
+    # digits are 8x8: bars of 4 with a gap of 2 need 10 columns
+    cfg = load_config(None, tiny_overrides(tmp_path, attack__name="dba", log__dir=str(tmp_path / "dba")), warn=False)
+    with pytest.raises(UserError, match=r"^config key 'attack\.dba_size': .* at least 4x10, .* \[1, 8, 8\]$"):
+        run_experiment(cfg)
