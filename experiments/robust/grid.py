@@ -1,11 +1,11 @@
 """Run FedAvg's mean and each robust aggregator against each attack, over three seeds, and print the table.
 
-    PYTHONPATH=. python experiments/robust/grid.py [--out runs/robust-grid] [--seeds 0-2]
+    PYTHONPATH=. nice -n 10 python experiments/robust/grid.py [--out runs/robust-grid] [--seeds 0-2]
 
 Every run is experiments/robust/digits-20.yaml with aggregator.name, attack.name and seed overridden, in this process
 (engine.backend=inline); a run already finished under --out is read, not run again. The table gives the final
-acc_global (the global model on every client's test split) as mean ± std over the seeds, and for the backdoor
-also the final attack success rate (attack/asr).
+acc_global (the global model on every client's test split) as mean ± std over the seeds, and for the backdoors
+(the pixel pattern, the distributed one) also the final attack success rate (attack/asr).
 """
 
 from __future__ import annotations
@@ -18,11 +18,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# a row: the aggregator, or aggregator@key=value,... for a setting other than the default (the honest updates'
-# norms are 0.5-1.3 here, so the papers' M = 5 and τ = 10 never clip: the @ rows use a bound below them)
+# a row: the aggregator, or aggregator@key=value+key=value for a setting other than the default (a key without a
+# dot is aggregator.KEY). The honest updates' norms are 0.5-1.3 here, so the papers' M = 5 and τ = 10 never clip: the
+# @ rows use a bound below them. FLTrust's root dataset is the server's holdout, 10 % of every client's training data
+# (about 145 samples, of which it draws 100): that row's clients train on 90 % of what the others' do.
 AGGREGATORS = ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "norm_bound",
-               "norm_bound@norm_bound=0.5", "centered_clip", "centered_clip@tau=0.5"]
-ATTACKS = ["none", "sign_flip", "alie", "label_flip", "backdoor"]
+               "norm_bound@norm_bound=0.5", "centered_clip", "centered_clip@tau=0.5", "geomed",
+               "fltrust@root=server_holdout+data.server_holdout=0.1", "foolsgold", "median@bucket=2", "krum@nnm=true"]
+ATTACKS = ["none", "sign_flip", "alie", "label_flip", "minmax", "minsum", "fang_krum", "fang_trim", "mimic", "backdoor",
+           "dba"]
+BACKDOORS = ("backdoor", "dba")  # their success rate gets a column of its own
 
 
 def last_row(run_dir: Path) -> dict | None:
@@ -38,8 +43,9 @@ def run_one(out: Path, aggregator: str, attack: str, seed: int) -> dict:
     from raysim.engine.runner import run_experiment
 
     name, _, settings = aggregator.partition("@")
-    extra = [f"aggregator.{kv}" for kv in settings.split("+") if kv]
-    run_dir = out / f"{aggregator.replace('@', '-').replace('=', '').replace('+', '-')}-{attack}-s{seed}"
+    extra = [kv if "." in kv.partition("=")[0] else f"aggregator.{kv}" for kv in settings.split("+") if kv]
+    label = aggregator.replace("@", "-").replace("=", "").replace("+", "-").replace("data.", "")
+    run_dir = out / f"{label}-{attack}-s{seed}"
     row = last_row(run_dir)
     if row is None:
         if run_dir.exists():
@@ -66,7 +72,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/robust-grid")
     parser.add_argument("--seeds", default="0-2")
     parser.add_argument("--aggregators", default=",".join(AGGREGATORS),
-                        help="comma-separated rows; name@key=value+key=value sets aggregator.* keys")
+                        help="comma-separated rows; name@key=value+key=value sets aggregator.* (or dotted) keys")
     parser.add_argument("--attacks", default=",".join(ATTACKS))
     args = parser.parse_args()
     low, _, high = args.seeds.partition("-")
@@ -82,20 +88,19 @@ def main() -> int:
                 row = run_one(out, aggregator, attack, seed)
                 acc.setdefault((aggregator, attack), []).append(row["acc_global"])
                 if row.get("attack/asr") is not None:
-                    asr.setdefault(aggregator, []).append(row["attack/asr"])
+                    asr.setdefault((aggregator, attack), []).append(row["attack/asr"])
             print(f"# {aggregator} / {attack} done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     names = {"none": "no attack", "sign_flip": "sign flip", "alie": "ALIE", "label_flip": "label flip",
-             "backdoor": "backdoor"}
-    header = ["aggregator", *[f"acc: {names.get(a, a)}" for a in attacks]]
-    if "backdoor" in attacks:
-        header.append("backdoor ASR")
+             "backdoor": "backdoor", "minmax": "min-max", "minsum": "min-sum", "fang_krum": "Fang (Krum)",
+             "fang_trim": "Fang (trim)", "mimic": "mimic", "dba": "DBA"}
+    backdoors = [a for a in attacks if a in BACKDOORS]
+    header = ["aggregator", *[f"acc: {names.get(a, a)}" for a in attacks], *[f"{names[a]} ASR" for a in backdoors]]
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     for aggregator in aggregators:
-        cells = [cell(acc[(aggregator, a)]) for a in attacks]
-        if "backdoor" in attacks:
-            cells.append(cell(asr[aggregator]))
-        label = aggregator.replace("@", " (").replace("+", ", ") + (")" if "@" in aggregator else "")
+        cells = [cell(acc[(aggregator, a)]) for a in attacks] + [cell(asr[(aggregator, a)]) for a in backdoors]
+        label = aggregator.replace("@", " (").replace("+", ", ").replace("data.", "")
+        label += ")" if "@" in aggregator else ""
         print(f"| {label} | " + " | ".join(cells) + " |")
     print(f"\n{len(aggregators) * len(attacks) * len(seeds)} runs, seeds {args.seeds}, "
           f"{time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -3,11 +3,15 @@
 The root dataset is drawn from a public split that the config names (``aggregator.root``): ``server_holdout``, the
 samples ``data.server_holdout`` takes out of every client's training split (each seen as its client sees it), of
 which ``aggregator.root_samples`` are drawn from the seed (the paper: 100). Each round the server trains the global
-model on it with the clients' local settings (``train.*``: epochs, batch size, optimiser, learning rate, momentum,
-weight decay; cross-entropy, as the paper's server runs the clients' local training) and its update g0 = trained −
-global scores the clients' (:func:`raysim.robust.aggregators.fltrust`). The training runs on the driver with
-:mod:`raysim.algorithms.training`'s loop, seeded from (seed, round); an algorithm's own local loss (FedProx's
-proximal term) is not part of it.
+model on it with the clients' local settings (``train.*``: batch size, optimiser, learning rate, momentum, weight
+decay; cross-entropy) for as many steps as the round's median client takes (``train.local_epochs`` passes over its
+samples in batches of ``train.batch_size``): the paper's clients and server both run ``ModelUpdate`` for the same
+R_l local iterations, and FLTrust rescales every client's update to the server's norm, so a server that took more
+steps (100 root samples against 65 a client: 8 steps against 4, a norm 3x theirs under momentum 0.9) would scale
+the round's step up by as much. Its update g0 = trained − global scores the clients'
+(:func:`raysim.robust.aggregators.fltrust`). The training runs on the driver with :mod:`raysim.algorithms.training`'s
+loop, in epochs over the root data reshuffled from (seed, round); an algorithm's own local loss (FedProx's proximal
+term) is not part of it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch.nn.functional as F
 
 from raysim.algorithms.aggregation import flatten
 from raysim.algorithms.base import load_entries
-from raysim.algorithms.training import LocalOptimizer, Trainee, epoch_batches, make_optimizer, run_phases
+from raysim.algorithms.training import (LocalOptimizer, Trainee, batch_bounds, epoch_batches, make_optimizer,
+                                        run_phases)
 from raysim.errors import UserError
 from raysim.seeds import FLTRUST_STREAM, job_seed
 
@@ -56,18 +61,30 @@ def root_data(cfg: ExperimentConfig, data: Any) -> tuple[torch.Tensor, torch.Ten
     return x, y
 
 
+def local_steps(samples: list[int], batch_size: int, epochs: int) -> int:
+    """The local steps of the round's median client (the lower of the two middle ones): ``epochs`` passes over its
+    samples in the one loop's batches (:func:`raysim.algorithms.training.batch_bounds`)."""
+    steps = sorted(epochs * len(batch_bounds(n, batch_size)) for n in samples)
+    return steps[(len(steps) - 1) // 2]
+
+
 class _RootTrainee(Trainee):
-    """Cross-entropy on the root dataset with the clients' optimiser (``train.*``)."""
+    """Cross-entropy on the root dataset with the clients' optimiser (``train.*``), for ``budget`` steps."""
 
     def __init__(self, cfg: ExperimentConfig, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 gen: torch.Generator):
+                 gen: torch.Generator, budget: int):
         self.cfg, self.model, self.x, self.y, self.gen = cfg, model, x, y, gen
+        self.budget, self.taken = budget, 0
 
     def begin_phase(self, params: list, lr: Optional[float]) -> LocalOptimizer:
         return make_optimizer(self.cfg, params, lr)
 
     def steps(self) -> Any:
         return epoch_batches(len(self.y), self.cfg.train.batch_size, self.gen, "cpu")
+
+    def fits(self, step: Any) -> bool:
+        self.taken += 1
+        return self.taken <= self.budget
 
     def loss(self, step: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.model(self.x[step]), self.y[step])
@@ -85,15 +102,17 @@ class ServerUpdate:
             self.model = build_model(cfg, cfg.model.for_client(0), setup.data.input_shape(0),
                                      setup.data.num_classes, 0, setup.algorithm)
 
-    def row(self, global_model: dict, keys: list[str], rnd: int) -> torch.Tensor:
-        """g0 = (the global model trained on the root dataset) − global, over ``keys``, as one float64 row."""
+    def row(self, global_model: dict, keys: list[str], rnd: int, steps: int) -> torch.Tensor:
+        """g0 = (the global model trained ``steps`` steps on the root dataset) − global, over ``keys``, as one float64
+        row."""
         seed = job_seed(self.cfg.seed, 0, rnd, FLTRUST_STREAM)
         load_entries(self.model, global_model)
         params = list(self.model.parameters())
+        epochs = -(-steps // len(batch_bounds(len(self.y), self.cfg.train.batch_size)))
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
             torch.manual_seed(seed)  # a model that draws (dropout) draws the same on every run
             self.model.train()
-            run_phases([(params, self.cfg.train.local_epochs)],
-                       _RootTrainee(self.cfg, self.model, self.x, self.y, torch.Generator().manual_seed(seed)))
+            run_phases([(params, epochs)], _RootTrainee(self.cfg, self.model, self.x, self.y,
+                                                        torch.Generator().manual_seed(seed), steps))
         trained = self.model.state_dict()
         return flatten({k: trained[k] for k in keys})[1] - flatten({k: global_model[k] for k in keys})[1]

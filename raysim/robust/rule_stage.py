@@ -83,7 +83,13 @@ class RuleStage(Stage):
         name, f = self._rule_for(len(x), f, rnd)
         m = None if agg.m is None else min(agg.m, len(x) - f)
         center = server_state.get(CENTER_KEY) if agg.name == "centered_clip" else None
-        server = self.server.row(server_state["model"], rows.keys, rnd) if self.server is not None else None
+        server = None
+        if self.server is not None:
+            from raysim.robust.fltrust import local_steps
+
+            train = self.cfg.train
+            steps = local_steps([u.num_samples for u in rows.updates], train.batch_size, train.local_epochs)
+            server = self.server.row(server_state["model"], rows.keys, rnd, steps)
         history = torch.stack([self.history[c] for c in rows.clients]) if agg.name == "foolsgold" else None
         out = aggregate(name, x, weights, f=f, m=m, bound=agg.norm_bound, tau=agg.tau, iterations=agg.iterations,
                         center=center, nu=agg.nu, maxiter=agg.maxiter, server=server, history=history)
