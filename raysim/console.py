@@ -53,7 +53,8 @@ def describe_mode(cfg: Any) -> str:
         parts.append(f"DP-FedAvg {budget} at δ {delta:.3g}, clip {p.clip:g}{' (adaptive)' if p.adaptive_clip else ''}"
                      .replace("  ", " "))
     if getattr(cfg.privacy, "dpsgd", False):
-        parts.append(f"DP-SGD on clients (noise {cfg.privacy.dpsgd_noise:g}, clip {cfg.privacy.dpsgd_clip:g})")
+        parts.append(f"DP-SGD on clients (noise {cfg.privacy.dpsgd_noise:g}, clip {cfg.privacy.dpsgd_clip:g}, "
+                     f"{getattr(cfg.privacy, 'dpsgd_sampling', 'poisson')} batches)")
     return ", ".join(parts)
 
 
@@ -64,7 +65,9 @@ def format_round(m: dict, rounds: int, delta: Optional[float] = None) -> str:
         parts.append(f"acc_mean {m['acc_mean']:.4f}")
     if m.get("acc_global") is not None:
         parts.append(f"acc_global {m['acc_global']:.4f}")
-    parts.append(f"loss {m['loss']:.4f}")
+    loss = m.get("loss", m.get("nonprivate/loss"))  # privacy: the clients' loss is a non-private diagnostic
+    if _number(loss):
+        parts.append(f"loss {loss:.4f}")
     if "k" in m:
         parts.append(f"k {m['k']}")
     epochs = m.get("p_epochs")
@@ -75,10 +78,13 @@ def format_round(m: dict, rounds: int, delta: Optional[float] = None) -> str:
     if m.get("attack/asr") is not None:  # attack.name=backdoor or scaling: the backdoor's success rate
         parts.append(f"asr {m['attack/asr']:.4f}")
     if _number(m.get("epsilon")):  # privacy.enabled: the privacy spent so far
+        delta = m["privacy/delta"] if _number(m.get("privacy/delta")) else delta
         parts.append(f"ε {m['epsilon']:.2f}" + (f" (δ {delta:.3g})" if delta is not None else ""))
     if _number(m.get("dpsgd/epsilon_max")):  # privacy.dpsgd: the largest sample-level ε of any client so far
         parts.append(f"sample ε ≤ {m['dpsgd/epsilon_max']:.3g}")
-    parts.append(f"up {human_bytes(m['bytes_up'])} down {human_bytes(m['bytes_down'])}")
+    up, down = (m.get(k, m.get(f"nonprivate/{k}")) for k in ("bytes_up", "bytes_down"))  # Poisson sampling's
+    if _number(up) and _number(down):  # cohort, and so its bytes, are non-private diagnostics
+        parts.append(f"up {human_bytes(up)} down {human_bytes(down)}")
     parts.append(f"{m['wall_s']:.2f}s")
     if _number(m.get("sim_time_s")):  # the simulated clock at the end of the round (asynchronous, system.enabled)
         step = f" (+{_duration(m['round_sim_s'])})" if _number(m.get("round_sim_s")) else ""
@@ -127,8 +133,9 @@ def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = No
     if globs:
         best = max(globs, key=lambda r: r["acc_global"])
         lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
-    lines.append(("bytes up / down",
-                  f"{human_bytes(last['bytes_up_total'])} / {human_bytes(last['bytes_down_total'])}"))
+    up, down = (last.get(k, last.get(f"nonprivate/{k}")) for k in ("bytes_up_total", "bytes_down_total"))
+    if _number(up) and _number(down):
+        lines.append(("bytes up / down", f"{human_bytes(up)} / {human_bytes(down)}"))
     per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
     mine = [r for r in rows if r["round"] > resumed_after]
     if elapsed is None:
@@ -174,7 +181,8 @@ def privacy_line(rows: list[dict], cfg: Any = None) -> str:
     if not spent:
         return ""
     last = spent[-1]
-    delta = privacy_delta(cfg) if cfg is not None else None
+    delta = last["privacy/delta"] if _number(last.get("privacy/delta")) else \
+        privacy_delta(cfg) if cfg is not None else None
     text = f"ε {last['epsilon']:.2f}" + (f" at δ {delta:.3g}" if delta is not None else "") + \
         f" after round {last['round']}"
     target = getattr(getattr(cfg, "privacy", None), "target_epsilon", None)

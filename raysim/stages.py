@@ -25,8 +25,9 @@ The hook points, in the order a round meets them (every hook has a default that 
   the reduction (:meth:`Stage.reduce`: a robust rule, FedBuff's buffer) or finish the sum on the server
   (:meth:`Stage.release`: DP noise).
 - **after the server step**: its metrics (:meth:`Stage.round_metrics`), its own evaluations, run through the
-  executor like any other (:meth:`Stage.evaluations`: the backdoor's success rate), and its state for the
-  checkpoint (:meth:`Stage.state`, :meth:`Stage.load`).
+  executor like any other (:meth:`Stage.evaluations`: the backdoor's success rate), the names the round's metrics
+  are logged under (:meth:`Stage.label_metrics`: privacy's ``nonprivate/``), and its state for the checkpoint
+  (:meth:`Stage.state`, :meth:`Stage.load`).
 
 Each stage declares what it serves and refuses in :meth:`Stage.check` (with the data, before round 1) and in the
 config checks of its section; a stage from a plugin registers with :func:`register_stage`. This module imports
@@ -215,6 +216,11 @@ class Stage:
         """Evaluations to run after round ``rnd``'s server step (on the executor, on the global model)."""
         return []
 
+    def label_metrics(self, metrics: dict[str, Any]) -> None:
+        """Rename or relabel the round's metrics in place, once all of them are gathered (the evaluation's, the
+        algorithm's, the running totals), just before they are logged and reported: privacy moves the
+        diagnostics computed from un-noised client data under ``nonprivate/``."""
+
     # ------------------------------------------------------------------ the checkpoint
     def state(self) -> dict:
         """What this stage adds to the checkpoint (top-level keys of ``server.pt``; plain values and tensors)."""
@@ -375,6 +381,10 @@ class StageSet:
     def transform_rows(self, rows: Any, ctx: RoundContext) -> None:
         for s in self.stages:
             s.transform_rows(rows, ctx)
+
+    def label_metrics(self, metrics: dict[str, Any]) -> None:
+        for s in self.stages:
+            s.label_metrics(metrics)
 
     def state(self) -> dict:
         out: dict = {}

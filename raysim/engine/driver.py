@@ -376,6 +376,7 @@ class Driver:
         self.totals["wall_s_total"] += metrics["wall_s"]
         self.totals.update(reports.totals)
         metrics.update(self.totals)
+        self.stages.label_metrics(metrics)  # the names they are logged under (privacy: nonprivate/ diagnostics)
         with self._writing("metrics.jsonl and TensorBoard's events"):
             self.log.write(metrics, client_counts)
         if rnd % self.cfg.log.checkpoint_every == 0 or rnd == self.cfg.rounds:
