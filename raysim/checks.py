@@ -27,6 +27,9 @@ def config_warnings(cfg: Any) -> list[str]:
     from raysim.robust.config import robust_notices
 
     out += robust_notices(cfg)
+    from raysim.privacy.config import privacy_notices
+
+    out += privacy_notices(cfg)
     return out
 
 

@@ -218,6 +218,17 @@ class AlgorithmConfig:
         by default): here, so that loading a config warns without importing the algorithm (and torch)."""
         return []
 
+    def privacy_refusal(self, cfg: "ExperimentConfig", data: Any = None) -> Optional[tuple[str, str]]:
+        """(config key, why) where these settings make a server step read the clients' data outside the privacy
+        mechanism (``privacy.*``: refused in one line), else None. Asked when the config loads (``data`` None) and
+        again before round 1 with the prepared data (whether the dataset has an official test split)."""
+        return None
+
+    def nonprivate_metrics(self, cfg: "ExperimentConfig") -> tuple[str, ...]:
+        """The keys of the algorithm's own round metrics (``on_round_end``) that are computed from the clients' raw
+        data: with ``privacy.*`` on they are logged under ``nonprivate/``."""
+        return ()
+
 
 @dataclass
 class EngineConfig:

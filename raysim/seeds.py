@@ -18,6 +18,7 @@ DPSGD_STREAM = 38  # DP-SGD's noise on each step (raysim.privacy.dpsgd)
 MIMIC_STREAM = 39  # the mimic attack's first random direction (raysim.robust.attack_stage)
 BUCKET_STREAM = 40  # bucketing's shuffle of a round's updates (raysim.robust.rule_stage)
 FLTRUST_STREAM = 41  # FLTrust: the root samples' draw and the server's own training each round (raysim.robust)
+AUDIT_STREAM = 42  # the privacy audit's canaries: their directions and who joins a round (raysim.privacy.audit)
 
 
 def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:

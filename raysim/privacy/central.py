@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -57,7 +57,12 @@ def clip_upload(upload: dict, reference: dict, clip: float) -> dict:
     if missing:
         raise RuntimeError(f"privacy.enabled: the upload's entries {missing[:3]} are not entries of the downloaded "
                            f"model, so no model delta can be clipped (Algorithm.upload_is_model is declared wrongly)")
-    delta = {k: upload[k] - reference[k].to(upload[k].device, upload[k].dtype) for k in upload}
+    return clip_delta({k: upload[k] - reference[k].to(upload[k].device, upload[k].dtype) for k in upload}, clip)
+
+
+def clip_delta(delta: dict, clip: float) -> dict:
+    """A model delta as DP-FedAvg sums it (:func:`clip_upload`): scaled to L2 norm <= ``clip``, with its centred
+    count. The audit's canaries go through it too (:mod:`raysim.privacy.audit`)."""
     norm = delta_norm(delta)
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
     if scale < 1.0:
@@ -106,25 +111,22 @@ class CentralDP:
         self.clip = float(cfg.privacy.clip)
         self.denominator = denominator(cfg)
 
-    def state(self) -> dict:
-        return {"clip": self.clip, "noise_multiplier": self.z}
-
-    def load(self, saved: Optional[dict]) -> None:
-        if saved:
-            self.clip = float(saved["clip"])
-
-    def release(self, total: UploadSum, reference: dict, rnd: int) -> tuple[dict, dict[str, float]]:
+    def release(self, total: UploadSum, reference: dict, rnd: int,
+                add: Optional[Callable[[UploadSum], None]] = None) -> tuple[dict, dict[str, float]]:
         """(the round's private mean model, its metrics) from the sum of clipped uploads, the noise drawn from
-        (seed, round); adapts the clip norm."""
+        (seed, round); adapts the clip norm. ``add`` puts more clipped uploads into the sum before the noise (the
+        audit's canaries); the exact unclipped share (a non-private diagnostic) counts the clients alone."""
         gen = torch.Generator().manual_seed(noise_seed(self.cfg.seed, rnd))
+        clients = len(total.clients)
+        exact = _count(total) / clients + 0.5 if clients else None
+        if add is not None:
+            add(total)
         if total.clients:
             total._buffer()
             assert total.layout is not None and total.total is not None
             layout, flat = total.layout, total.total.clone()
         else:  # nobody reported (Poisson sampling may draw none): the noise is released all the same
-            zero = {DELTA_KEY: {k: torch.zeros_like(v) for k, v in reference.items()},
-                    COUNT_KEY: torch.tensor(0.0)}
-            layout, flat = flatten(zero)
+            layout, flat = flatten(empty_upload(reference))
         used = self.clip
         count = 0.0
         for (path, _, dtype), view in zip(layout, flat_views(layout, flat)):
@@ -133,12 +135,33 @@ class CentralDP:
                                           * count_noise(self.cfg) if self.cfg.privacy.adaptive_clip else 0.0)
             elif dtype.is_floating_point:
                 view.add_(torch.randn(view.shape, generator=gen, dtype=torch.float64), alpha=self.sigma * used)
+            else:  # normalisation layers' integer counters are refused before round 1 (stage.check)
+                raise RuntimeError(f"privacy.enabled: the delta's entry {'.'.join(path)} is not floating point, so "
+                                   f"no noise can cover it")
         mean = unflatten(layout, flat / self.denominator)[DELTA_KEY]
         model = {k: reference[k] + mean[k].to(reference[k].dtype) for k in mean}
-        share = count / self.denominator + 0.5  # the centred count's estimate of the unclipped share
-        metrics = {"privacy/clip": used, "privacy/unclipped": share}
+        metrics: dict[str, Any] = {"privacy/clip": used}
         if self.cfg.privacy.adaptive_clip:
             p = self.cfg.privacy
+            share = count / self.denominator + 0.5  # the noised count's estimate of the unclipped share: released
+            metrics["privacy/unclipped"] = share
             self.clip = used * math.exp(-p.clip_lr * (share - p.target_quantile))
+        if exact is not None:
+            metrics["nonprivate/unclipped"] = exact
         return model, metrics
 
+
+def empty_upload(reference: dict) -> dict:
+    """A clipped upload of zeros in the layout every client's has (the sum of nobody)."""
+    return {DELTA_KEY: {k: torch.zeros_like(v) for k, v in reference.items()}, COUNT_KEY: torch.tensor(0.0)}
+
+
+def _count(total: UploadSum) -> float:
+    """The sum's centred unclipped count Σ (b_i - 1/2), before any noise."""
+    if total.single is not None:
+        return float(total.single[COUNT_KEY])
+    assert total.layout is not None and total.total is not None
+    for (path, _, _), view in zip(total.layout, flat_views(total.layout, total.total)):
+        if path == (COUNT_KEY,):
+            return float(view[0])
+    return 0.0

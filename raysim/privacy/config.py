@@ -15,8 +15,13 @@ from raysim.validate import is_finite as _number
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLINGS = ("fixed", "poisson")
+DPSGD_SAMPLINGS = ("poisson", "shuffle")
+# δ when none is given: DELTA_SHARE / N (N: clients for DP-FedAvg, a client's training samples for DP-SGD), well below
+# the 1 / N at which a mechanism may publish one whole record (see docs/reference.md, *Differential privacy*)
+DELTA_SHARE = 0.01
 ON_BUDGET = ("stop", "warn")
 MAX_NOISE = 1000.0  # privacy.target_epsilon: the largest noise multiplier the calibration searches
+MAX_CANARIES = 100_000  # privacy.audit_canaries: each is a random direction drawn again every round
 
 
 @dataclass
@@ -30,7 +35,7 @@ class PrivacyConfig:
     # the privacy budget: with noise_multiplier null, z is calibrated so that the last round ends at it; the run
     # stops (or warns, privacy.on_budget) before a round that would spend more
     target_epsilon: Optional[float] = None
-    delta: Optional[float] = None  # δ of the (ε, δ) guarantee; null: 1 / clients.num
+    delta: Optional[float] = None  # δ of the (ε, δ) guarantee; null: 0.01 / clients.num
     # fixed: clients.fraction x clients.num clients without replacement, what raysim samples (RDP, replace-one
     # neighbours); poisson: each client independently with probability clients.fraction (RDP or PLD, add/remove)
     sampling: str = "fixed"
@@ -42,12 +47,19 @@ class PrivacyConfig:
     target_quantile: float = 0.5  # γ: the share of clients whose delta should be left unclipped
     clip_lr: float = 0.2  # η: S <- S exp(-η (b - γ)), b the noised unclipped share
     count_noise: Optional[float] = None  # σ_b: the count's noise standard deviation; null: expected clients / 20
+    # the empirical check of ε (Andrew et al., ICLR 2024): this many canary clients, each uploading its own random
+    # direction through the clip and the one sum, against as many never inserted; audit/epsilon each round. 0: off
+    audit_canaries: int = 0
     # sample-level DP-SGD (Abadi et al. 2016) on every client: per-sample gradients clipped to dpsgd_clip, Gaussian
-    # noise of dpsgd_noise x dpsgd_clip on each batch's sum; each client's ε from Opacus's RDP accountant
+    # noise of dpsgd_noise x dpsgd_clip on each batch's sum; each client's ε from its accountant
     dpsgd: bool = False
     dpsgd_clip: float = 1.0  # C: the L2 bound of one sample's gradient
     dpsgd_noise: float = 1.0  # σ: the noise multiplier of each step
-    dpsgd_delta: Optional[float] = None  # δ of each client's sample-level ε; null: 1 / (a client's samples)
+    dpsgd_delta: Optional[float] = None  # δ of each client's sample-level ε; null: 0.01 / (a client's samples)
+    # poisson: each step's batch takes each sample with probability q = 1 / ceil(n / batch) (Opacus's DPDataLoader),
+    # accounted by Opacus's RDP accountant; shuffle: fixed batches of a permutation per epoch, accounted without
+    # amplification (each epoch a Gaussian mechanism of noise multiplier dpsgd_noise / 2, replace-one)
+    dpsgd_sampling: str = "poisson"
 
     @property
     def central(self) -> bool:
@@ -120,6 +132,15 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         require(getattr(cfg.algorithm, "weighting", None) in (None, "uniform"), "algorithm.weighting",
                 "DP-FedAvg weighs every client 1 over a fixed denominator (McMahan et al. 2018); drop "
                 "algorithm.weighting or set it to uniform")
+        require(isinstance(p.audit_canaries, int) and not isinstance(p.audit_canaries, bool)
+                and 0 <= p.audit_canaries <= MAX_CANARIES, "privacy.audit_canaries",
+                f"must be a whole number of canary clients in [0, {MAX_CANARIES}] (0: no audit), got "
+                f"{p.audit_canaries!r}")
+        require(p.audit_canaries == 0 or p.audit_canaries >= 2, "privacy.audit_canaries",
+                "the audit fits a Gaussian to the canaries' cosines, which needs at least 2")
+    reads = cfg.algorithm.privacy_refusal(cfg)  # a server step that reads client data outside the mechanism
+    if reads is not None:
+        require(False, reads[0], reads[1])
     if p.dpsgd:
         require_extra("privacy", "privacy.dpsgd")
         require(_number(p.dpsgd_clip) and p.dpsgd_clip > 0, "privacy.dpsgd_clip",
@@ -129,6 +150,8 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         if p.dpsgd_delta is not None:
             require(_number(p.dpsgd_delta) and 0 < p.dpsgd_delta < 1, "privacy.dpsgd_delta",
                     f"must be in (0, 1), got {p.dpsgd_delta!r}")
+        require(p.dpsgd_sampling in DPSGD_SAMPLINGS, "privacy.dpsgd_sampling",
+                f"must be one of {', '.join(DPSGD_SAMPLINGS)}, got {p.dpsgd_sampling!r}")
         from raysim.algorithms.capabilities import refusal as declared_refusal
 
         require(declared_refusal(cfg.algorithm.name, "stack") is None, "privacy.dpsgd",
@@ -137,3 +160,19 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         require(str(cfg.engine.vectorize) in ("off", "1", "auto"), "engine.vectorize",
                 "DP-SGD clips each sample's gradient, which a vectorised cohort's one backward pass cannot give; "
                 "set engine.vectorize=off")
+
+
+def central_delta(cfg: Any) -> float:
+    """δ of DP-FedAvg's guarantee: ``privacy.delta``, else ``DELTA_SHARE / clients.num``."""
+    return float(cfg.privacy.delta) if cfg.privacy.delta is not None else DELTA_SHARE / cfg.clients.num
+
+
+def privacy_notices(cfg: Any) -> list[str]:
+    """Settings that run but promise less than they seem: an explicit δ of at least 1 / N, at which a mechanism may
+    publish one user's whole data and still be (0, δ)-DP (Dwork and Roth 2014, section 2.3)."""
+    p = cfg.privacy
+    if not p.enabled or p.delta is None or not _number(p.delta) or p.delta < 1.0 / cfg.clients.num:
+        return []
+    return [f"privacy.delta={p.delta:g} is at least 1 / clients.num = {1.0 / cfg.clients.num:.3g}: a mechanism that "
+            f"publishes one user's whole data meets such a δ, so the (ε, δ) guarantee says little; choose δ well below "
+            f"1 / N (null: {DELTA_SHARE:g} / N = {DELTA_SHARE / cfg.clients.num:.3g})"]

@@ -168,6 +168,12 @@ ALGORITHM_EXTRAS = {
     "unideal": {"train__local_epochs": 2},  # two local epochs, so the CLKD schedule moves within a round
     "fapd": {"algorithm__k0": 4, "algorithm__delta_k": 2, "algorithm__epsilon": 0.5, "algorithm__window": 2,
              "algorithm__teacher__epochs": 3},
+    # DP-FedAvg with a calibrated noise, adaptive clipping, Poisson sampling and the audit; DP-SGD on Poisson
+    # batches: their noise multiplier, clip norm, accountants and released delta come back from the checkpoint
+    "dpfedavg": {"algorithm__name": "fedavg", "privacy__enabled": "true", "privacy__target_epsilon": 8,
+                 "privacy__clip": 0.5, "privacy__adaptive_clip": "true", "privacy__count_noise": 1.0,
+                 "privacy__sampling": "poisson", "privacy__audit_canaries": 20},
+    "dpsgd": {"algorithm__name": "fedavg", "privacy__dpsgd": "true", "privacy__dpsgd_noise": 1.0},
 }
 
 
@@ -176,8 +182,8 @@ ALGORITHM_EXTRAS = {
 def test_sigkilled_run_resumes_to_identical_metrics(shared_run, cli_env, tmp_path, algorithm):
     """``raysim run`` SIGKILLed in round 3, its jobs held at a gate (in-process: the process killed is the one that
     runs the rounds), then resumed."""
-    extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet",
-                 **ALGORITHM_EXTRAS[algorithm])
+    extra = dict(rounds=4, algorithm__name=algorithm, clients__fraction=0.5, data__partition="dirichlet")
+    extra.update(ALGORITHM_EXTRAS[algorithm])
     if algorithm == "fapd":
         extra["algorithm__teacher__cache_dir"] = str(tmp_path / "teacher-cache")
     full = shared_run(**extra)[1]  # the undisturbed run (FedAvg's is FedCDA's test's reference too)

@@ -27,7 +27,8 @@ def _cfg(tmp_path, **extra):
 @pytest.mark.parametrize("sampling,kind", [("fixed", "rdp"), ("poisson", "rdp"), ("poisson", "pld")])
 def test_epsilon_equals_dp_accounting_called_directly(tmp_path, sampling, kind):
     cfg = _cfg(tmp_path, privacy__sampling=sampling, privacy__accountant=kind)
-    z, rounds, delta = 1.5, 20, 1 / 500
+    z, rounds, delta = 1.5, 20, 0.01 / 500  # privacy.delta null: 0.01 / N
+    assert accounting.delta_of(cfg) == delta
     if sampling == "fixed":  # 20 of 500 without replacement; replace-one moves the clipped sum by 2S: z / 2
         event = dpa.SampledWithoutReplacementDpEvent(500, 20, dpa.GaussianDpEvent(z / 2))
         acct = RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
@@ -75,3 +76,19 @@ def test_bad_delta_and_pld_with_fixed_sampling_are_one_line(tmp_path):
                                                     privacy__noise_multiplier=1, privacy__delta=0))
     refused_config("privacy.accountant", *tiny_overrides(tmp_path, privacy__enabled="true",
                                                          privacy__noise_multiplier=1, privacy__accountant="pld"))
+
+
+@pytest.mark.parametrize("target,best", [(1.0, 17.0), (8.0, 4.0)])
+def test_calibration_over_the_cheap_orders_finds_the_smallest_z(tmp_path, target, best):
+    """The shipped setting (500 clients, 100 a round without replacement, 30 rounds, δ = 0.01/500): the search
+    runs over the RDP orders up to 12 and checks the best order over all of them at the z it found. At ε = 8 that
+    order is 4, among the cheap ones; at ε = 1 the first z found has 19, so the search runs again over the orders
+    up to 38, whose z has 17."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    cfg = _cfg(tmp_path, clients__fraction=0.2, rounds=30, privacy__noise_multiplier="null",
+               privacy__target_epsilon=target)
+    z, (orders, rdp) = accounting.calibrated(cfg)
+    spent, order = compute_epsilon(orders, 30 * rdp, 0.01 / 500)
+    assert order == best and spent == pytest.approx(accounting.epsilon(cfg, z, 30), rel=1e-12)
+    assert spent <= target and accounting.epsilon(cfg, z - 2e-4, 30) > target  # the smallest z, within tolerance

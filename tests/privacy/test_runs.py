@@ -60,12 +60,12 @@ def test_fixed_size_sampling_a_server_optimiser_and_tensorboard(tmp_path):
 
 
 def test_the_budget_stops_the_run_or_warns(tmp_path, capsys):
-    # z = 0.8 spends ε of about 1.5 by round 1 and 2.4 by round 2: a budget of 2 allows one round
-    rows = _run(tmp_path, "stop", privacy__target_epsilon=2.0)
-    assert [r["round"] for r in rows] == [1] and rows[0]["epsilon"] <= 2.0
+    # z = 0.8 spends ε of about 3.8 by round 1 and 5.4 by round 2 (δ = 0.01/12): a budget of 5 allows one round
+    rows = _run(tmp_path, "stop", privacy__target_epsilon=5.0)
+    assert [r["round"] for r in rows] == [1] and rows[0]["epsilon"] <= 5.0
     assert "privacy.on_budget=stop" in capsys.readouterr().err
-    rows = _run(tmp_path, "warn", privacy__target_epsilon=2.0, privacy__on_budget="warn")
-    assert len(rows) == 3 and rows[-1]["epsilon"] > 2.0
+    rows = _run(tmp_path, "warn", privacy__target_epsilon=5.0, privacy__on_budget="warn")
+    assert len(rows) == 3 and rows[-1]["epsilon"] > 5.0
     assert capsys.readouterr().err.count("privacy.on_budget=warn") == 1
 
 
@@ -146,5 +146,53 @@ def test_a_checkpoint_from_before_the_privacy_section_resumes(tmp_path):
 
 def test_a_poisson_round_without_clients_still_releases_the_noise(tmp_path):
     rows = _run(tmp_path, "empty", clients__num=4, clients__fraction=0.05, privacy__adaptive_clip="false")
-    assert [r["clients"] for r in rows] == [0, 0, 0]
+    assert [r["nonprivate/clients"] for r in rows] == [0, 0, 0]  # Poisson sampling's cohort: a diagnostic
     assert len({r["acc_mean"] for r in rows}) > 1  # the noise alone moved the model
+
+
+def _refused_at_start(capsys, tmp_path, key: str, **extra) -> str:
+    """``raysim run`` refuses before round 1 (after the data are prepared): exit 2, one line naming ``key``."""
+    from raysim.cli import main as cli_main
+
+    args = tiny_overrides(tmp_path, log__progress="false", **extra)
+    assert cli_main(["run", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    line = err.splitlines()[-1]  # after what preparing the data said (FAPD's offline teacher)
+    assert line.startswith(f"raysim: error: config key '{key}'") and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_rows(tmp_path / "run")
+    return line
+
+
+@pytest.mark.parametrize("kind", ["central", "dpsgd"])
+def test_a_batch_norm_model_is_refused(tmp_path, capsys, kind):
+    on = (dict(privacy__enabled="true", privacy__noise_multiplier=1) if kind == "central"
+          else dict(privacy__dpsgd="true"))
+    err = _refused_at_start(capsys, tmp_path, "model.name", model__name="cnn_bn", **on)
+    assert "running_mean" in err if kind == "central" else "batch norm" in err
+
+
+def test_fapd_s_server_steps_on_client_data_are_refused(tmp_path, capsys):
+    on = dict(algorithm__name="fapd", privacy__enabled="true", privacy__noise_multiplier=1)
+    # its PCA on a split of the clients' training data that the config does not name (the default carve)
+    _refused(tmp_path, "algorithm.teacher.calibration_fraction", **on)
+    named = dict(on, data__server_holdout=0.1)
+    # its consensus curriculum on acc_global pooled over the clients' test samples
+    assert "acc_global" in _refused(tmp_path, "algorithm.curriculum", **named, data__test_split="pooled")
+    # data.test_split=official, but the digits have no official test split: refused once the data are known
+    _refused_at_start(capsys, tmp_path, "algorithm.curriculum", **named, algorithm__teacher__epochs=1,
+                      algorithm__teacher__cache_dir=str(tmp_path / "cache"))
+    _refused(tmp_path, "algorithm.teacher.calibration_fraction", algorithm__name="fapd", privacy__dpsgd="true")
+    # named public splits and a curriculum that reads no accuracy: accepted
+    load_config(overrides=tiny_overrides(tmp_path, **named, algorithm__curriculum="linear"), warn=False)
+
+
+def test_an_explicit_delta_of_at_least_one_over_n_warns(tmp_path):
+    from raysim.checks import config_warnings
+
+    def notes(**extra):
+        cfg = load_config(overrides=tiny_overrides(tmp_path, privacy__enabled="true", privacy__noise_multiplier=1,
+                                                   **extra), warn=False)
+        return [w for w in config_warnings(cfg) if w.startswith("privacy.delta")]
+
+    assert notes() == [] and notes(privacy__delta=1e-4) == []  # the default 0.01 / 4, and one well below 1/4
+    assert "1 / clients.num = 0.25" in notes(privacy__delta=0.25)[0]

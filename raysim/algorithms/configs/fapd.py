@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from raysim.config import AlgorithmConfig, require
 
@@ -75,3 +75,27 @@ class FAPDConfig(AlgorithmConfig):
         require(self.tau > 0, "algorithm.tau", f"must be > 0, got {self.tau}")
         require(self.kd_tau > 0, "algorithm.kd_tau", f"must be > 0, got {self.kd_tau}")
         self.teacher.validate()
+
+    def privacy_refusal(self, cfg: Any, data: Any = None) -> Optional[tuple[str, str]]:
+        """Under privacy, FAPD's server steps must read public data only: its PCA and class embeddings a split the
+        config names as the server's (not the default carve of the clients' training data), and its consensus
+        curriculum an ``acc_global`` measured on an official test split that no client holds."""
+        fraction = self.teacher.calibration_fraction
+        if not (cfg.data.server_holdout > 0 or (fraction is not None and fraction > 0)):
+            return ("algorithm.teacher.calibration_fraction",
+                    "fapd fits its PCA projection and class embeddings on a split of the clients' training data "
+                    "(by default 0.1 of each client's samples, or all of it), outside the privacy mechanism; with "
+                    "privacy on, name the server's split as public: data.server_holdout=F (held out of every client "
+                    "for every method) or algorithm.teacher.calibration_fraction=F")
+        if self.curriculum == "consensus" and (cfg.data.test_split != "official"
+                                               or (data is not None and data.server_test is None)):
+            return ("algorithm.curriculum",
+                    f"fapd's consensus curriculum grows k from acc_global, which {cfg.data.name} measures on the "
+                    f"clients' test samples (no official test split), outside the privacy mechanism; with privacy "
+                    f"on, use a dataset with an official test split (data.test_split=official), or "
+                    f"algorithm.curriculum=fixed or linear")
+        return None
+
+    def nonprivate_metrics(self, cfg: Any) -> tuple[str, ...]:
+        """The offline teacher's accuracy is measured on the samples outside its split: the clients'."""
+        return ("curriculum/teacher_acc",) if self.teacher.features is None else ()
