@@ -14,12 +14,15 @@ from typing import Any, Optional
 
 
 def privacy_delta(cfg: Any) -> Optional[float]:
-    """δ of DP-FedAvg's (ε, δ) guarantee: ``privacy.delta``, else 1 / ``clients.num`` (as the accountant takes it,
-    ``raysim.privacy.accounting.delta_of``); None without ``privacy.enabled``."""
+    """δ of DP-FedAvg's (ε, δ) guarantee as the accountant takes it (``raysim.privacy.config.central_delta``:
+    ``privacy.delta``, else 0.01 / ``clients.num``); None without ``privacy.enabled``. A round's own
+    ``privacy/delta`` wins where it is logged (a resumed run keeps the δ its checkpoint was accounted at)."""
     privacy = getattr(cfg, "privacy", None)
     if privacy is None or not privacy.enabled:
         return None
-    return float(privacy.delta) if privacy.delta is not None else 1.0 / cfg.clients.num
+    from raysim.privacy.config import central_delta
+
+    return central_delta(cfg)
 
 
 def clock_mode(cfg: Any) -> str:

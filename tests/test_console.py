@@ -20,15 +20,20 @@ def _table(text: str) -> dict:
 
 
 def test_a_dp_run_shows_epsilon_and_delta_everywhere(tmp_path):
-    cfg = load_config("privacy/dpfedavg-mnist500", [], warn=False)  # 500 clients, target ε 4, δ null: 1/500
-    assert privacy_delta(cfg) == pytest.approx(0.002) and privacy_delta(load_config(None, [], warn=False)) is None
-    assert describe_mode(cfg) == "DP-FedAvg to ε 4 at δ 0.002, clip 0.5"
+    cfg = load_config("privacy/dpfedavg-mnist500", [], warn=False)  # 500 clients, target ε 4, δ null: 0.01/500
+    assert privacy_delta(cfg) == pytest.approx(2e-5) and privacy_delta(load_config(None, [], warn=False)) is None
+    assert describe_mode(cfg) == "DP-FedAvg to ε 4 at δ 2e-05, clip 0.5"
     line = format_round(_row(3, epsilon=3.9999876), rounds=30, delta=privacy_delta(cfg))
-    assert "  ε 4.00 (δ 0.002)  " in line
+    assert "  ε 4.00 (δ 2e-05)  " in line
+    # the round's own δ wins (a resumed run keeps its checkpoint's); the loss and Poisson sampling's bytes are
+    # shown from under nonprivate/
+    row = {k: v for k, v in _row(3, epsilon=4.0, **{"privacy/delta": 0.002}).items() if k not in ("loss", "bytes_up")}
+    line = format_round({**row, "nonprivate/loss": 1.5, "nonprivate/bytes_up": 2000}, rounds=30, delta=2e-5)
+    assert "  ε 4.00 (δ 0.002)  " in line and "  loss 1.5000  " in line and "  up 2.0KB down 1.0KB  " in line
     rows = [_row(1, epsilon=2.477), _row(2, epsilon=3.384, **{"privacy/noise_multiplier": 1.6422514,
                                                                "privacy/clip": 0.5})]
     assert _table(summary_table(rows, tmp_path, cfg=cfg))["privacy"] == \
-        "ε 3.38 at δ 0.002 after round 2 (target ε 4, noise multiplier 1.642, clip 0.5)"
+        "ε 3.38 at δ 2e-05 after round 2 (target ε 4, noise multiplier 1.642, clip 0.5)"
     cfg = load_config(None, ["privacy.enabled=true", "privacy.noise_multiplier=1.1", "privacy.delta=1e-5"], warn=False)
     assert describe_mode(cfg) == "DP-FedAvg noise multiplier 1.1 at δ 1e-05, clip 1"
 
@@ -92,11 +97,11 @@ def test_a_dp_run_without_tensorboard_prints_epsilon_and_no_tensorboard_line(tmp
     code, out, err = _cli(["run", *tiny_overrides(tmp_path, clients__num=10, rounds=2), "privacy.enabled=true",
                            "privacy.noise_multiplier=1.0", "privacy.clip=1.0", "log.tensorboard=false"], capsys)
     assert code == 0, err
-    assert "DP-FedAvg noise multiplier 1 at δ 0.1, clip 1" in out  # δ = 1 / clients.num
+    assert "DP-FedAvg noise multiplier 1 at δ 0.001, clip 1" in out  # δ = 0.01 / clients.num
     rounds = [line for line in out.splitlines() if line.startswith("round ")]
-    assert len(rounds) == 2 and all(" (δ 0.1)  " in line and "  ε " in line for line in rounds)
+    assert len(rounds) == 2 and all(" (δ 0.001)  " in line and "  ε " in line for line in rounds)
     table = _table(out[out.index("\n-"):].strip())
-    assert table["privacy"].startswith("ε ") and " at δ 0.1 after round 2 (noise multiplier 1" in table["privacy"]
+    assert table["privacy"].startswith("ε ") and " at δ 0.001 after round 2 (noise multiplier 1" in table["privacy"]
     assert "tensorboard" not in table
 
 
