@@ -472,7 +472,10 @@ def test_report_any_metric_with_its_direction(runs, tmp_path, capsys):
                                           ("loss_ce", "min"), ("loss/kd", "min"), ("bytes_up_total", "min"),
                                           ("staleness_mean", "min"), ("acc_global", "max"), ("acc_weighted", "max"),
                                           ("k", "max"), ("p", "max"), ("curriculum/teacher_acc", "max"),
-                                          ("partial", None), ("privacy/clip", None)])
+                                          ("partial", None), ("privacy/clip", None), ("audit/epsilon", "min"),
+                                          ("nonprivate/loss", "min"), ("nonprivate/loss_ce", "min"),
+                                          ("nonprivate/bytes_up_total", "min"), ("nonprivate/clients", None),
+                                          ("privacy/delta", None)])
 def test_every_metric_raysim_logs_has_a_direction(metric, mode):
     """`report --metric attack/asr` gave the mean rule's 0.9969 as its best: round 1's rate, the maximum."""
     from raysim.report.model import metric_direction

@@ -20,8 +20,10 @@ RUN_LENGTH_KEYS = ("rounds",)
 # (accuracies) and for the curricula's k and p (how far they went); a metric named in neither list is taken as a
 # score, and the report says so
 LOWER_IS_BETTER = ("loss", "bytes_", "wall_s", "sim_time_s", "round_sim_s", "time/", "epsilon", "dpsgd/epsilon",
-                   "attack/asr", "staleness", "dropouts", "late")
-HIGHER_IS_BETTER = ("acc", "hparams/best_acc", "curriculum/teacher_acc", "curriculum/explained_variance")
+                   "audit/epsilon", "attack/asr", "staleness", "dropouts", "late", "nonprivate/loss",
+                   "nonprivate/bytes_")
+HIGHER_IS_BETTER = ("acc", "hparams/best_acc", "curriculum/teacher_acc", "curriculum/explained_variance",
+                    "nonprivate/curriculum/teacher_acc")
 CURRICULA = ("k", "p")  # names, not prefixes ("partial" is no curriculum)
 LAYOUTS = ("auto", "name", "keys")
 ALPHA = 0.01

@@ -37,10 +37,11 @@ class _Progress:
         if not self.quiet:
             from raysim.runlog import format_round
 
-            if "loss" in result and "bytes_up" in result:
+            if "wall_s" in result and ("loss" in result or "nonprivate/loss" in result):  # a round's metrics
                 line = format_round({k: result.get(k) for k in (
                     "round", "acc_mean", "acc_global", "loss", "k", "p", "p_epochs", "attack/asr", "epsilon",
-                    "dpsgd/epsilon_max", "bytes_up", "bytes_down", "wall_s", "sim_time_s", "round_sim_s")
+                    "privacy/delta", "dpsgd/epsilon_max", "bytes_up", "bytes_down", "wall_s", "sim_time_s",
+                    "round_sim_s", "nonprivate/loss", "nonprivate/bytes_up", "nonprivate/bytes_down")
                     if k in result}, self.rounds)
                 print(f"[{self.label(trial)}] {line}", flush=True)
 
