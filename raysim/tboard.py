@@ -58,8 +58,10 @@ def layout(charts: Mapping[str, Sequence[str]] = {}) -> dict:  # noqa: B006 - re
     tags)."""
     page = {title: ["Multiline", [anchored(t) for t in tags]] for title, tags in charts.items()}
     page["accuracy"] = ["Multiline", [r"^acc/mean$", r"^acc/global$"]]
-    page["loss and its parts"] = ["Multiline", [r"^loss/.*$"]]
-    page["bytes per round"] = ["Multiline", [r"^comm/bytes_up$", r"^comm/bytes_down$"]]
+    # privacy: the loss (and Poisson sampling's bytes) are non-private diagnostics, under nonprivate/
+    page["loss and its parts"] = ["Multiline", [r"^loss/.*$", r"^nonprivate/loss.*$"]]
+    page["bytes per round"] = ["Multiline", [r"^comm/bytes_up$", r"^comm/bytes_down$", r"^nonprivate/bytes_up$",
+                                             r"^nonprivate/bytes_down$"]]
     return {"raysim": page}
 
 

@@ -12,8 +12,9 @@ from raysim.registry import get_algorithm, names
 from raysim.tboard import anchored, layout
 
 BASE = {"accuracy": ["Multiline", ["^acc/mean$", "^acc/global$"]],
-        "loss and its parts": ["Multiline", ["^loss/.*$"]],
-        "bytes per round": ["Multiline", ["^comm/bytes_up$", "^comm/bytes_down$"]]}
+        "loss and its parts": ["Multiline", ["^loss/.*$", "^nonprivate/loss.*$"]],
+        "bytes per round": ["Multiline", ["^comm/bytes_up$", "^comm/bytes_down$", "^nonprivate/bytes_up$",
+                                          "^nonprivate/bytes_down$"]]}
 CURRICULA = {"fapd": {"curriculum k": ["Multiline", ["^Curriculum/k$"]]},
              "unideal": {"curriculum p per local epoch": ["Multiline", ["^Curriculum/p_epoch$"]],
                          "curriculum p per round (mean)": ["Multiline", ["^Curriculum/p$"]]}}
@@ -21,9 +22,12 @@ CURRICULA = {"fapd": {"curriculum k": ["Multiline", ["^Curriculum/k$"]]},
 TAGS = ["acc/mean", "acc/global", "acc/weighted", "loss/train", "loss/ce", "loss/clkd", "comm/bytes_up",
         "comm/bytes_down", "comm/bytes_up_total", "comm/bytes_down_total", "time/round_s", "time/total_s",
         "Curriculum/k", "Curriculum/p", "Curriculum/p_epoch", "curriculum/k_next", "metrics/vectorize",
-        "per_client/acc_0000"]
-MEANT = {"accuracy": {"acc/mean", "acc/global"}, "loss and its parts": {"loss/train", "loss/ce", "loss/clkd"},
-         "bytes per round": {"comm/bytes_up", "comm/bytes_down"}, "curriculum k": {"Curriculum/k"},
+        "per_client/acc_0000", "nonprivate/loss", "nonprivate/loss_ce", "nonprivate/bytes_up",
+        "nonprivate/bytes_up_total", "nonprivate/unclipped", "privacy/epsilon"]  # with privacy on
+MEANT = {"accuracy": {"acc/mean", "acc/global"},
+         "loss and its parts": {"loss/train", "loss/ce", "loss/clkd", "nonprivate/loss", "nonprivate/loss_ce"},
+         "bytes per round": {"comm/bytes_up", "comm/bytes_down", "nonprivate/bytes_up"},
+         "curriculum k": {"Curriculum/k"},
          "curriculum p per local epoch": {"Curriculum/p_epoch"}, "curriculum p per round (mean)": {"Curriculum/p"}}
 
 
