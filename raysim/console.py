@@ -86,7 +86,7 @@ def format_round(m: dict, rounds: int, delta: Optional[float] = None) -> str:
     if _number(m.get("dpsgd/epsilon_max")):  # privacy.dpsgd: the largest sample-level ε of any client so far
         parts.append(f"sample ε ≤ {m['dpsgd/epsilon_max']:.3g}")
     up, down = (m.get(k, m.get(f"nonprivate/{k}")) for k in ("bytes_up", "bytes_down"))  # Poisson sampling's
-    if _number(up) and _number(down):  # cohort, and so its bytes, are non-private diagnostics
+    if isinstance(up, (int, float)) and isinstance(down, (int, float)):  # cohort, so its bytes, are non-private
         parts.append(f"up {human_bytes(up)} down {human_bytes(down)}")
     parts.append(f"{m['wall_s']:.2f}s")
     if _number(m.get("sim_time_s")):  # the simulated clock at the end of the round (asynchronous, system.enabled)
@@ -137,7 +137,7 @@ def summary_table(rows: list[dict], run_dir: Path, elapsed: Optional[float] = No
         best = max(globs, key=lambda r: r["acc_global"])
         lines.append(("best acc_global", f"{best['acc_global']:.4f} (round {best['round']})"))
     up, down = (last.get(k, last.get(f"nonprivate/{k}")) for k in ("bytes_up_total", "bytes_down_total"))
-    if _number(up) and _number(down):
+    if isinstance(up, (int, float)) and isinstance(down, (int, float)):
         lines.append(("bytes up / down", f"{human_bytes(up)} / {human_bytes(down)}"))
     per_round = f"{last['wall_s_total'] / last['round']:.2f}s per round"
     mine = [r for r in rows if r["round"] > resumed_after]

@@ -137,7 +137,7 @@ class CanaryAudit:
                   for i in range(2 * self.count)]
         return np.array(values[:self.count]), np.array(values[self.count:])
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, Optional[float]]:
         """``audit/epsilon`` (the estimate at the accountant's δ), and the two fits' means and deviations."""
         if self.released is None:
             return {}
@@ -145,8 +145,8 @@ class CanaryAudit:
         mu1, sd1 = float(seen.mean()), float(seen.std(ddof=1))
         mu0, sd0 = float(unseen.mean()), float(unseen.std(ddof=1))
         eps = epsilon_two_gaussians(mu0, sd0, mu1, sd1, self.delta) if sd0 > 0 and sd1 > 0 else math.inf
-        return {"audit/epsilon": eps, "audit/cosine_mean": mu1, "audit/cosine_std": sd1, "audit/null_mean": mu0,
-                "audit/null_std": sd0}
+        return {"audit/epsilon": eps if math.isfinite(eps) else None,  # null: no finite ε separates them
+                "audit/cosine_mean": mu1, "audit/cosine_std": sd1, "audit/null_mean": mu0, "audit/null_std": sd0}
 
     def state(self) -> Optional[torch.Tensor]:
         return self.released

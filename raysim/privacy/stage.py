@@ -7,7 +7,8 @@ DP-SGD (``privacy.dpsgd``).
   denominator (:meth:`CentralDP.release`); the accountant says ε after each round and the run stops before a round
   that would overspend ``privacy.target_epsilon``. With ``privacy.sampling=poisson`` the stage chooses the cohort.
   The noise multiplier, δ and the clip norm are checkpointed: a resume continues with them (the accountant's history
-  is z and the rounds run), whatever ``rounds`` says now. ``privacy.audit_canaries`` adds the empirical check of ε (:mod:`raysim.privacy.audit`).
+  is z and the rounds run), whatever ``rounds`` says now. ``privacy.audit_canaries`` adds the empirical check of ε
+  (:mod:`raysim.privacy.audit`).
 - :class:`DPSGDStage` (Abadi et al., CCS 2016): each step of every client is DP-SGD's (per-sample gradients
   clipped, summed and noised, :mod:`raysim.privacy.dpsgd`) on Poisson or shuffled batches, through the one local
   loop; each client's sample-level ε after its steps so far is logged as its largest and mean value.

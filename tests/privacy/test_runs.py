@@ -121,10 +121,12 @@ def _dir(tmp_path, name, settings):
 
 @pytest.mark.slow
 def test_two_ray_workers_give_the_inline_numbers(tmp_path, ray_cluster):
-    """The one Ray test: DP-FedAvg and DP-SGD together, two workers (each its own sum groups) against inline."""
-    both = dict(rounds=2, privacy__dpsgd="true", engine__sum_group=3)
+    """The one Ray test: DP-FedAvg (Poisson sampling, adaptive clipping, the audit's canaries) and DP-SGD (Poisson
+    batches) together, two workers (each its own sum groups) against inline."""
+    both = dict(rounds=2, privacy__dpsgd="true", engine__sum_group=3, privacy__audit_canaries=8)
     inline = _run(tmp_path, "inline", **both)
     assert _run(tmp_path, "ray", **both, engine__backend="ray", engine__num_workers=2) == inline
+    assert all("audit/epsilon" in r and r["dpsgd/epsilon_max"] > 0 for r in inline)
 
 
 def test_a_checkpoint_from_before_the_privacy_section_resumes(tmp_path):
