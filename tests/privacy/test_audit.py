@@ -85,11 +85,13 @@ def _run(tmp_path, name, **extra):
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
 def test_a_negligible_noise_shows_a_large_estimate_and_a_real_one_stays_below_the_accountant(tmp_path, sampling):
     # half the clients and each canary with probability 1/2 a round, 500 canaries: z = 0.01 leaves each inserted
-    # canary's direction in the model, its cosine two null deviations (1/√2778) from the never-inserted ones';
-    # z = 2 hides them enough that the estimate stays below the accountant's ε (the estimate is not a bound: with
-    # too few canaries, or a sampling the accountant models tightly, its own noise may cross it)
+    # canary's direction in the model, its cosine two null deviations (1/√2778) from the never-inserted ones'. At
+    # z = 0.7 the estimate stays below the accountant's ε: the final model shows a canary's summed uploads, a
+    # Gaussian of mean shift q√T/z = 1.24, while the accountant bounds every round's release (Poisson: ε 8.1). The
+    # estimate is not a bound: near z = 2 with Poisson sampling the two are close, and its own noise (about ±0.5
+    # with 500 canaries) can cross it
     loud = _run(tmp_path, f"loud-{sampling}", privacy__noise_multiplier=0.01, privacy__sampling=sampling)
-    quiet = _run(tmp_path, f"quiet-{sampling}", privacy__noise_multiplier=2, privacy__sampling=sampling)
+    quiet = _run(tmp_path, f"quiet-{sampling}", privacy__noise_multiplier=0.7, privacy__sampling=sampling)
     assert loud[-1]["audit/epsilon"] > 10 and loud[-1]["audit/cosine_mean"] > 2 * loud[-1]["audit/null_std"]
     assert quiet[-1]["audit/epsilon"] < quiet[-1]["epsilon"]
     assert all("audit/epsilon" in r for r in loud)  # eval.every 1: every round
