@@ -121,6 +121,7 @@ class RoundContext:
     meta: dict = field(default_factory=dict)  # the schedule's facts about each update (FedBuff: origin, staleness)
     on_nonfinite: str = "stop"
     skipped: list[int] = field(default_factory=list)  # clients whose non-finite update was dropped before the round
+    abandoned: bool = False  # the schedule abandoned the round (Reports.abandoned): no server step
 
 
 @dataclass
@@ -256,6 +257,10 @@ class Reports:
     metrics: dict[str, Any] = field(default_factory=dict)  # the schedule's own (simulated time, staleness)
     totals: dict[str, Any] = field(default_factory=dict)  # running totals it keeps (``sim_time_s``)
     meta: dict[str, Any] = field(default_factory=dict)  # what its own reduction needs (FedBuff's origins)
+    # the schedule abandoned the round (too few reports): ``finished`` is empty by decision, not because every
+    # client failed, and the round changes no server state (no reduction, no release, no server step); it still
+    # counts as a round, with its metrics, evaluation and checkpoint
+    abandoned: bool = False
 
 
 class RoundRun(Protocol):

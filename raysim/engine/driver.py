@@ -305,7 +305,8 @@ class Driver:
                             server_state=self.server_state, shared=reports.shared,
                             weighting=self.stages.weighting(self.algorithm.sum_weighting),
                             sum_group=group_size(self.cfg.engine.sum_group, len(reports.clients)), stages=self.stages,
-                            meta=reports.meta, on_nonfinite=self.cfg.engine.on_nonfinite, skipped=reports.skipped)
+                            meta=reports.meta, on_nonfinite=self.cfg.engine.on_nonfinite, skipped=reports.skipped,
+                            abandoned=reports.abandoned)
 
     def _keep_history(self, updates: list[ClientUpdate], rnd: int) -> None:
         """What the server keeps of each finite update (``server_keep``), into the bounded per-client window."""
@@ -319,7 +320,9 @@ class Driver:
     def _server_step(self, ctx: RoundContext) -> None:
         """The algorithm's ``server_aggregate`` on the round's updates and their mean (``raysim.engine.reduction``),
         then its ``server_train`` (if any) on a worker; a mean released with no reports (DP noise) still moves
-        the model. A server model that is no longer finite stops the run."""
+        the model. A server model that is no longer finite stops the run. An abandoned round changes nothing."""
+        if ctx.abandoned:
+            return
         mean, released = round_mean(self.stages, ctx)
         alg, rnd = self.algorithm, ctx.round
         if ctx.updates:
