@@ -16,7 +16,7 @@ from typing import Any, Optional
 from raysim.async_config import AsynchronousConfig, check_asynchronous
 from raysim.privacy.config import PrivacyConfig, check_privacy
 from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
-from raysim.system.config import SystemConfig
+from raysim.system.config import SystemConfig, check_system
 from raysim.validate import FLOAT32_MAX, is_finite, one_of as _one_of, path_too_long, require
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "natural", "linear", "square", "exponential",
@@ -407,6 +407,7 @@ class ExperimentConfig:
                     sub.validate()
         _check_weighting(self.algorithm)
         check_asynchronous(self, require)
+        check_system(self, require)
         check_robust(self, require)
         check_privacy(self, require)
         if self.privacy.dpsgd:

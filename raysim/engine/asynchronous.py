@@ -33,16 +33,19 @@ a worker that died (its calls are re-run with the same inputs).
 (``SystemModel.available``) and not already in flight, by a counter hash of (seed, q, attempt)
 (``SystemModel.draw_client``); when none is, the slot waits ``system.wait_s`` and draws again. A job trains with
 ``job_seed(seed, client, round, ASYNC_STREAM, q)``, where its round (``ctx.round``) is the server step its update
-aims at (the downloaded version + 1). A job that drops (``SystemModel.dropped(client, q)``) frees its slot at its
-finish time and never reports. Without ``system.enabled``, every client has the system section's default traits (100
-samples/s, 1.25 MB/s down, 0.625 MB/s up, 50 ms latency: a job takes 0.05 s + its bytes over those bandwidths +
-samples x epochs / 100), is always available and never drops.
+aims at (the downloaded version + 1). A job that drops (``SystemModel.dropped(client, q)``), whose client leaves
+mid-job (``system.availability.whole_job``) or that would report after ``system.report_timeout_s`` never reports
+and is not trained; its slot is freed at the report timeout, or without one at its finish time
+(:func:`raysim.system.presence.job_fate`). Without ``system.enabled``, every client has the system section's
+default traits (100 samples/s, 1.25 MB/s down, 0.625 MB/s up, 50 ms latency: a job takes 0.05 s + its bytes over
+those bandwidths + samples x epochs / 100), is always available and never drops.
 
 **Rounds.** One server step is one logical round: ``metrics.jsonl`` gets one row per step with the usual keys
 (``clients``: the updates applied, ``bytes_down``: the downloads of the jobs started since the last step,
 ``bytes_up``: the applied uploads), ``sim_time_s`` (with the totals, as synchronous rounds log it with
 ``system.enabled``), ``round_sim_s``, ``staleness_mean``, ``staleness_max`` and ``dropouts`` (the jobs that dropped
-since the last step). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
+since the last step; with ``whole_job``, ``dropouts_left`` of them left mid-job; with a report timeout, ``late``:
+the jobs it cut off). The checkpoint after a step holds the queue (every job in flight or waiting, with its times,
 client and the server version it downloaded) and names the file of each of those versions' payloads (written once
 each, ``checkpoint/versions/``, with its sha256; the newest, the step's own model, is the payload of the server
 state it holds, its file written while the next step trains), so ``--resume`` re-trains the jobs in flight from
@@ -68,11 +71,15 @@ from raysim.errors import UserError
 from raysim.seeds import ASYNC_STREAM
 from raysim.stages import Reports, RoundContext, RoundRun, Schedule
 from raysim.system.config import SystemConfig
-from raysim.system.clock import check_availability, check_clock_limits
+from raysim.system.clock import check_availability
 from raysim.system.model import SystemModel
+from raysim.system.presence import DROPPED, LATE, LEFT, job_fate
+from raysim.system.stage import check_system_run
 from raysim.trees import copy_tree, nbytes
 
 MAX_WAITS = 100_000  # a slot that found no available client this many times in a row stops the run
+MAX_SILENT = 10_000  # this many jobs in a row that never report stop the run (raysim.system.presence refuses,
+# before round 1, a run whose clients would finish a job with a chance below ONOFF_NEVER)
 
 
 # ---------------------------------------------------------------------------------------------- the math
@@ -162,6 +169,8 @@ class AsyncSchedule(Schedule):
         self.next_seq = 1
         self.pending_down = 0  # bytes downloaded by the jobs started since the last server step
         self.pending_dropped = 0  # jobs that dropped since the last server step
+        self.pending_left = self.pending_late = 0  # of them, those whose client left; jobs cut off by the timeout
+        self.silent = 0  # jobs in a row that never reported
         self.version = 0  # the server's newest model: steps so far
         self.versions: dict[int, Version] = {}
         self._version_files: dict[int, tuple[str, str]] = {}  # version -> (its file, sha256), written once each
@@ -177,8 +186,10 @@ class AsyncSchedule(Schedule):
         check_availability(self.system)  # a run no client can ever join: one line now, not minutes of waits
 
     def check(self, setup: Any) -> None:
-        """Simulated time the clock cannot count (raysim.system.clock): one line before round 1."""
-        check_clock_limits(self.system, self.cfg, setup.data.num_train, nbytes(setup.initial))
+        """Before round 1 (raysim.system.stage.check_system_run): FLOPs per sample where speeds are in FLOP/s;
+        simulated time the clock cannot count, and a run in which no job could ever report, refused in one line."""
+        check_system_run(self.system, self.cfg, setup)
+
 
     # ------------------------------------------------------------------ jobs
     def _current_version(self, run: RoundRun) -> Version:
@@ -203,8 +214,9 @@ class AsyncSchedule(Schedule):
         version = self._current_version(run)
         down, up = version.bytes, version.model_bytes  # the upload: the model's shared entries
         samples = run.data.num_train(client) * self.cfg.train.local_epochs
-        finish = t + self.system.duration(client, down, up, samples)
-        self.queue.push(Flight(seq, client, t, finish, self.version, down, up, self.system.dropped(client, seq)))
+        finish, why = job_fate(self.system, client, seq, t, self.system.duration(client, down, up, samples),
+                               self.system.cfg.report_timeout_s)
+        self.queue.push(Flight(seq, client, t, finish, self.version, down, up, why))
         self.pending_down += down
 
     def _train_in_flight(self, run: RoundRun) -> None:
@@ -244,8 +256,9 @@ class AsyncSchedule(Schedule):
                 continue
             self.sim_time = event.finish
             if event.dropped:
-                self.pending_dropped += 1
+                self._count_silent(event.dropped)
             else:
+                self.silent = 0
                 finished, bad = run.collect({event.client: self.results.pop(event.seq)}, rnd)
                 skipped += bad
                 self.buffer += [(event, r) for r in finished]
@@ -255,11 +268,26 @@ class AsyncSchedule(Schedule):
         staleness = [self.version - f.version for f, _ in arrivals]
         metrics = {"round_sim_s": self.sim_time - self.last_step_time, "staleness_mean": float(np.mean(staleness)),
                    "staleness_max": int(max(staleness)), "dropouts": self.pending_dropped}
+        if self.system.cfg.availability.whole_job:
+            metrics["dropouts_left"] = self.pending_left
+        if self.system.cfg.report_timeout_s is not None:
+            metrics["late"] = self.pending_late
         # (the arrivals downloaded different versions: no one shared payload; the stages that read it, DP-FedAvg's,
         # refuse the asynchronous modes)
         return Reports([r for _, r in arrivals], skipped, [f.client for f, _ in arrivals], self.pending_down, {},
                        None, metrics, totals={"sim_time_s": self.sim_time},
                        meta={"arrivals": arrivals, "staleness": staleness})
+
+    def _count_silent(self, why: int) -> None:
+        """A job that never reported (``why``: its cause); this many in a row end the run in one line."""
+        self.pending_dropped += why in (DROPPED, LEFT)
+        self.pending_left += why == LEFT
+        self.pending_late += why == LATE
+        self.silent += 1
+        if self.silent > MAX_SILENT:
+            raise UserError(f"no job reported in {MAX_SILENT} jobs in a row (they dropped out, left mid-job or "
+                            f"passed system.report_timeout_s): check system.availability, system.dropout and "
+                            f"system.report_timeout_s")
 
     def reduce(self, ctx: RoundContext) -> Optional[Callable[[], dict]]:
         """The server's new model before the algorithm's step: FedAsync's mix or FedBuff's buffered step."""
@@ -279,6 +307,7 @@ class AsyncSchedule(Schedule):
     def end_round(self, rnd: int, run: RoundRun) -> None:
         """The new model is version ``rnd``: the freed slot downloads it; versions no job holds any more go."""
         self.last_step_time, self.pending_down, self.pending_dropped = self.sim_time, 0, 0
+        self.pending_left = self.pending_late = 0
         self.version = rnd
         self._start_job(self.sim_time, run)
         live = {f.version for f in self.queue.flights()}
@@ -305,7 +334,8 @@ class AsyncSchedule(Schedule):
         self._derived = newest
         return {"asynchronous": {"sim_time": self.sim_time, "last_step_time": self.last_step_time,
                                  "next_seq": self.next_seq, "pending_down": self.pending_down,
-                                 "pending_dropped": self.pending_dropped, "queue": self.queue.record(),
+                                 "pending_dropped": self.pending_dropped, "pending_left": self.pending_left,
+                                 "pending_late": self.pending_late, "queue": self.queue.record(),
                                  "versions": {v: list(self._version_files[v]) for v in sorted(self.versions)
                                               if v in self._version_files},
                                  "derived": self._derived}}
@@ -363,6 +393,7 @@ class AsyncSchedule(Schedule):
         self.sim_time, self.last_step_time = float(record["sim_time"]), float(record["last_step_time"])
         self.next_seq, self.pending_down = int(record["next_seq"]), int(record["pending_down"])
         self.pending_dropped = int(record["pending_dropped"])
+        self.pending_left, self.pending_late = int(record.get("pending_left", 0)), int(record.get("pending_late", 0))
         self.queue = EventQueue.from_record(record["queue"])
         for v, entry in record["versions"].items():
             if isinstance(entry, dict):  # a checkpoint of raysim before version files: the payload itself

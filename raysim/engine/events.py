@@ -13,7 +13,8 @@ import torch
 @dataclass
 class Flight:
     """A job in flight: client ``client`` started at ``start`` on server version ``version`` (its download), done
-    at ``finish``; ``dropped``: it never reports."""
+    at ``finish`` (or, for one that never reports, when the server frees its slot); ``dropped``: 0 when it reports,
+    else why it never does (``raysim.system.presence``: DROPPED, LEFT, LATE)."""
 
     seq: int
     client: int
@@ -22,7 +23,7 @@ class Flight:
     version: int
     bytes_down: int
     bytes_up: int
-    dropped: bool
+    dropped: int
 
 
 @dataclass
@@ -105,7 +106,7 @@ class EventQueue:
             return queue
         for (seq, client, version, down, up, dropped), (start, finish) in zip(record["flights"].tolist(),
                                                                              record["flight_times"].tolist()):
-            queue.push(Flight(seq, client, start, finish, version, down, up, bool(dropped)))
+            queue.push(Flight(seq, client, start, finish, version, down, up, int(dropped)))
         for (seq, attempt), at in zip(record["waits"].tolist(), record["wait_times"].tolist()):
             queue.push(Wait(seq, at, attempt))
         return queue

@@ -6,12 +6,21 @@ system model). A client that drops out (``system.dropout``) never reports and is
 job takes :func:`raysim.system.model.job_duration` of its real bytes down and up and the samples its local steps
 took. Then:
 
-- no deadline: the round waits for every client that did not drop out; it lasts as long as its slowest one;
+- no deadline: the round waits for every client that did not drop out; it lasts as long as its slowest one (an
+  oracle: the server knows at once who will never report);
+- ``system.report_timeout_s``, no deadline: the server waits for every client it started until the timeout, as a
+  deployed server must (it cannot know who dropped out): the round ends at its last report when every started
+  client reports in time, else at the timeout; a client that would report after it is cut off (``late``);
 - ``system.deadline_s``: the round starts ceil(K (1 + rho)) clients (``system.over_selection``) and keeps the first
   K to report by the deadline, as in Bonawitz et al., "Towards federated learning at scale: system design" (SysML
   2019), section 2.2; it ends when the K-th report arrives, else at the deadline. A client that would report late is
   dropped (``system.late=drop``) or does partial work (``partial``): the local steps that fit before the deadline,
   as FedProx's stragglers do (Li et al., MLSys 2020); a client that fits no step is dropped.
+
+With ``system.availability.whole_job``, a client that would report in time but whose availability ends before its
+report (:func:`raysim.system.presence.stays_available`) leaves mid-job and never reports: it counts with the
+dropouts. With ``system.min_reports``, a round with fewer reports is abandoned (Bonawitz et al. 2019, section 2.2: a
+round that does not get enough reports before its timeout is abandoned): it takes its time and changes no model.
 
 Which clients report, and the partial clients' step budgets, follow from the durations alone (a partial job's
 steps are the one loop's batches, :func:`raysim.algorithms.training.batch_bounds`, epoch after epoch), so the round
@@ -29,7 +38,7 @@ import numpy as np
 
 from raysim.algorithms.training import batch_bounds
 from raysim.config import ConfigError
-from raysim.system.config import selected_count
+from raysim.system.config import min_reports, selected_count
 from raysim.system.model import ClientTraits, SystemModel, job_duration
 
 if TYPE_CHECKING:
@@ -69,12 +78,6 @@ def check_availability(model: SystemModel) -> None:
 MAX_SIM_S = float(2 ** 62)  # simulated seconds a run may reach: TensorBoard's sim_time steps are whole seconds, int64
 
 
-def check_clock_limits(model: SystemModel, cfg: Any, samples: Callable[[int], int], bytes_each_way: int) -> None:
-    """:func:`check_job_times` for whole jobs: ``samples(c)`` training samples x ``train.local_epochs``."""
-    sizes = np.array([samples(c) for c in range(cfg.clients.num)], dtype=np.float64)
-    check_job_times(model, cfg, sizes * cfg.train.local_epochs, bytes_each_way)
-
-
 def check_job_times(model: SystemModel, cfg: Any, work: np.ndarray, bytes_each_way: int) -> None:
     """Refuse, before round 1, client traits under which ``rounds`` of the slowest client's job (``work[c]``
     samples x epochs for client c) would pass ``MAX_SIM_S`` simulated seconds, or are not a finite time: the clock,
@@ -85,10 +88,11 @@ def check_job_times(model: SystemModel, cfg: Any, work: np.ndarray, bytes_each_w
     if math.isfinite(worst) and worst <= limit:
         return
     t = model.traits(who)
-    terms = {"latency": t.latency, "down": bytes_each_way / t.down, "speed": work[who] / t.speed,
-             "up": bytes_each_way / t.up}
+    terms = {"latency": t.latency, "down": bytes_each_way / t.down,
+             "speed": float(model.work(who, work[who])) / t.speed, "up": bytes_each_way / t.up}
     trait = max(terms, key=lambda k: terms[k] if math.isfinite(terms[k]) else math.inf)
-    key = {"lognormal": f"system.{trait}", "tiers": "system.tiers", "csv": "system.csv"}[cfg.system.traits]
+    key = {"lognormal": f"system.{trait}", "tiers": "system.tiers", "csv": "system.csv",
+           "fedscale": "system.capacity"}[cfg.system.traits]
     rounds = f"{cfg.rounds} round{'s' if cfg.rounds != 1 else ''}"
     raise ConfigError(f"config key '{key}': client {who}'s job would take {worst:.3g} simulated seconds ({trait}: "
                       f"{terms[trait]:.3g} s of it), and {rounds} of it more than the clock counts "
@@ -120,17 +124,40 @@ class Settlement:
     round_s: float  # simulated seconds from the round's start to its end
     reporters: list[int]  # in client-id order
     budgets: dict[int, int] = field(default_factory=dict)  # partial clients: samples their steps may take
-    late: list[int] = field(default_factory=list)  # missed the deadline and report nothing
+    late: list[int] = field(default_factory=list)  # missed the deadline (or the report timeout) and report nothing
     surplus: list[int] = field(default_factory=list)  # reported in time, after the first K
+    left: list[int] = field(default_factory=list)  # left mid-job (availability.whole_job) and report nothing
+    abandoned: bool = False  # fewer reports than system.min_reports: the round changes no model
 
 
 def settle(full_s: dict[int, float], partial_s: dict[int, tuple[float, int]], target: int,
-           deadline_s: Optional[float], idle_s: float) -> Settlement:
+           deadline_s: Optional[float], idle_s: float, *, timeout_s: Optional[float] = None, missing: int = 0,
+           needed: Optional[int] = None) -> Settlement:
     """The round's outcome from each trained client's full job time (``full_s``) and, for a late client that can do
     partial work, (its partial job's time, its sample budget) (``partial_s``); ``target`` is K. Ties go to the
-    lower client id; a round in which nobody reports lasts ``idle_s``."""
-    if deadline_s is None:
+    lower client id; a round in which nobody reports lasts ``idle_s``. ``timeout_s`` (no deadline): the server waits
+    that long unless every client it started reports, ``missing`` being the started clients that never will (dropped
+    out, left); ``needed``: the reports below which the round is abandoned."""
+    out = _settle(full_s, partial_s, target, deadline_s, idle_s, timeout_s, missing)
+    out.abandoned = needed is not None and len(out.reporters) < needed
+    return out
+
+
+def _settle(full_s: dict[int, float], partial_s: dict[int, tuple[float, int]], target: int,
+            deadline_s: Optional[float], idle_s: float, timeout_s: Optional[float], missing: int) -> Settlement:
+    if deadline_s is None and timeout_s is None:
         return Settlement(round_s=max(full_s.values(), default=idle_s), reporters=sorted(full_s))
+    if deadline_s is None:
+        assert timeout_s is not None
+        late = sorted(c for c, s in full_s.items() if s > timeout_s)
+        if not full_s and not missing:
+            round_s = idle_s  # nobody started
+        elif missing or late:
+            round_s = timeout_s  # the server cannot tell a slow client from one that will never report
+        else:
+            round_s = max(full_s.values())
+        return Settlement(round_s=float(round_s), reporters=sorted(c for c in full_s if c not in set(late)),
+                          late=late)
     in_time = [(s, c, None) for c, s in full_s.items() if s <= deadline_s]
     in_time += [(s, c, budget) for c, (s, budget) in partial_s.items() if s <= deadline_s]
     in_time.sort(key=lambda entry: (entry[0], entry[1]))
@@ -169,43 +196,53 @@ class RoundClock:
         return [c for c in started if c not in gone], dropped
 
     def settle(self, results: dict[int, Any], samples: dict[int, int], bytes_down: dict[int, int],
-               started: int) -> Settlement:
+               started: int, now_s: float = 0.0, dropped: int = 0) -> Settlement:
         """The round's outcome for its trained clients' ``results`` (client -> TrainResult) and the ``samples``
-        each one's steps took, of ``started`` clients (dropouts included): a round that started clients of which
-        none reports waits for its deadline; one that started none waits ``system.wait_s`` before the next samples
-        again."""
-        deadline = self.system.deadline_s
+        each one's steps took, of ``started`` clients (dropouts included, ``dropped`` of them), the round starting
+        at ``now_s``: a round that started clients of which none reports waits for its deadline; one that started
+        none waits ``system.wait_s`` before the next samples again."""
+        deadline, timeout = self.system.deadline_s, self.system.report_timeout_s
         full_s, partial_s = {}, {}
         ids = list(results)
         table = self.model.traits_many(np.array(ids, dtype=np.int64)) if ids else ()  # all the traits at once
         for cid, row in zip(ids, table):
             r, traits = results[cid], ClientTraits(*(float(v) for v in row))
-            full_s[cid] = job_duration(traits, bytes_down[cid], r.upload_bytes, samples[cid])
+            work = float(self.model.work(cid, samples[cid]))  # samples x epochs (x FLOPs per sample)
+            full_s[cid] = job_duration(traits, bytes_down[cid], r.upload_bytes, work)
             if deadline is not None and full_s[cid] > deadline and self.system.late == "partial" and r.num_samples:
                 epochs = max(1, round(samples[cid] / r.num_samples))
                 fit = self.model.samples_within(cid, bytes_down[cid], r.upload_bytes, deadline)
                 budget = samples_in_budget(r.num_samples, self.cfg.train.batch_size, epochs, fit)
                 if budget > 0:
-                    partial_s[cid] = (job_duration(traits, bytes_down[cid], r.upload_bytes, budget), budget)
+                    partial_s[cid] = (job_duration(traits, bytes_down[cid], r.upload_bytes,
+                                                   float(self.model.work(cid, budget))), budget)
+        left = self._left(full_s, partial_s, now_s) if self.system.availability.whole_job else []
         idle = deadline if deadline is not None and started else self.system.wait_s
-        return settle(full_s, partial_s, self.target, deadline, idle)
+        needed = min_reports(self.system.min_reports, self.target) if self.system.min_reports is not None else None
+        out = settle(full_s, partial_s, self.target, deadline, idle, timeout_s=timeout, missing=dropped + len(left),
+                     needed=needed)
+        out.left = left
+        return out
 
-    def check_deadline(self, samples: Callable[[int], int], bytes_each_way: int) -> None:
-        """Refuse, before round 1, a deadline that no client can meet: one line naming the fastest possible client
-        time (a whole job; with ``late=partial``, one local step), with the model's bytes each way. And refuse
-        traits under which the slowest client's job would outlast what the clock can count (see
-        :func:`check_job_times`)."""
-        check_clock_limits(self.model, self.cfg, samples, bytes_each_way)
-        num, epochs, batch = self.cfg.clients.num, self.cfg.train.local_epochs, self.cfg.train.batch_size
-        sizes = np.array([samples(c) for c in range(num)], dtype=np.float64)
-        deadline = self.system.deadline_s
-        if deadline is None:
-            return
-        work = np.minimum(sizes, batch) if self.system.late == "partial" else sizes * epochs
-        best, who = self.model.fastest(work, bytes_each_way, bytes_each_way)
-        if best > deadline:
-            what = "one local step" if self.system.late == "partial" else "a round's job"
-            raise ConfigError(f"config key 'system.deadline_s': no client can meet a {deadline:g} s deadline: the "
-                              f"fastest possible client time for {what} is {best:.4g} s (client {who}, "
-                              f"{bytes_each_way} bytes each way); raise system.deadline_s to at least "
-                              f"{math.ceil(best * 1000) / 1000:g}")
+    def _left(self, full_s: dict[int, float], partial_s: dict[int, tuple[float, int]], now_s: float) -> list[int]:
+        """The clients that would report in time but leave before their report (removed from ``full_s`` and
+        ``partial_s``); a client late anyway stays late."""
+        from raysim.system.presence import stays_available
+
+        limit = self.system.deadline_s if self.system.deadline_s is not None else self.system.report_timeout_s
+        report_at = {}
+        for cid, s in full_s.items():
+            if limit is None or s <= limit:
+                report_at[cid] = s
+            elif cid in partial_s:
+                report_at[cid] = partial_s[cid][0]
+        ids = sorted(report_at)
+        if not ids:
+            return []
+        stays = stays_available(self.model, np.array(ids, dtype=np.int64), now_s,
+                                now_s + np.array([report_at[c] for c in ids]))
+        left = [c for c, ok in zip(ids, stays.tolist()) if not ok]
+        for cid in left:
+            full_s.pop(cid)
+            partial_s.pop(cid, None)
+        return left

@@ -1,4 +1,5 @@
-"""The ``system`` config section: client speeds, bandwidths, latency, availability, dropout and the round deadline.
+"""The ``system`` config section: client speeds, bandwidths, latency, availability, dropout, the round deadline and
+the server's report timeout and minimum of reports.
 
 Off by default (``system.enabled: false``): then no key here changes any number a run computes. Every mistake is a
 :class:`raysim.validate.ConfigError` whose one-line message names the key. Files (``system.csv``,
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from raysim.validate import ConfigError, is_finite as _finite, require as _require
 
-TRAIT_SOURCES = ("lognormal", "tiers", "csv")
+TRAIT_SOURCES = ("lognormal", "tiers", "csv", "fedscale")
+SPEED_UNITS = ("samples", "flops")
 AVAILABILITY_MODES = ("always", "onoff", "diurnal", "trace")
 LATE_POLICIES = ("drop", "partial")
 
@@ -64,6 +66,10 @@ class AvailabilityConfig:
     # trace: a CSV of client_id,start_s,end_s rows (a client is available in [start_s, end_s]), or FedScale's
     # client-behaviour trace (.pkl or .json: {client_id: {active: [...], inactive: [...], finish_time: T}})
     trace: Optional[str] = None
+    # a client must stay available for its whole job (download, compute, upload) to report: one whose availability
+    # ends first leaves mid-job and never reports (FedScale's traces); false: availability is checked when a job
+    # starts, and a started client always reports (the optimistic model of raysim before issue 55)
+    whole_job: bool = False
 
     def validate(self) -> None:
         key = "system.availability"
@@ -81,23 +87,42 @@ class AvailabilityConfig:
 @dataclass
 class SystemConfig:
     enabled: bool = False  # simulate the clients' systems side and a simulated clock (off: nothing here counts)
-    traits: str = "lognormal"  # where speed, bandwidths and latency come from: lognormal | tiers | csv
-    speed: TraitConfig = field(default_factory=lambda: TraitConfig(100.0, 1.0))  # samples trained per second
+    # where speed, bandwidths and latency come from: lognormal | tiers | csv | fedscale (FedScale's device trace)
+    traits: str = "lognormal"
+    # the unit of every speed (system.speed, tiers' and the CSV's): samples (trained per second) | flops (FLOP/s: a
+    # job's compute is samples x epochs x the model's training FLOPs per sample, measured once before round 1)
+    speed_unit: str = "samples"
+    speed: TraitConfig = field(default_factory=lambda: TraitConfig(100.0, 1.0))  # per second, in system.speed_unit
     down: TraitConfig = field(default_factory=lambda: TraitConfig(1.25e6, 1.0))  # download, bytes per second
     up: TraitConfig = field(default_factory=lambda: TraitConfig(6.25e5, 1.0))  # upload, bytes per second
     latency: TraitConfig = field(default_factory=lambda: TraitConfig(0.05, 1.0))  # seconds per job
     tiers: list[TierConfig] = field(default_factory=list)  # traits=tiers: device tiers with their shares
     csv: Optional[str] = None  # traits=csv: a CSV with the header client_id,speed,down,up,latency, every client once
+    # traits=fedscale: FedScale's client_device_capacity file (.pkl or .json: {client_id: {computation: ms per sample
+    # of inference, communication: kbit/s}}), naming every client of the federation
+    capacity: Optional[str] = None
     availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
     dropout: float = 0.0  # probability that a client which started a round never reports, per (client, round)
     deadline_s: Optional[float] = None  # the round's deadline in simulated seconds (null: wait for every client)
     over_selection: float = 0.0  # rho: a round with a deadline starts ceil(K (1 + rho)) clients, keeps the first K
     late: str = "drop"  # a client that misses the deadline: drop | partial (the local steps that fit)
     wait_s: float = 60.0  # when no client is available, the server waits this long before it samples again
+    # without a deadline, how long the server waits for a round's reports (null: it knows at once who will never
+    # report, an oracle); a client that has not reported by then is cut off. Asynchronous: a job's slot is freed at
+    # this long after its start when it has not reported
+    report_timeout_s: Optional[float] = None
+    # a synchronous round with fewer reports is abandoned: the model stays, the time is lost (Bonawitz et al. 2019):
+    # a whole number of clients, or a share in (0, 1] of the round's target K (null: every round aggregates)
+    min_reports: Any = None
 
     def validate(self) -> None:
         _require(self.traits in TRAIT_SOURCES, "system.traits",
                  f"must be one of {', '.join(TRAIT_SOURCES)}, got {self.traits!r}")
+        _require(self.speed_unit in SPEED_UNITS, "system.speed_unit",
+                 f"must be one of {', '.join(SPEED_UNITS)}, got {self.speed_unit!r}")
+        if self.speed_unit == "flops":  # the same check as samples/s, named in the unit the user chose
+            _require(_positive(self.speed.median), "system.speed.median",
+                     f"must be a finite number of FLOP/s > 0, got {self.speed.median!r}")
         for name in ("speed", "down", "up"):
             getattr(self, name).check(f"system.{name}")
         self.latency.check("system.latency", zero_ok=True)
@@ -112,6 +137,11 @@ class SystemConfig:
                 _require(_finite(tier.latency, 0.0), f"{key}.latency", f"must be >= 0, got {tier.latency!r}")
         _require(self.traits != "csv" or bool(self.csv), "system.csv",
                  "traits=csv needs a CSV file (system.csv=PATH, header client_id,speed,down,up,latency)")
+        _require(self.traits != "fedscale" or bool(self.capacity), "system.capacity",
+                 "traits=fedscale needs FedScale's device capacity file (system.capacity=PATH, .pkl or .json)")
+        _require(self.traits != "fedscale" or self.speed_unit == "samples", "system.speed_unit",
+                 "FedScale's capacity trace gives each client's milliseconds per sample, not FLOP/s: use "
+                 "speed_unit=samples with traits=fedscale")
         self.availability.validate()
         _require(_finite(self.dropout, 0.0) and self.dropout < 1, "system.dropout",
                  f"must be a probability in [0, 1), got {self.dropout!r}")
@@ -125,6 +155,38 @@ class SystemConfig:
         _require(self.late in LATE_POLICIES, "system.late",
                  f"must be one of {', '.join(LATE_POLICIES)}, got {self.late!r}")
         _require(_positive(self.wait_s), "system.wait_s", f"must be a number of seconds > 0, got {self.wait_s!r}")
+        if self.report_timeout_s is not None:
+            _require(_positive(self.report_timeout_s), "system.report_timeout_s",
+                     f"must be a number of seconds > 0 (or null), got {self.report_timeout_s!r}")
+            _require(self.deadline_s is None, "system.report_timeout_s",
+                     "a round with system.deadline_s stops waiting at its deadline: set one of the two")
+        if self.min_reports is not None:
+            m = self.min_reports
+            _require(not isinstance(m, bool) and (isinstance(m, int) and m >= 1 or isinstance(m, float)
+                                                   and 0 < m <= 1), "system.min_reports",
+                     f"must be a whole number of clients >= 1 or a share in (0, 1] of the round's target, got {m!r}")
+
+
+def check_system(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
+    """The ``system`` keys against the rest of the config; ``require(ok, key, why)`` refuses."""
+    system = cfg.system
+    if not system.enabled:
+        return
+    if system.min_reports is not None:
+        target = cfg.clients.per_round
+        require(cfg.asynchronous.mode in ("off", False, "false", "False"), "system.min_reports",
+                f"a minimum of reports abandons a synchronous round; asynchronous.mode={cfg.asynchronous.mode} has "
+                f"no rounds to abandon (drop system.min_reports)")
+        require(min_reports(system.min_reports, target) <= target, "system.min_reports",
+                f"{system.min_reports} is above the round's cohort of {target} clients (clients.fraction x "
+                f"clients.num): no round could aggregate")
+
+
+def min_reports(value: Any, target: int) -> int:
+    """The reports a round needs: ``value`` clients, or ceil(``value`` x ``target``) for a share."""
+    if isinstance(value, float):
+        return max(1, int(math.ceil(value * target - 1e-9)))
+    return int(value)
 
 
 def selected_count(cohort: int, over_selection: float) -> int:

@@ -21,7 +21,6 @@ a million at once give the same numbers, in any order.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import pickle
@@ -31,9 +30,9 @@ from typing import Optional
 
 import numpy as np
 
-from raysim.config import ConfigError
 from raysim.seeds import derive_seed
 from raysim.system.config import SystemConfig
+from raysim.system.files import _client_id, _fail, _number, _read_rows, _RestrictedUnpickler
 
 # stream tags: each kind of draw has its own
 SPEED, DOWN, UP, LATENCY, TIER, ONOFF_COUNT, ONOFF_AT, ONOFF_STATE, PHASE, DROPOUT, SAMPLING, JOB_DRAW = range(1, 13)
@@ -114,56 +113,6 @@ def job_duration(traits: ClientTraits, bytes_down: float, bytes_up: float, sampl
             + bytes_up / traits.up)
 
 
-def _fail(key: str, path: str, why: str) -> ConfigError:
-    return ConfigError(f"config key '{key}': {path}: {why}")
-
-
-def _read_rows(key: str, path: str, header: tuple[str, ...]) -> list[list[str]]:
-    """The data rows of a CSV whose first row is ``header`` (cells stripped)."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise _fail(key, path, "no such file")
-    try:
-        with open(file, newline="") as fh:
-            rows = [[cell.strip() for cell in row] for row in csv.reader(fh) if row and any(c.strip() for c in row)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise _fail(key, path, f"cannot be read as CSV ({exc})") from None
-    if not rows or tuple(c.lower() for c in rows[0]) != header:
-        raise _fail(key, path, f"the first row must be the header {','.join(header)}")
-    for i, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise _fail(key, path, f"line {i} has {len(row)} fields, the header {len(header)}")
-    return rows[1:]
-
-
-def _number(key: str, path: str, line: int, name: str, text: str, *, whole: bool = False) -> float:
-    try:
-        value = int(text) if whole else float(text)
-    except ValueError:
-        raise _fail(key, path, f"line {line}: {name} must be a {'whole number' if whole else 'number'}, "
-                               f"got {text!r}") from None
-    if not math.isfinite(value):
-        raise _fail(key, path, f"line {line}: {name} must be finite, got {text!r}")
-    return value
-
-
-def _client_id(key: str, path: str, line: int, value: object, num_clients: int) -> int:
-    if isinstance(value, str):
-        value = _number(key, path, line, "client_id", value, whole=True)
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or not 0 <= int(value) < num_clients:
-        where = f"line {line}: " if line else ""
-        raise _fail(key, path, f"{where}client id {value!r} is not a client of this federation (ids 0 to "
-                               f"{num_clients - 1})")
-    return int(value)
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """A FedScale trace is plain dicts, lists and numbers: anything else in the pickle is refused, never built."""
-
-    def find_class(self, module: str, name: str) -> type:
-        raise pickle.UnpicklingError(f"it names {module}.{name}, while a trace holds only dicts, lists and numbers")
-
-
 class SystemModel:
     """The systems side of ``num_clients`` clients under ``cfg`` (a :class:`SystemConfig`) and ``seed``: traits,
     availability, dropout and job durations, each computed when asked."""
@@ -179,6 +128,10 @@ class SystemModel:
             self._tier_values = np.array([[t.speed, t.down, t.up, t.latency] for t in cfg.tiers], dtype=np.float64)
         if cfg.traits == "csv":
             self._table = self._read_traits(str(cfg.csv))
+        if cfg.traits == "fedscale":
+            from raysim.system.capacity import read_capacity
+
+            self._table = read_capacity(str(cfg.capacity), self.num_clients)
         if cfg.traits == "lognormal":  # per trait: its stream's key, log-scale sigma and median (one client's draw)
             traits = (cfg.speed, cfg.down, cfg.up, cfg.latency)
             self._lognormal_keys = [self._keys[s] for s in (SPEED, DOWN, UP, LATENCY)]
@@ -188,6 +141,10 @@ class SystemModel:
         if cfg.availability.mode == "trace":
             self._trace = self._read_trace(str(cfg.availability.trace))
         self._traits_seen: dict[int, ClientTraits] = {}  # the event queue prices the same clients again and again
+        # speed in FLOP/s: each client's model's training FLOPs per sample (one number, or one per client), set on the
+        # driver before round 1 (raysim.system.flops); None: speeds are in samples per second
+        self.sample_cost: Optional[float | np.ndarray] = None
+        self._flops = cfg.speed_unit == "flops"
 
     # ------------------------------------------------------------------ files
     def _read_traits(self, path: str) -> np.ndarray:
@@ -314,16 +271,30 @@ class SystemModel:
         speed, down, up, latency = (self._medians * np.exp(self._sigmas * z)).tolist()
         return ClientTraits(speed, down, up, latency)
 
+    def work(self, clients: np.ndarray | int, samples: np.ndarray | float) -> np.ndarray | float:
+        """``samples`` (x epochs) of ``clients`` in the unit of ``system.speed``: as they are (samples/s), or times
+        each client's model's training FLOPs per sample (FLOP/s)."""
+        if not self._flops:
+            return samples
+        cost = self.sample_cost
+        if cost is None:
+            raise RuntimeError("system.speed_unit=flops: the model's FLOPs per sample were not measured")
+        return samples * (cost if np.ndim(cost) == 0 else np.asarray(cost)[clients])
+
     def duration(self, client_id: int, bytes_down: float, bytes_up: float, samples_times_epochs: float) -> float:
         """Simulated seconds of one job: latency + bytes_down / down + samples x epochs / speed + bytes_up / up."""
-        return job_duration(self.traits(client_id), bytes_down, bytes_up, samples_times_epochs)
+        return job_duration(self.traits(client_id), bytes_down, bytes_up,
+                            float(self.work(client_id, samples_times_epochs)))
 
     def samples_within(self, client_id: int, bytes_down: float, bytes_up: float, seconds: float) -> int:
         """How many samples the client trains in a job that must end within ``seconds`` (0: not even the
-        transfers fit): floor((seconds - latency - bytes_down / down - bytes_up / up) x speed)."""
+        transfers fit): floor((seconds - latency - bytes_down / down - bytes_up / up) x speed) (over the FLOPs a
+        sample costs, with speed in FLOP/s)."""
         t = self.traits(client_id)
         left = seconds - t.latency - bytes_down / t.down - bytes_up / t.up
-        return max(0, int(math.floor(left * t.speed))) if left > 0 else 0
+        per_sample = float(self.work(client_id, 1.0))
+        return max(0, int(math.floor(left * t.speed / per_sample if self._flops else left * t.speed))) \
+            if left > 0 else 0
 
     # ------------------------------------------------------------------ availability and dropout
     def available_many(self, clients: np.ndarray, t: float) -> np.ndarray:
@@ -488,7 +459,8 @@ class SystemModel:
             ids = np.arange(a, min(a + CHUNK, self.num_clients))
             tr = self.traits_many(ids)
             with np.errstate(over="ignore", divide="ignore"):
-                d = sign * (tr[:, 3] + bytes_down / tr[:, 1] + samples[ids] / tr[:, 0] + bytes_up / tr[:, 2])
+                d = sign * (tr[:, 3] + bytes_down / tr[:, 1] + self.work(ids, samples[ids]) / tr[:, 0]
+                            + bytes_up / tr[:, 2])
             i = int(np.argmin(d))
             if d[i] < best or who < 0:
                 best, who = float(d[i]), int(ids[i])
