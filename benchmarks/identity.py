@@ -10,9 +10,10 @@ metric but wall-clock times must be equal, and (``--compare``) equal to the file
 
 ``--subsystems`` runs the round's features instead (:data:`SUBSYSTEMS`): DP-FedAvg (fixed-size and Poisson
 sampling, a calibrated target ε, adaptive clipping), DP-SGD, every robust rule and attack, the system model
-(dropouts, availability, deadlines with late clients dropped or doing partial work), FedAsync and FedBuff, and the
-shipped privacy, robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers
-(partial sums on, groups of 3): the metrics, ε included, must be equal between the two and to the file given.
+(dropouts, availability, deadlines with late clients dropped or doing partial work; the deployed server's departures
+mid-job, report timeout and abandoned rounds; speeds in FLOP/s), FedAsync and FedBuff, and the shipped privacy,
+robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers (partial sums on,
+groups of 3): the metrics, ε included, must be equal between the two and to the file given.
 
 ``auto-groups`` runs ``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the
 file given is printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed
@@ -55,6 +56,10 @@ TINY_ROBUST = {"clients__fraction": 1.0, "aggregator__f": 2, "attack__fraction":
 TINY_SYSTEM = {"system__enabled": "true", "system__speed__median": 50, "system__speed__spread": 10,
                "system__dropout": 0.2, "system__latency__median": 0.5}
 TINY_ASYNC = {"asynchronous__concurrency": 4, "rounds": 4}
+# the server as deployed (issue 55): clients leave mid-job, the server waits for a report timeout
+TINY_DEPLOYED = {"system__availability__mode": "onoff", "system__availability__mean_on_s": 8,
+                 "system__availability__mean_off_s": 4, "system__availability__whole_job": "true",
+                 "system__report_timeout_s": 12}
 # the round's features: (config file or None for the tiny fedavg, its overrides)
 SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "dp-fixed": (None, TINY_DP),
@@ -97,6 +102,10 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "fedbuff-system": (None, {**TINY_ASYNC, **TINY_SYSTEM, "asynchronous__mode": "fedbuff",
                               "asynchronous__buffer_size": 2}),
     "fedasync-fedadam": (None, {**TINY_ASYNC, "asynchronous__mode": "fedasync", "algorithm__name": "fedadam"}),
+    "system-deployed": (None, {**TINY_SYSTEM, **TINY_DEPLOYED, "system__min_reports": 0.8, "rounds": 4}),
+    "system-flops": (None, {**TINY_SYSTEM, "system__speed_unit": "flops", "system__speed__median": 6e5}),
+    "fedbuff-deployed": (None, {**TINY_ASYNC, **TINY_SYSTEM, **TINY_DEPLOYED, "asynchronous__mode": "fedbuff",
+                                "asynchronous__buffer_size": 2}),
     "shipped-dpfedavg": ("experiments/privacy/dpfedavg-mnist500.yaml", {"rounds": 3, "eval__every": 1}),
     **{f"shipped-robust-{attack}-{rule}": ("experiments/robust/digits-20.yaml",
                                            {"rounds": 2, "attack__name": attack, "aggregator__name": rule,
@@ -107,6 +116,9 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "shipped-sync-deadline": ("experiments/async/sync-deadline.yaml", {"rounds": 2}),
     "shipped-fedasync": ("experiments/async/fedasync.yaml", {"rounds": 20}),
     "shipped-fedbuff": ("experiments/async/fedbuff.yaml", {"rounds": 4}),
+    "shipped-sync-deployed": ("experiments/async/sync-deployed.yaml", {"rounds": 3}),
+    "shipped-sync-deadline-deployed": ("experiments/async/sync-deadline-deployed.yaml", {"rounds": 3}),
+    "shipped-fedbuff-deployed": ("experiments/async/fedbuff-deployed.yaml", {"rounds": 4}),
 }
 SUBSYSTEM_SETTINGS = ("inline", "ray2")  # settings whose numbers are not the reference's: compared across commits only
 
@@ -145,6 +157,11 @@ def run_subsystem(name: str, setting: dict, work: Path) -> list[dict]:
     return strip_timing(read_rows(out))
 
 
+def _same(a: list[dict], b: list[dict]) -> bool:
+    """Equal rows, a NaN equal to a NaN (an abandoned round's loss, a round nobody reported to)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -178,7 +195,7 @@ def main() -> int:
                 for row in rows:
                     row.pop("vectorize", None)
                 out[f"{case}/{name}"] = rows
-                same = reference is None or rows == reference
+                same = reference is None or _same(rows, reference)
                 reference = rows if reference is None else reference
                 if not same:
                     failures.append(f"{case}/{name}: differs from {settings[0]}")
@@ -209,7 +226,7 @@ def main() -> int:
     if args.compare:
         before = json.loads(Path(args.compare).read_text())
         for key, rows in out.items():
-            if key in before and before[key] != rows and key.split("/")[1] not in APART:
+            if key in before and not _same(before[key], rows) and key.split("/")[1] not in APART:
                 failures.append(f"{key}: differs from {args.compare}")
         missing = sorted(set(before) - set(out))
         print(f"compared {len(set(before) & set(out))} runs with {args.compare}; not rerun: {len(missing)}")
