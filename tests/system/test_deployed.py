@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -270,6 +271,7 @@ class Payload:
     (lambda _: {0: {"computation": 5.0, "communication": 10.0}}, "names 1 of the 2 clients (client 1 is missing)"),
     (lambda pwned: {0: {"computation": 5.0, "communication": 10.0}, 1: Payload(pwned)}, "it names posix.system"),
     (lambda _: {0: {"computation": np.float64(5.0), "communication": 10.0}}, "it names numpy"),
+    (lambda _: OrderedDict({0: {"computation": 5.0, "communication": 10.0}}), "it names collections.OrderedDict"),
     (lambda _: {0: {"computation": 0.0, "communication": 10.0}, 1: {}}, "a finite number > 0"),
     (None, "is not a capacity trace"),
 ])
@@ -344,6 +346,19 @@ def test_a_run_in_which_no_client_can_ever_report_is_one_line_not_a_hang(tmp_pat
     # every tiny job takes over a second (0.05 s latency, the model's bytes, 360 samples at 100 a second)
     line = refused_config(key, *tiny_overrides(tmp_path, system__enabled="true", **extra))
     assert why in line and not (tmp_path / "run").exists()
+
+
+def test_asynchronous_jobs_that_all_fail_stop_the_run_in_one_line(tmp_path, monkeypatch):
+    """On/off stretches of 0.4 s on average against jobs of over a second: a job outlasts its client with a chance
+    of about exp(-9), above the 1e-6 refused before round 1, so the run starts; its jobs then fail one after
+    another, and after MAX_SILENT of them in a row (20 here, 10,000 in a run) it stops in one line."""
+    from raysim.engine import asynchronous
+
+    monkeypatch.setattr(asynchronous, "MAX_SILENT", 20)
+    with pytest.raises(UserError, match="no job reported in 20 jobs in a row"):
+        rows_of(tmp_path, "silent", system__enabled="true", asynchronous__mode="fedasync",
+                system__availability__mode="onoff", system__availability__mean_on_s=0.4,
+                system__availability__mean_off_s=0.4, system__availability__whole_job="true")
 
 
 def test_flops_are_counted_once_a_process_and_leave_the_random_state_alone(tmp_path):
