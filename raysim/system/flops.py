@@ -36,15 +36,20 @@ def training_flops_per_sample(cfg: Any, data: Any, algorithm: Any, client: int) 
         return _MEASURED[key]
     if len(x) == 0:  # a client without training data: a batch of zeros of its shape (the FLOPs do not read values)
         x, y = torch.zeros((1, *shape)), torch.zeros(1, dtype=torch.int64)
+    from raysim.config import ConfigError
+
     with torch.random.fork_rng(devices=[]):
         model = build_model(cfg, arch, shape, data.num_classes, client, algorithm)
         model.train()
-        with FlopCounterMode(display=False) as counter:
-            F.cross_entropy(model(x[:batch]), y[:batch]).backward()
+        try:
+            with FlopCounterMode(display=False) as counter:
+                F.cross_entropy(model(x[:batch]), y[:batch]).backward()
+        except (RuntimeError, TypeError, ValueError) as exc:  # a model whose forward is not logits of x
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"config key 'system.speed_unit': flops counts a forward and backward pass of {arch}, "
+                              f"which failed ({type(exc).__name__}: {first}); use speed_unit=samples") from None
     flops = counter.get_total_flops() / batch
     if not flops > 0:
-        from raysim.config import ConfigError
-
         raise ConfigError(f"config key 'system.speed_unit': flops needs a model whose training FLOPs can be counted; "
                           f"torch.utils.flop_counter counted none for {arch} (use speed_unit=samples)")
     _MEASURED[key] = float(flops)
