@@ -57,8 +57,8 @@ TINY_SYSTEM = {"system__enabled": "true", "system__speed__median": 50, "system__
                "system__dropout": 0.2, "system__latency__median": 0.5}
 TINY_ASYNC = {"asynchronous__concurrency": 4, "rounds": 4}
 # the server as deployed (issue 55): clients leave mid-job, the server waits for a report timeout
-TINY_DEPLOYED = {"system__availability__mode": "onoff", "system__availability__mean_on_s": 8,
-                 "system__availability__mean_off_s": 4, "system__availability__whole_job": "true",
+TINY_DEPLOYED = {"system__availability__mode": "onoff", "system__availability__mean_on_s": 5,
+                 "system__availability__mean_off_s": 5, "system__availability__whole_job": "true",
                  "system__report_timeout_s": 12}
 # the round's features: (config file or None for the tiny fedavg, its overrides)
 SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
@@ -102,10 +102,10 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "fedbuff-system": (None, {**TINY_ASYNC, **TINY_SYSTEM, "asynchronous__mode": "fedbuff",
                               "asynchronous__buffer_size": 2}),
     "fedasync-fedadam": (None, {**TINY_ASYNC, "asynchronous__mode": "fedasync", "algorithm__name": "fedadam"}),
-    "system-deployed": (None, {**TINY_SYSTEM, **TINY_DEPLOYED, "system__min_reports": 0.8, "rounds": 4}),
+    "system-deployed": (None, {**TINY_SYSTEM, **TINY_DEPLOYED, "system__min_reports": 2, "rounds": 4}),
     "system-flops": (None, {**TINY_SYSTEM, "system__speed_unit": "flops", "system__speed__median": 6e5}),
     "fedbuff-deployed": (None, {**TINY_ASYNC, **TINY_SYSTEM, **TINY_DEPLOYED, "asynchronous__mode": "fedbuff",
-                                "asynchronous__buffer_size": 2}),
+                                "asynchronous__buffer_size": 2, "rounds": 6}),
     "shipped-dpfedavg": ("experiments/privacy/dpfedavg-mnist500.yaml", {"rounds": 3, "eval__every": 1}),
     **{f"shipped-robust-{attack}-{rule}": ("experiments/robust/digits-20.yaml",
                                            {"rounds": 2, "attack__name": attack, "aggregator__name": rule,
