@@ -10,8 +10,8 @@ For a machine with CUDA GPUs: with k workers per GPU each worker holds 1/k GPU (
 5,000 / clients training images and ``--local-epochs`` local epochs: an update is tens of optimiser steps, so the
 clients' computation, not the driver's aggregation (summed where the clients trained, ``engine.partial_sums``), sets
 the round time. Each packing runs with ``engine.deterministic`` true and false, and with each ``--vectorize``
-setting (``engine.vectorize``: off, auto or a cohort size N): one client at a time against stacked cohorts, K
-clients' step one kernel launch instead of K (the cohort size auto chose is reported).
+setting (``engine.vectorize``: off, auto or a stack size N): one client at a time against stacks, K
+clients' step one kernel launch instead of K (the stack size auto chose is reported).
 
 Reported per (k, determinism): client updates per second (clients per round / median round time over rounds 2..R-1;
 round 1 starts the workers, the last one also evaluates), the GPUs' mean utilisation while those rounds ran
@@ -97,7 +97,7 @@ def one_run(per_gpu: int, deterministic: bool, vectorize: str, args: argparse.Na
         f"engine.deterministic={str(deterministic).lower()}", f"engine.vectorize={vectorize}",
         f"log.dir={run_dir}", "log.tensorboard=false",
         "log.progress=false"])
-    probe: dict[str, Any] = {"stamps": [], "info": [], "cohort": 1}
+    probe: dict[str, Any] = {"stamps": [], "info": [], "stack": 1}
     util = Utilisation(args.gpus)
 
     def on_start(info: dict) -> None:
@@ -112,8 +112,8 @@ def one_run(per_gpu: int, deterministic: bool, vectorize: str, args: argparse.Na
 
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
-        # clients per cohort (1: one at a time): the run's choice, which the metrics rows no longer carry
-        probe["cohort"] = probe["control"].vectorize_choice()[0] or 1
+        # clients per stack (1: one at a time): the run's choice, which the metrics rows no longer carry
+        probe["stack"] = probe["control"].vectorize_choice()[0] or 1
         # rounds 2..R-1 are the timed ones: utilisation is sampled while they run
         if m["round"] == 1:
             util.on.set()
@@ -130,7 +130,7 @@ def one_run(per_gpu: int, deterministic: bool, vectorize: str, args: argparse.Na
     periods = [b - a for a, b in zip(st, st[1:])]
     body = periods[1:-1] or periods[1:] or periods  # round 1 starts the workers, the last also evaluates
     round_s = statistics.median(body)
-    return {"per_gpu": per_gpu, "deterministic": deterministic, "vectorize": vectorize, "cohort": probe["cohort"],
+    return {"per_gpu": per_gpu, "deterministic": deterministic, "vectorize": vectorize, "stack": probe["stack"],
             "workers": workers, "gpu_share": share,
             "cpus_per_worker": args.cpus_per_worker, "devices": probe["devices"], "round_s": round_s,
             "updates_per_s": args.clients / round_s, "round1_s": periods[0], "gpu_util_pct": util.mean(),
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[(k, d, v)].append(r)
                 util = f"{r['gpu_util_pct']:.0f}%" if r["gpu_util_pct"] is not None else "n/a"
                 print(f"[fractional_gpu] rep {rep} {k} per GPU x {args.gpus} GPU, deterministic={d}, vectorize={v} "
-                      f"(cohorts of {r['cohort']}): "
+                      f"(stacks of {r['stack']}): "
                       f"{r['updates_per_s']:.2f} updates/s, GPU utilisation {util}, peak MiB per worker "
                       f"{[f'{m:.0f}' for m in r['gpu_mib_per_worker']]}", flush=True)
     finally:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for (k, d, v), rs in runs.items():
         utils = [r["gpu_util_pct"] for r in rs if r["gpu_util_pct"] is not None]
         result["runs"][f"{k}-per-gpu-{'det' if d else 'fast'}-vectorize-{v}"] = {
-            "per_gpu": k, "deterministic": d, "vectorize": v, "cohort": [r["cohort"] for r in rs],
+            "per_gpu": k, "deterministic": d, "vectorize": v, "stack": [r["stack"] for r in rs],
             "workers": rs[0]["workers"], "cpus_per_worker": args.cpus_per_worker,
             "updates_per_s": summary(r["updates_per_s"] for r in rs),
             "gpu_util_pct": summary(utils) if utils else None,
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for e in result["runs"].values():
         util = fmt(e["gpu_util_pct"], 1, 0) + " %" if e["gpu_util_pct"] else "n/a"
         print(f"{e['per_gpu']} per GPU ({e['workers']} workers), deterministic={e['deterministic']}, vectorize="
-              f"{e['vectorize']} (cohorts of {e['cohort']}): "
+              f"{e['vectorize']} (stacks of {e['stack']}): "
               f"{fmt(e['updates_per_s'], 1, 2)} client updates/s, GPU utilisation {util}, peak memory per worker "
               f"{fmt(e['gpu_mib_per_worker'], 1, 0)} MiB")
     return 0

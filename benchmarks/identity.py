@@ -5,7 +5,7 @@ an engine change can be checked bit for bit against the commit before it:
     python benchmarks/identity.py --out after.json --compare before.json
 
 The settings: in process and on Ray (1 and 2 workers), partial sums on (groups of 3 and of 1) and off, calls of 3
-clients, vectorised cohorts of 4 where the algorithm declares them. 12 clients, 9 sampled a round, 2 rounds. Every
+clients, stacked clients of 4 where the algorithm declares them. 12 clients, 9 sampled a round, 2 rounds. Every
 metric but wall-clock times must be equal, and (``--compare``) equal to the file given.
 
 ``--subsystems`` runs the round's features instead (:data:`SUBSYSTEMS`): DP-FedAvg (fixed-size and Poisson
@@ -217,8 +217,8 @@ def main() -> int:
                     continue
                 same = reference is None or rows == reference
                 reference = rows if reference is None else reference
-                exact = name.endswith("vec4") and not same  # cohorts of batch-norm models: within rounding only
-                status = "ok" if same else ("DIFFERS (cohort)" if exact else "DIFFERS")
+                exact = name.endswith("vec4") and not same  # stacks of batch-norm models: within rounding only
+                status = "ok" if same else ("DIFFERS (stack)" if exact else "DIFFERS")
                 if not same and not exact:
                     failures.append(f"{algorithm}/{name}: differs from {settings[0]}")
                 print(f"{algorithm:12s} {name:16s} {time.perf_counter() - start:5.1f} s  {status}", flush=True)

@@ -181,7 +181,7 @@ def ratio(e: dict[str, Any], key: str, a: str, b: str) -> dict[str, float] | Non
 def targets(name: str, e: dict[str, Any], vectorized: bool = False) -> dict[str, Any]:
     """The issue's targets (24 and 30; 25 with ``--set engine.vectorize=...``) as ratios of medians, with the bound
     each must stay under."""
-    if name == "tiny" and vectorized:  # issue 25: vectorised cohorts, rounds at most 1/4 of the peers'
+    if name == "tiny" and vectorized:  # issue 25: stacked clients, rounds at most 1/4 of the peers'
         checks = {"inline rounds <= 1/4 of the plain loop's": (ratio(e, "round_s", "inline", "plain"), 0.25),
                   "ray2 rounds <= 1/4 of pfl2's": (ratio(e, "round_s", "ray2", "pfl2"), 0.25),
                   "inline rounds <= 1/4 of pfl2's": (ratio(e, "round_s", "inline", "pfl2"), 0.25)}

@@ -98,8 +98,8 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
     def on_round(m: dict) -> None:
         probe["stamps"].append(time.perf_counter())
         probe["driver_wall"].append(m["wall_s"])
-        # engine.vectorize: clients per cohort (1: one at a time), the run's choice (no longer in the metrics rows)
-        probe["cohort"] = probe["control"].vectorize_choice()[0] or 1
+        # engine.vectorize: clients per stack (1: one at a time), the run's choice (no longer in the metrics rows)
+        probe["stack"] = probe["control"].vectorize_choice()[0] or 1
         tree = [os.getpid(), *descendants(os.getpid())]
         probe["tree_pss_mib"] = max(probe["tree_pss_mib"], sum(pss_mib(p) for p in tree))
         # VmHWM only grows, but the driver's generator runs ahead and shuts the workers down right after the last
@@ -129,7 +129,7 @@ def one_run(num: int, args: argparse.Namespace) -> dict[str, Any]:
             "driver_round_s": statistics.median(probe["driver_wall"][1:] or probe["driver_wall"]),
             "setup_s": st[0] - t0, "driver_hwm_mib": probe["driver_hwm_mib"],
             "worker_hwm_mib": probe["worker_hwm_mib"], "tree_pss_peak_mib": probe["tree_pss_mib"],
-            "store": probe["store"], "acc_mean_last": probe["acc_mean"], "cohort": probe.get("cohort", 1),
+            "store": probe["store"], "acc_mean_last": probe["acc_mean"], "stack": probe.get("stack", 1),
             "load_after": loadavg()}
 
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = one_run(n, args)
                 r["load_before"] = load
                 runs[n].append(r)
-                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round, cohorts of {r['cohort']} "
+                print(f"[scale] rep {rep} clients {n}: {r['round_s']:.3f}s/round, stacks of {r['stack']} "
                       f"(driver's own {r['driver_round_s']:.3f}s), "
                       f"round 1 ends {r['to_round1_s']:.2f}s after launch, "
                       f"samples trained per round {r['train_samples_per_round']}, "

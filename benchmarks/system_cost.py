@@ -86,7 +86,7 @@ def timed_rounds(variant: str, rounds: int, name: str, parts: dict) -> list[dict
 
     out = OUT / "system_cost" / name
     shutil.rmtree(out, ignore_errors=True)
-    # engine.vectorize=off in every variant: auto's timed probe may choose another cohort size in each run (it
+    # engine.vectorize=off in every variant: auto's timed probe may choose another stack size in each run (it
     # changes no number, but the training's speed), and the queue's own cost is what is measured here
     cfg = load_config(str(CONFIG), ["clients.fraction=0.1", f"rounds={rounds}", f"eval.every={rounds}",
                                     "engine.vectorize=off", *VARIANTS[variant], f"log.dir={out}",

@@ -1,11 +1,11 @@
-"""Vectorised cohorts (``engine.vectorize``): time per client update against the cohort size K, MLP and CNN.
+"""Stacked clients (``engine.vectorize``): time per client update against the stack size K, MLP and CNN.
 
     .venv/bin/python benchmarks/vectorize.py [--models mlp,cnn] [--sizes 1,2,4,8,16,32,64,128,256] [--repeats 3]
         [--clients 256] [--no-wait] [--plot benchmarks/out/vectorize-k.png]
 
 The client-job core in this process, one torch thread (a worker with ``engine.cpus_per_worker=1``), no Ray and no
-round loop: K = 1 is ``ClientJobs.train`` one client after another, K > 1 is ``raysim.engine.cohort.train_cohort``
-over cohorts of K. Each size trains the same ``--clients`` clients (their first local round from the same global
+round loop: K = 1 is ``ClientJobs.train`` one client after another, K > 1 is ``raysim.engine.stack.train_stack``
+over stacks of K. Each size trains the same ``--clients`` clients (their first local round from the same global
 model; at least K of them), so every size does the same work. Workloads, FedAvg with plain SGD, 1 local epoch:
 
   mlp  benchmarks/pfl.py's tiny workload: 50 samples of 64 features a client, MLP 64 -> 32 -> 10, batch 10
@@ -14,7 +14,7 @@ model; at least K of them), so every size does the same work. Workloads, FedAvg 
 
 Reported per model and K: milliseconds per client update (median (min-max) over ``--repeats``), in wall time and in
 this process's CPU time (which other processes on the machine do not inflate), the speed-up against K = 1, and how
-far the cohort's uploads are from one-at-a-time training (0 for the MLP: bit for bit). Raw figures go to
+far the stack's uploads are from one-at-a-time training (0 for the MLP: bit for bit). Raw figures go to
 benchmarks/out/vectorize.json and a plot (log2 K against ms per update, one line per model) to ``--plot``.
 """
 
@@ -60,15 +60,15 @@ def setup(model: str, clients: int) -> tuple[Any, list, dict]:
 
 
 def train_all(core: Any, jobs: list, shared: dict, k: int) -> list:
-    """Every job trained, one at a time (k = 1) or in cohorts of k; returns the (result, state) pairs."""
-    from raysim.engine.cohort import train_cohort
+    """Every job trained, one at a time (k = 1) or in stacks of k; returns the (result, state) pairs."""
+    from raysim.engine.stack import train_stack
 
     if k == 1:
         return [core.train(j, shared, None, None) for j in jobs]
     out = []
     for b in range(0, len(jobs), k):
         part = jobs[b:b + k]
-        out.extend(train_cohort(core, part, shared, [None] * len(part), [None] * len(part)))
+        out.extend(train_stack(core, part, shared, [None] * len(part), [None] * len(part)))
     return out
 
 
@@ -123,7 +123,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                     label=f"{model} ({'CPU' if clock == 'cpu_s' else 'wall'} time)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("clients per cohort K (K = 1: one at a time)")
+    ax.set_xlabel("clients per stack K (K = 1: one at a time)")
     ax.set_ylabel("ms per client update")
     ax.set_title("raysim engine.vectorize: time per client update against K")
     ax.grid(True, which="both", alpha=0.3)

@@ -54,7 +54,7 @@ def vectorize_notices(cfg: Any) -> list[str]:
                    f"train one at a time")
     elif len(names) > 1:
         out.append(f"{head} clients of different architectures ({', '.join(names)}) are never stacked together: "
-                   f"each cohort trains one batched computation per architecture")
+                   f"each stack trains one batched computation per architecture")
     return out
 
 

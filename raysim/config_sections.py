@@ -257,7 +257,7 @@ class EngineConfig:
     # the workers, fix the order of summation, so changing this changes the last float bits
     sum_group: str = "auto"
     # off | auto | N: train up to N same-architecture clients of a call as one batched computation (torch.func),
-    # for algorithms that declare vectorisable client hooks; cohorts are fixed groups of each round's clients in id
+    # for algorithms that declare vectorisable client hooks; stacks are fixed groups of each round's clients in id
     # order. auto (the default) measures one-at-a-time against stacked updates once, at the first round, within a
     # memory budget, and stacks only where that is faster and gives the same numbers bit for bit; a run too short to
     # repay the probe trains one at a time (raysim.engine.vectorize_probe); off: one client at a time
@@ -293,7 +293,7 @@ class EngineConfig:
         if vectorize in ("False", "false"):  # YAML reads a bare off as false
             vectorize = self.vectorize = "off"
         require(vectorize in ("off", "auto") or (vectorize.isdigit() and int(vectorize) >= 1), "engine.vectorize",
-                "must be off, auto or a whole number >= 1 (clients per cohort), got "
+                "must be off, auto or a whole number >= 1 (clients per stack), got "
                 + ("true (YAML reads yes, on and true so)" if vectorize in ("True", "true") else repr(vectorize)))
         require(self.max_retries >= 0, "engine.max_retries", "must be >= 0")
         _one_of(self.on_nonfinite, "engine.on_nonfinite", ("stop", "skip"))
@@ -311,8 +311,8 @@ class EngineConfig:
 @dataclass
 class EvalConfig:
     every: int = 1  # evaluate every N rounds (and always after the last)
-    # whose test split is evaluated: all | sampled (the round's clients) | N (a fixed cohort of N clients drawn
-    # from the seed) | auto (all up to 10,000 clients, else a cohort of 1,000)
+    # whose test split is evaluated: all | sampled (the round's clients) | N (a fixed set of N clients drawn
+    # from the seed) | auto (all up to 10,000 clients, else a fixed 1,000)
     clients: str = "auto"
     chunk: int = 1024  # test samples predicted per forward pass (lower it when evaluation runs out of GPU memory)
 

@@ -15,7 +15,7 @@ The hook points, in the order a round meets them (every hook has a default that 
   order (FedAsync, FedBuff: ``raysim.engine.asynchronous``). Other stages may choose the cohort (:meth:`Stage.select`:
   Poisson sampling) or end the run before a round (:meth:`Stage.stop_before`: a spent privacy budget).
 - **on the client, around and after training** (:meth:`Stage.client_part` gives a :class:`ClientPart` per job, on
-  whichever process trains it, in stacked cohorts too): change the client's data (a poisoned split), its batches,
+  whichever process trains it, in stacks too): change the client's data (a poisoned split), its batches,
   its step's loss (DP-SGD) or how far it trains (a step budget), then transform its upload before any partial sum
   (DP clipping, compression). What a part sends back rides in ``TrainResult.stage[name]``; what the driver sends it
   rides in ``TrainJob.stage[name]`` (:meth:`Stage.job_params`).
@@ -155,13 +155,13 @@ class Stage:
     def check(self, setup: StageSetup) -> None:
         """Refuse (``raysim.errors.UserError``) what the data or the algorithm rule out."""
 
-    def cohort_refusal(self) -> Optional[str]:
-        """Why no client may be trained in a stacked cohort while this stage is on (None: they may)."""
+    def stack_refusal(self) -> Optional[str]:
+        """Why no client may be trained in a stack while this stage is on (None: they may)."""
         return None
 
     def trains_alone(self, params: Any) -> bool:
         """Whether a job that carries ``params`` for this stage needs the one-client loop (its part's ``batches``,
-        ``loss`` or ``fits``): such a job is never stacked in a cohort."""
+        ``loss`` or ``fits``): such a job is never stacked."""
         return False
 
     def prepare(self) -> None:
@@ -353,8 +353,8 @@ class StageSet:
             weighting = s.weighting(weighting)
         return weighting
 
-    def cohort_refusal(self) -> Optional[str]:
-        return next((why for s in self.stages if (why := s.cohort_refusal()) is not None), None)
+    def stack_refusal(self) -> Optional[str]:
+        return next((why for s in self.stages if (why := s.stack_refusal()) is not None), None)
 
     def job_params(self, rnd: int) -> dict[str, Any]:
         return {s.name: p for s in self.stages if (p := s.job_params(rnd)) is not None}

@@ -113,6 +113,6 @@ LONGEST = ("tests/test_crash_safety.py",  # 147 s
            "tests/engine/test_faults.py",  # 41
            "tests/tune/test_running.py",  # 41
            "tests/tune/test_search.py",  # 37
-           "tests/engine/test_cohort.py",  # 34
+           "tests/engine/test_stack.py",  # 34
            "tests/tune/test_study.py",  # 32
            "tests/engine/test_state.py")  # 29

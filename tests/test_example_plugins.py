@@ -68,7 +68,7 @@ def test_all_three_plugins_run_together(tmp_path):
 
 
 def test_nesterov_plugin_declares_vectorisable_hooks_and_its_cohorts_change_no_number(tmp_path):
-    """The plugin declares ``vectorizable = True`` (FedAvg's client hooks): cohorts of 3 give the metrics of one
+    """The plugin declares ``vectorizable = True`` (FedAvg's client hooks): stacks of 3 give the metrics of one
     client at a time, in this process."""
     import fednesterov
 

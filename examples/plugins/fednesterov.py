@@ -37,7 +37,7 @@ class FedNesterov(FedAvgM):
     """FedAvg with Nesterov server momentum (an example plugin on raysim's server-optimiser hook)."""
 
     Config = FedNesterovConfig
-    # its client hooks are FedAvg's: engine.vectorize may train its clients as batched cohorts (docs/hooks.md). A
+    # its client hooks are FedAvg's: engine.vectorize may train its clients as batched stacks (docs/hooks.md). A
     # plugin that overrides a client hook (client_loss, client_setup, local_phases, ...) declares it itself
     vectorizable = True
 

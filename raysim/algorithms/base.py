@@ -41,7 +41,7 @@ from raysim.data.base import FederatedData
 from raysim.models import BACKBONE_PREFIX, HEAD_PREFIX
 
 TensorDict = dict[str, torch.Tensor]
-# the client hooks a vectorised cohort (engine.vectorize) relies on: overriding one needs a new declaration
+# the client hooks a stack (engine.vectorize) relies on: overriding one needs a new declaration
 VECTOR_HOOKS = ("adapt_model", "init_client_state", "client_setup", "local_phases", "client_loss")
 # the hooks that make the upload a model the clients downloaded and the server step its average (``Uploads.model``):
 # a class that overrides one needs a new declaration of ``uploads``

@@ -41,7 +41,7 @@ step on v_k is the chosen look-ahead step exactly (with momentum or weight decay
 and the step the optimiser's). ``algorithm.lam_candidates`` [0.1, 1, 2]; a client with fewer than 4 held-out samples
 keeps ``algorithm.lam`` (the paper's fallback, λ = 1 by default; the authors' code has none). The held-out part is
 the tail of the client's training split, as in the authors' code (raysim's partitions draw each client's samples at
-random). Its clients train one at a time (a cohort's loss has no validation data): ``engine.vectorize=auto``
+random). Its clients train one at a time (a stack's loss has no validation data): ``engine.vectorize=auto``
 does so, an explicit N is refused.
 * Bytes: up and down = the global model; the personal model stays on the client.
 
@@ -95,7 +95,7 @@ class Ditto(Algorithm):
 
     Config = DittoConfig
     shared = "all"  # everything but the personal model (is_shared)
-    # engine.vectorize: both losses run on the cohort's swapped-in weights (the personal model is a submodule) and
+    # engine.vectorize: both losses run on the stack's swapped-in weights (the personal model is a submodule) and
     # the proximal term on the shared download
     vectorizable = True
 
@@ -114,7 +114,7 @@ class Ditto(Algorithm):
         super().check(cfg, data)
         if self.config.select_lam and cfg.engine.vectorize not in ("off", "auto"):
             raise UserError("config key 'algorithm.select_lam': ditto picks λ on each client's validation data, "
-                            "which a vectorised cohort's loss does not see; set engine.vectorize=off")
+                            "which a stack's loss does not see; set engine.vectorize=off")
 
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """The usual setup; with ``select_lam`` in a training job, the last ``val_fraction`` of the client's training

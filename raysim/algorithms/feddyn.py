@@ -43,12 +43,12 @@ paper's Algorithm 1 does); and the gradient norm clipped at 10 every step (``max
 does not see; here the whole regulariser is in the loss, so the clip sees it (same gradient, same step when the norm
 stays under 10).
 
-**Vectorised cohorts** (``engine.vectorize``): the client hooks vectorise. ``client_setup`` puts α_k into the job's
-state as a float32 scalar and ``client_loss`` reads it there, alone and in a cohort alike (a cohort's loss has no
+**Stacked clients** (``engine.vectorize``): the client hooks vectorise. ``client_setup`` puts α_k into the job's
+state as a float32 scalar and ``client_loss`` reads it there, alone and in a stack alike (a stack's loss has no
 ``ctx.train_data`` to take n_k from; the arithmetic is the same float32 as a Python α_k's); λ_k is stacked per client
-(every client's has one structure, since new clients start from zeros), and the cohort clips each client's
-gradient norm on its own, so a cohort gives every client the numbers it gets alone, bit for bit on an MLP
-(``tests/engine/test_cohort.py``).
+(every client's has one structure, since new clients start from zeros), and the stack clips each client's
+gradient norm on its own, so a stack gives every client the numbers it gets alone, bit for bit on an MLP
+(``tests/engine/test_stack.py``).
 
 Defaults: α = 0.01 (``alpha_coef = 1e-2`` in ``example_cifar_10.py``; the paper tries {0.1, 0.01, 0.001}).
 
@@ -166,12 +166,12 @@ class FedDyn(Algorithm):
 
     def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:
         """λ_k = 0 for every parameter before the client's first round: the same numbers as no λ_k at all, and every
-        client's state has one structure, so a vectorised cohort of new and returning clients can stack them."""
+        client's state has one structure, so a stack of new and returning clients can stack them."""
         return {"lambda": {name: torch.zeros_like(p) for name, p in model.named_parameters()}}
 
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:
         """The usual setup, then α_k into the job's state as a float32 scalar (``ALPHA``), which ``client_loss``
-        reads: a cohort's loss has no ``ctx.train_data`` to size the client by, and gets it stacked per client."""
+        reads: a stack's loss has no ``ctx.train_data`` to size the client by, and gets it stacked per client."""
         super().client_setup(model, ctx)
         alpha = torch.tensor(self.client_alpha(ctx), dtype=torch.float32, device=ctx.device)
         ctx.state = {**ctx.state, ALPHA: alpha}  # a new dict: the one passed in may be the stored state itself

@@ -43,10 +43,10 @@ Batch-norm running statistics and integer buffers are averaged.
 **Bytes.** Both directions carry a model and a control variate: ``bytes_down`` counts x and c (c is empty in round 1,
 before any client reported), ``bytes_up`` counts y_i and Δc_i, about twice FedAvg's.
 
-**Vectorised cohorts** (``engine.vectorize``): the client hooks vectorise. ``client_loss`` reads only the batch, the
-payload's c and the client's c_i (``ctx.state``, stacked per client in a cohort; every client's has one structure,
-since new clients start from zeros), and K is counted outside it, so a cohort gives every client the numbers it gets
-alone, bit for bit on an MLP (``tests/engine/test_cohort.py``).
+**Stacked clients** (``engine.vectorize``): the client hooks vectorise. ``client_loss`` reads only the batch, the
+payload's c and the client's c_i (``ctx.state``, stacked per client in a stack; every client's has one structure,
+since new clients start from zeros), and K is counted outside it, so a stack gives every client the numbers it gets
+alone, bit for bit on an MLP (``tests/engine/test_stack.py``).
 
 Defaults: ``control: 2`` (the paper: option II is cheaper and is what its experiments use), ``server_lr`` η_g = 1
 (the paper's experiments and NIID-Bench; FL-bench's ``--global_lr 1.0``).
@@ -89,8 +89,8 @@ def option_two(c_own: torch.Tensor, c: torch.Tensor, x: torch.Tensor, y: torch.T
 
 def local_steps(ctx: ClientContext, batch_size: int) -> int:
     """K, the local steps the client took: its batches per epoch times the epochs it ran (``ctx.epoch`` after
-    training, set by the one-client loop and by a vectorised cohort alike; an epoch whose loss turned non-finite
-    counts, as its steps were taken). Counted outside ``client_loss``, which a cohort runs under ``vmap``."""
+    training, set by the one-client loop and by a stack alike; an epoch whose loss turned non-finite
+    counts, as its steps were taken). Counted outside ``client_loss``, which a stack runs under ``vmap``."""
     assert ctx.train_data is not None  # a training job's context always has its split
     return len(batch_bounds(len(ctx.train_data[1]), batch_size)) * ctx.epoch
 
@@ -144,7 +144,7 @@ class SCAFFOLD(FedOpt):
     # ------------------------------------------------------------------ client
     def init_client_state(self, model: nn.Module, ctx: ClientContext) -> dict:
         """c_i = 0 for every parameter before the client's first round: the same numbers as no c_i at all, and every
-        client's state has one structure, so a vectorised cohort of new and returning clients can stack them."""
+        client's state has one structure, so a stack of new and returning clients can stack them."""
         return {"control": {name: torch.zeros_like(p) for name, p in model.named_parameters()}}
 
     def client_setup(self, model: nn.Module, ctx: ClientContext) -> None:

@@ -10,7 +10,7 @@ policy and one loop.
 - :func:`make_optimizer`: ``train.optimizer`` at ``train.lr`` (or a phase's own rate), stepped by
   :class:`LocalOptimizer` (torch.optim's kernels without its ``Optimizer`` class).
 - :func:`run_phases`: phases of epochs of steps. What a step is belongs to its :class:`Trainee`: one client's
-  mini-batch (``raysim.engine.core``), a cohort's stacked step (``raysim.engine.cohort``), or plain cross-entropy
+  mini-batch (``raysim.engine.core``), a stack's step (``raysim.engine.stack``), or plain cross-entropy
   on a model (:class:`PlainTrainee`: the fine-tuning and the central classifiers).
 """
 

@@ -31,7 +31,7 @@ class Unideal(Algorithm):
     Config = UnidealConfig
     shared = "head"
     # engine.vectorize: CLKD ranks each client's batch on its own (topk per client under vmap); p depends on the
-    # epoch and round only, which a cohort shares
+    # epoch and round only, which a stack shares
     vectorizable = True
     uploads = Uploads.model()  # the head it downloaded, averaged as FedAvg's on the head
     # the distilled share beside accuracy: per local epoch (the course inside each round), and per round (its mean)

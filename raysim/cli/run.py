@@ -69,7 +69,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def on_first_round(m: dict) -> None:
         if cfg.engine.vectorize == "auto" and controls and not args.quiet:
             n, why = controls[0].vectorize_choice()
-            print(f"raysim: engine.vectorize=auto: {'one client at a time' if n == 1 else f'{n} clients per cohort'} "
+            print(f"raysim: engine.vectorize=auto: {'one client at a time' if n == 1 else f'{n} clients per stack'} "
                   f"({why})", flush=True)
 
     def on_start(info: dict) -> None:

@@ -1,7 +1,7 @@
 """A run's checkpoint, written after a round and read back by ``--resume``.
 
 ``checkpoint/server.pt`` holds the round, the server state, the running totals, the engine's choices that must
-stand for the whole run (``engine.vectorize=auto``'s cohort size), the config it was made with, the index of the
+stand for the whole run (``engine.vectorize=auto``'s stack size), the config it was made with, the index of the
 client states and the server's kept history (their files beside it, each with its sha256), and what each stage
 keeps (its :meth:`raysim.stages.Stage.state`; the schedule's own files first, :meth:`raysim.stages.Schedule.save`).
 Files are written before the ``server.pt`` that names them, so a crash at any point leaves the last complete

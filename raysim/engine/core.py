@@ -25,7 +25,7 @@ from raysim.algorithms.aggregation import UploadSum
 from raysim.algorithms.base import Algorithm, ClientContext, ServerContext
 from raysim.algorithms.training import LocalOptimizer, Trainee, epoch_batches, make_optimizer, run_phases
 from raysim.engine import vectorize_probe
-from raysim.engine.cohort import train_cohort
+from raysim.engine.stack import train_stack
 from raysim.engine.jobs import CallResult, ClientAccuracy, EvalJob, StartedJob, TrainCall, TrainJob, TrainResult
 from raysim.models import build_model, model_key
 from raysim.seeds import AUGMENT_STREAM, EVAL_STREAM, SERVER_STREAM, job_seed  # noqa: F401 - job_seed: public here too
@@ -129,7 +129,7 @@ class ClientJobs:
     def start(self, job: TrainJob, shared: dict, own: Optional[dict], state: Optional[dict]) -> StartedJob:
         """A training job up to its first step: the model reset to its initial weights, torch seeded from (seed,
         client, round), the context built, the client's state initialised (first round) and set up, its phases
-        chosen. The one-client loop (:meth:`train`) and the cohort trainer (``raysim.engine.cohort``) share it."""
+        chosen. The one-client loop (:meth:`train`) and the stack trainer (``raysim.engine.stack``) share it."""
         clock = time.perf_counter()
         alg, cid, rnd = self.algorithm, job.client_id, job.round
         seed = job_seed(self.cfg.seed, cid, rnd, *job.stream)
@@ -194,14 +194,14 @@ class ClientJobs:
     def run_call(self, call: TrainCall, shared: dict, owns: list[Optional[dict]],
                  states: list[Optional[dict]]) -> tuple[CallResult, list[Optional[dict]]]:
         """One training call (``raysim.engine.plan``): its clients one after another or, ``stacked``, as one
-        vectorised cohort; then each of its sum groups' finite uploads summed here, in id order. Returns (the
+        stack; then each of its sum groups' finite uploads summed here, in id order. Returns (the
         call's result, each client's new state), in call order."""
         if call.stacked:
             done = []
-            step = call.cohort or len(call.jobs)  # a sum group larger than a cohort: cohort by cohort, in order
+            step = call.stack or len(call.jobs)  # a sum group larger than a stack: stack by stack, in order
             for at in range(0, len(call.jobs), step):
-                self.busy = call.jobs[at].client_id  # for an error's message: the cohort's first client
-                done += train_cohort(self, call.jobs[at:at + step], shared, owns[at:at + step],
+                self.busy = call.jobs[at].client_id  # for an error's message: the stack's first client
+                done += train_stack(self, call.jobs[at:at + step], shared, owns[at:at + step],
                                      states[at:at + step])
         else:
             done = []
@@ -215,11 +215,11 @@ class ClientJobs:
             at += size
         return CallResult(results=results, sums=sums), [keep for _, keep in done]
 
-    def probe_cohort_size(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+    def probe_stack_size(self, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
                           states: list[Optional[dict]]) -> tuple[int, dict]:
-        """``engine.vectorize=auto``: the cohort size a probe on these clients chooses (nothing it trains is kept),
+        """``engine.vectorize=auto``: the stack size a probe on these clients chooses (nothing it trains is kept),
         and what it measured (``raysim.engine.vectorize_probe``)."""
-        return vectorize_probe.choose_cohort_size(self, jobs, shared, owns, states)
+        return vectorize_probe.choose_stack_size(self, jobs, shared, owns, states)
 
     def eval_model(self, client_id: int, round: int, shared: dict, own: Optional[dict],
                    state: Optional[dict]) -> tuple[nn.Module, ClientContext]:

@@ -32,7 +32,7 @@ from raysim.engine.plan import RoundSum, clients_per_call, group_size, plan_roun
 from raysim.engine.reduction import round_mean
 from raysim.engine.sampling import draw_clients
 from raysim.engine.state import ClientHistoryStore, ClientStateStore, has_checkpoint
-from raysim.engine.vectorize_probe import run_cohort_size
+from raysim.engine.vectorize_probe import run_stack_size
 from raysim.errors import OutOfMemory, RunStopped
 from raysim.fsutil import WriteFailed, run_dir_write, run_stopped
 from raysim.models import build_model
@@ -92,13 +92,13 @@ class Driver:
         self._client_s: Optional[float] = None  # running mean of one client update's time (calls' sizes)
         self._checkpointed = 0  # the round of the checkpoint on disk
         self.server_state = self.algorithm.init_server_state(initial.state_dict())
-        # engine.vectorize: clients per cohort (1: one at a time; None: auto, chosen by a probe at the first round)
-        self.cohort_size, self.vectorize_why = run_cohort_size(cfg, self.algorithm, initial, self.stages)
+        # engine.vectorize: clients per stack (1: one at a time; None: auto, chosen by a probe at the first round)
+        self.stack_size, self.vectorize_why = run_stack_size(cfg, self.algorithm, initial, self.stages)
         if resume:
             restored = restore_checkpoint(self.run_dir, self.states, self.history, self.stages, self)
             self.round = self._checkpointed = restored.round
-            if self.cohort_size is None and restored.vectorize:
-                self.cohort_size = restored.vectorize  # auto's choice stands for the whole run
+            if self.stack_size is None and restored.vectorize:
+                self.stack_size = restored.vectorize  # auto's choice stands for the whole run
                 self.vectorize_why = "the probe's choice, kept in the checkpoint"
             self.server_state = restored.server_state
             self.totals.update(restored.totals)
@@ -121,12 +121,13 @@ class Driver:
 
     def footprint(self) -> dict[str, int]:
         """Sizes of the driver's per-client bookkeeping, which must follow the clients that were sampled or hold
-        state, never ``clients.num``: state references, kept history, the evaluation cohort, the pickled dataset."""
+        state, never ``clients.num``: state references, kept history, the fixed evaluation clients, the pickled
+        dataset."""
         import pickle
 
-        cohort = self.evaluation.cohort
+        fixed = self.evaluation.fixed
         return {"client_states": len(self.states), "history_clients": len(self.history.index()),
-                "eval_cohort": len(cohort) if cohort is not None else 0,
+                "eval_clients": len(fixed) if fixed is not None else 0,
                 "data_bytes": len(pickle.dumps(self.data, protocol=5))}
 
     def progress(self) -> tuple[int, int, int, str]:
@@ -253,8 +254,8 @@ class Driver:
         summed = self.cfg.engine.partial_sums and group > 0 and summable and not self.stages.needs_every_upload
         sum_group = group if summed else 0
         states = [self.states.get(j.client_id) for j in jobs]
-        if self.cohort_size is None and jobs:  # engine.vectorize=auto: a probe on this round's clients, once a run
-            self.cohort_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
+        if self.stack_size is None and jobs:  # engine.vectorize=auto: a probe on this round's clients, once a run
+            self.stack_size, _ = self.executor.run([ProbeCall(jobs=jobs, states=states)])[0]
             self.vectorize_why = f"chosen by a probe in round {jobs[0].round}; it stands for the whole run"
         per_call = clients_per_call(self.cfg.engine.clients_per_call, self._client_s, len(jobs),
                                     self.executor.slots)
@@ -263,7 +264,7 @@ class Driver:
         for rnd in sorted({j.round for j in jobs}):
             members = [i for i, j in enumerate(jobs) if j.round == rnd]
             calls += plan_round([jobs[i] for i in members], [states[i] for i in members], sum_group=sum_group,
-                                cohort=self.cohort_size, per_call=per_call, workers=self.executor.workers,
+                                stack=self.stack_size, per_call=per_call, workers=self.executor.workers,
                                 weighting=weighting)
         done: dict[int, Any] = {}
         total = RoundSum(calls) if sum_group > 0 else None
@@ -388,6 +389,6 @@ class Driver:
 
     def checkpoint(self) -> None:
         save_checkpoint(self.run_dir, self.round, self.server_state, self.totals, self.states, self.history,
-                        self.stages, {"vectorize": self.cohort_size, "config": self._config_record},
+                        self.stages, {"vectorize": self.stack_size, "config": self._config_record},
                         final=self.round >= self.cfg.rounds)
         self._checkpointed = self.round

@@ -6,8 +6,8 @@
   ``data.test_split=official``), its rows shared out among the workers in whole blocks of ``eval.chunk``;
 - the stages' own evaluations (``raysim.stages.StageEvaluation``: the backdoor's success rate), each one call.
 
-The evaluated clients are the run's fixed cohort (``eval.clients``) or the round's clients; the numbers never
-depend on how the calls are cut.
+The evaluated clients are the run's fixed set (``eval.clients``) or the round's clients; the numbers never depend on
+how the calls are cut.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from raysim.engine.jobs import StageEvalCall
 from raysim.engine.plan import plan_evaluation, plan_server_test
-from raysim.engine.sampling import eval_cohort
+from raysim.engine.sampling import fixed_eval_clients
 from raysim.stages import Downloads, StageSet
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Evaluation:
                  states: Callable[[int], Any], downloads: Callable[[list[int], int], Downloads]):
         self.cfg, self.executor, self.algorithm, self.data = cfg, executor, algorithm, data
         self.states, self.downloads = states, downloads
-        self.cohort = eval_cohort(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the round's clients
+        self.fixed = fixed_eval_clients(cfg.seed, cfg.clients.num, cfg.eval.clients)  # None: the round's clients
 
     def after_round(self, rnd: int, clients: list[int], server_state: dict, stages: StageSet,
                     metrics: dict[str, Any]) -> dict[int, tuple[int, int]]:
@@ -42,7 +42,7 @@ class Evaluation:
         client's (correct, total)."""
         counts: dict[int, tuple[int, int]] = {}
         if rnd % self.cfg.eval.every == 0 or rnd == self.cfg.rounds:
-            counts, pooled = self.clients(clients if self.cohort is None else self.cohort, rnd)
+            counts, pooled = self.clients(clients if self.fixed is None else self.fixed, rnd)
             client_acc = {c: n / t for c, (n, t) in counts.items()}
             metrics["acc_mean"] = float(np.mean(list(client_acc.values()))) if client_acc else None
             metrics["acc_weighted"] = pooled  # total correct / total test samples over the evaluated clients

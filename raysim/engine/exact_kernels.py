@@ -1,9 +1,9 @@
-"""Bit-exact kernels for vectorised cohorts: inside a stacked step, the operations whose batched rule sums in
+"""Bit-exact kernels for stacked clients: inside a stacked step, the operations whose batched rule sums in
 another order than one client alone are computed as one client computes them.
 
 vmap's own rules sum in other orders than one client alone (a linear layer's weight gradient as (xᵀg)ᵀ rather than
 gᵀx, a batch's mean cross-entropy, a grouped convolution over the clients). Inside the step, :class:`OneClientOrder`
-computes those as one client does, so an MLP's cohort (and, on a CPU, a CNN's) gives every client its own numbers
+computes those as one client does, so an MLP's stack (and, on a CPU, a CNN's) gives every client its own numbers
 bit for bit; what it does not cover (batch norm, other reductions) agrees within float32 rounding.
 """
 
@@ -111,7 +111,7 @@ class _StackedConv2d(torch.autograd.Function):
     """K clients' 2-d convolutions (x [K, N, C, H, W], weight [K, O, C/groups, kh, kw], bias [K, O] or None), each
     computed as alone: its own convolution forward and backward (torch's ``convolution_backward``, as autograd
     calls it for one client), one client after another. On a CPU a convolution's arithmetic dominates its dispatch,
-    so a cohort gives nothing away by it, while vmap's own rule (one grouped convolution over the clients) is slower
+    so a stack gives nothing away by it, while vmap's own rule (one grouped convolution over the clients) is slower
     there and sums in another order; the rest of the step (dense layers, loss, optimiser) stays batched."""
 
     @staticmethod
@@ -139,7 +139,7 @@ class _StackedConv2d(torch.autograd.Function):
 
 class _SerialConv2d(torch.autograd.Function):
     """``F.conv2d`` inside a vectorised step on a CPU: clients' own weights through :class:`_StackedConv2d`, so a
-    CNN's cohort computes each client's numbers bit for bit as alone (as far as the dense layers do)."""
+    CNN's stack computes each client's numbers bit for bit as alone (as far as the dense layers do)."""
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: list[int],

@@ -37,7 +37,7 @@ class TrainJob:
     # what the driver sends each stage's client part (raysim.stages): stage name -> its parameters (DP-FedAvg's
     # clip norm, a step budget)
     stage: dict[str, Any] = field(default_factory=dict)
-    alone: bool = False  # a stage's part needs the one-client loop: never stacked in a cohort
+    alone: bool = False  # a stage's part needs the one-client loop: never stacked
 
 
 @dataclass
@@ -106,7 +106,7 @@ class ServerTrainJob:
 @dataclass
 class StartedJob:
     """A training job set up and ready for its first step (``ClientJobs.start``): the one record that never leaves
-    its process, shared by the one-client loop and the cohort trainer."""
+    its process, shared by the one-client loop and the stack trainer."""
 
     job: TrainJob
     model: nn.Module  # the process's model object for this architecture, holding this client's start
@@ -121,7 +121,7 @@ class StartedJob:
 
 # ---------------------------------------------------------------------------------------------------- calls
 class JobCore(Protocol):
-    """The client-job core as calls and the cohort trainer see it (``raysim.engine.core.ClientJobs``)."""
+    """The client-job core as calls and the stack trainer see it (``raysim.engine.core.ClientJobs``)."""
 
     cfg: Any
     data: Any
@@ -145,7 +145,7 @@ class JobCore(Protocol):
 
     def evaluate_stage(self, evaluation: Any, shared: dict, round: int) -> Optional[float]: ...
 
-    def probe_cohort_size(self, jobs: list[TrainJob], shared: dict, owns: list,
+    def probe_stack_size(self, jobs: list[TrainJob], shared: dict, owns: list,
                           states: list) -> tuple[int, dict]: ...
 
 
@@ -208,12 +208,12 @@ class _JobsCall(Call):
 
 @dataclass
 class TrainCall(_JobsCall):
-    """Train some of a round's clients, one at a time or (``stacked``) as one vectorised cohort, and reduce their
+    """Train some of a round's clients, one at a time or (``stacked``) as one stack, and reduce their
     uploads: each group of ``groups`` (sizes, in order, covering the clients) summed by ``weighting`` where they
     trained, or (no groups) every upload returned with its client's result."""
 
     stacked: bool = False
-    cohort: int = 0  # stacked: at most this many clients stacked at once (the cohort size), consecutively
+    stack: int = 0  # stacked: at most this many clients stacked at once (the stack size), consecutively
     groups: tuple[int, ...] = ()
     weighting: str = "samples"
     part_of: Optional[int] = None  # the sum group (its index in the round) whose clients this call trains part of:
@@ -230,8 +230,8 @@ class TrainCall(_JobsCall):
 
     def describe(self, host: Optional[Host] = None) -> str:
         busy = host.jobs.busy if host is not None and host.jobs is not None else None
-        cohort = f" (a cohort of {len(self.jobs)})" if self.stacked and len(self.jobs) > 1 else ""
-        return f"client {self.jobs[0].client_id if busy is None else busy}'s training in round {self.round}{cohort}"
+        stack = f" (a stack of {len(self.jobs)})" if self.stacked and len(self.jobs) > 1 else ""
+        return f"client {self.jobs[0].client_id if busy is None else busy}'s training in round {self.round}{stack}"
 
     def run(self, host: Host, values: list) -> list:
         assert host.jobs is not None
@@ -336,7 +336,7 @@ class StageEvalCall(Call):
 
 @dataclass
 class ProbeCall(_JobsCall):
-    """``engine.vectorize=auto``: the cohort size a probe on the round's first clients chooses (nothing it trains
+    """``engine.vectorize=auto``: the stack size a probe on the round's first clients chooses (nothing it trains
     is kept), and what it measured."""
 
     kind = "train"
@@ -348,4 +348,4 @@ class ProbeCall(_JobsCall):
     def run(self, host: Host, values: list) -> list:
         assert host.jobs is not None
         shared, owns = self.payloads(host)
-        return [host.jobs.probe_cohort_size(self.jobs, shared, owns, values)]
+        return [host.jobs.probe_stack_size(self.jobs, shared, owns, values)]

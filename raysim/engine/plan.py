@@ -1,14 +1,14 @@
 """One plan: a round's training as calls, by a pure function of the round's clients and the engine's settings.
 
 The plan fixes everything that can change a number, from the config alone: the sum groups (``engine.sum_group``,
-:func:`raysim.algorithms.aggregation.fixed_groups`) and the cohorts (``engine.vectorize``), both in client-id
+:func:`raysim.algorithms.aggregation.fixed_groups`) and the stacks (``engine.vectorize``), both in client-id
 order, never from the workers or from timing. What it takes from measurement (how many short clients share a call,
 ``engine.clients_per_call=auto``) only changes how the same work is cut into calls, never the work:
 
 - the units are the sum groups (or, when the uploads travel per client, the clients one by one);
-- with cohorts, consecutive whole units fill a call of at most the cohort size (a group larger than a cohort is a
-  call of its own), trained in stacked computations of at most the cohort size
-  (:func:`raysim.engine.cohort.train_cohort`); each of its groups is still summed on its own;
+- with stacks, consecutive whole units fill a call of at most the stack size (a group larger than a stack is a
+  call of its own), trained in stacked computations of at most the stack size
+  (:func:`raysim.engine.stack.train_stack`); each of its groups is still summed on its own;
 - without, consecutive whole units fill a call of about :func:`clients_per_call` clients, trained one at a time.
 
 The executors only dispatch the calls; which worker takes which call changes no number (each call's sums are
@@ -82,10 +82,10 @@ def _pack(units: list[list[int]], limit: int) -> list[list[list[int]]]:
     return calls
 
 
-def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: int, cohort: int, per_call: int,
+def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: int, stack: int, per_call: int,
                weighting: str = "samples", workers: int = 1) -> list[TrainCall]:
     """The round's training calls, for ``jobs`` in client-id order with their state handles: ``sum_group`` > 0 sums
-    uploads in fixed groups of that many clients (0: every upload travels); ``cohort`` > 1 stacks up to that many
+    uploads in fixed groups of that many clients (0: every upload travels); ``stack`` > 1 stacks up to that many
     clients a call (whole groups); otherwise calls of about ``per_call`` clients (whole groups).
 
     ``workers``: with more than one worker and one group a call, the last ``workers`` groups train one client a
@@ -96,8 +96,8 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
     position = {jobs[i].client_id: i for i in order}
     clients = [jobs[i].client_id for i in order]
     units = fixed_groups(clients, sum_group) if sum_group > 0 else [[c] for c in clients]
-    stacked = cohort > 1 and not any(j.alone for j in jobs)  # a stage that needs the one-client loop (a step budget)
-    packs = _pack(units, cohort if stacked else per_call)
+    stacked = stack > 1 and not any(j.alone for j in jobs)  # a stage that needs the one-client loop (a step budget)
+    packs = _pack(units, stack if stacked else per_call)
     split = workers > 1 and sum_group > 1 and not stacked and per_call == 1
     split_from = len(packs) - workers if split else len(packs)
     calls = []
@@ -108,7 +108,7 @@ def plan_round(jobs: Sequence[TrainJob], states: Sequence[Any], *, sum_group: in
                       for i in members]
             continue
         calls.append(TrainCall(jobs=[jobs[i] for i in members], states=[states[i] for i in members],
-                               stacked=stacked, cohort=cohort if stacked else 0,
+                               stacked=stacked, stack=stack if stacked else 0,
                                groups=tuple(len(u) for u in packed) if sum_group > 0 else (), weighting=weighting))
     return calls
 

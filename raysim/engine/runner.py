@@ -210,8 +210,8 @@ class RunControl:
         return self._driver.worker_info()
 
     def vectorize_choice(self) -> tuple[Optional[int], str]:
-        """(clients per cohort, None until ``auto``'s probe has run; why): ``engine.vectorize``'s choice."""
-        return self._driver.cohort_size, self._driver.vectorize_why
+        """(clients per stack, None until ``auto``'s probe has run; why): ``engine.vectorize``'s choice."""
+        return self._driver.stack_size, self._driver.vectorize_why
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """End the run now: its workers are released, and the round in progress stops with an error."""

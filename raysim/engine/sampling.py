@@ -1,4 +1,4 @@
-"""Who takes part in a round, as pure functions of (seed, round): the sampled clients, the fixed evaluation cohort,
+"""Who takes part in a round, as pure functions of (seed, round): the sampled clients, the fixed evaluation clients,
 and the memory check that refuses a cohort the driver cannot hold. Nothing here keeps state, so a resume needs no
 saved RNG."""
 
@@ -50,13 +50,13 @@ def _available_memory() -> Optional[int]:
 
 
 def check_cohort_fits(cfg: ExperimentConfig, available: Optional[int] = None) -> None:
-    """Refuse, before anything starts, a round whose cohort cannot fit in memory: the driver holds a job, a result
+    """Refuse, before anything starts, a round whose stack cannot fit in memory: the driver holds a job, a result
     and state entries per sampled client (and per evaluated client), and sampling more than 1/50 of a population
     past 10,000 clients takes 8 bytes per client of the population (see :func:`sample_clients`)."""
     from raysim.errors import UserError
 
     num, m = cfg.clients.num, cohort_size(cfg.clients.num, cfg.clients.fraction)
-    evaluated = eval_cohort_size(num, cfg.eval.clients)
+    evaluated = fixed_eval_count(num, cfg.eval.clients)
     need = (m + evaluated) * COHORT_BYTES_PER_CLIENT + (8 * num if num > 10_000 and num // 50 < m < num else 0)
     available = _available_memory() if available is None else available
     if available is None or need <= available:
@@ -71,24 +71,24 @@ def check_cohort_fits(cfg: ExperimentConfig, available: Optional[int] = None) ->
 
 
 AUTO_EVAL_ALL_MAX = 10_000  # eval.clients=auto evaluates every client of a federation up to this size,
-AUTO_EVAL_COHORT = 1_000  # and a fixed seeded cohort of this many clients in a larger one
+AUTO_EVAL_CLIENTS = 1_000  # and a fixed seeded set of this many clients in a larger one
 
 
-def eval_cohort_size(num: int, setting: str) -> int:
+def fixed_eval_count(num: int, setting: str) -> int:
     """How many fixed clients ``eval.clients`` evaluates (0: the round's sampled clients)."""
     if setting == "sampled":
         return 0
     if setting == "auto":
-        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_COHORT)
+        setting = "all" if num <= AUTO_EVAL_ALL_MAX else str(AUTO_EVAL_CLIENTS)
     return num if setting == "all" else min(int(setting), num)
 
 
-def eval_cohort(seed: int, num: int, setting: str) -> Optional[list[int]]:
+def fixed_eval_clients(seed: int, num: int, setting: str) -> Optional[list[int]]:
     """The fixed clients that ``eval.clients`` evaluates (None: the round's sampled clients), drawn once from the
-    seed, so that the driver's evaluation bookkeeping grows with the cohort, not with ``clients.num``."""
+    seed, so that the driver's evaluation bookkeeping grows with the evaluated clients, not with ``clients.num``."""
     if setting == "sampled":
         return None
-    size = eval_cohort_size(num, setting)
+    size = fixed_eval_count(num, setting)
     if size == num:
         return list(range(num))
     rng = np.random.default_rng([seed, 15485863])

@@ -1,8 +1,8 @@
-"""``engine.vectorize``: what may train in a cohort, the cohort size a run starts with, and ``auto``'s probe.
+"""``engine.vectorize``: what may train in a stack, the stack size a run starts with, and ``auto``'s probe.
 
-``auto`` measures one client at a time against a stacked cohort once, at the first round, within a memory budget,
-and keeps cohorts only where they are faster **and** give the one-at-a-time numbers bit for bit on the device at
-hand (:func:`choose_cohort_size`): ``auto`` must never change a number. A model whose cohort can agree only within
+``auto`` measures one client at a time against a stack once, at the first round, within a memory budget,
+and keeps stacks only where they are faster **and** give the one-at-a-time numbers bit for bit on the device at
+hand (:func:`choose_stack_size`): ``auto`` must never change a number. A model whose stack can agree only within
 float32 rounding (normalisation layers: :func:`rounding_only`) stays one at a time under ``auto``; an explicit
 ``engine.vectorize=N`` still stacks it. The choice is checkpointed and stands for the whole run.
 """
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 from torch import nn
 
-from raysim.engine.cohort import model_refusal, train_cohort
+from raysim.engine.stack import model_refusal, train_stack
 from raysim.engine.jobs import JobCore, StartedJob, TrainJob
 from raysim.trees import tensor_leaves
 
@@ -26,18 +26,18 @@ if TYPE_CHECKING:
     from raysim.config import ExperimentConfig
     from raysim.stages import StageSet
 
-AUTO_MAX_K = 128  # engine.vectorize=auto: cohorts of at most this many clients (a round's split evenly),
+AUTO_MAX_K = 128  # engine.vectorize=auto: stacks of at most this many clients (a round's split evenly),
 AUTO_MEMORY_BYTES = 1 << 30  # whose stacked training state fits this budget (per CPU worker; on a GPU, half of
 # the worker's share of the device's memory: AUTO_GPU_MEMORY_SHARE x total x engine.gpus_per_worker),
 AUTO_GPU_MEMORY_SHARE = 0.5
 AUTO_SLOW_JOB_S = 0.25  # never for clients whose one-at-a-time update takes longer (the arithmetic dominates),
-AUTO_MARGIN = 1.25  # and only when the probe measured cohorts at least this much faster per client
+AUTO_MARGIN = 1.25  # and only when the probe measured stacks at least this much faster per client
 AUTO_SERIAL_JOBS = 8  # clients the probe times one at a time
 AUTO_PROBE_SHARE = 0.25  # the probe runs only where it trains at most this share of the run's client updates
 
 
 def vectorize_setting(cfg: ExperimentConfig) -> int | str:
-    """``engine.vectorize`` as ``"off"``, ``"auto"`` or a cohort size N >= 2 (N = 1 is off)."""
+    """``engine.vectorize`` as ``"off"``, ``"auto"`` or a stack size N >= 2 (N = 1 is off)."""
     value = str(cfg.engine.vectorize)
     if value in ("off", "auto"):
         return value
@@ -46,7 +46,7 @@ def vectorize_setting(cfg: ExperimentConfig) -> int | str:
 
 def probe_pays(cfg: ExperimentConfig) -> bool:
     """Whether ``auto``'s probe can repay itself: it trains about 3 + min(8, n) + 2·min(n, 128) client updates
-    (:func:`choose_cohort_size`) for a round of n clients, and is run only where that is at most
+    (:func:`choose_stack_size`) for a round of n clients, and is run only where that is at most
     :data:`AUTO_PROBE_SHARE` of the run's ``rounds`` × n updates (a 2-round test of 6 clients trains one at a time
     at once; 10 rounds of 100 clients probe)."""
     from raysim.engine.plan import cohort_size
@@ -56,9 +56,9 @@ def probe_pays(cfg: ExperimentConfig) -> bool:
     return n >= 2 and probe <= AUTO_PROBE_SHARE * cfg.rounds * n
 
 
-def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module,
+def run_stack_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Module,
                     stages: Optional[StageSet] = None) -> tuple[Optional[int], str]:
-    """(the cohort size a run starts with, why): 1 (one client at a time), N, or None (``auto``: a probe at the
+    """(the stack size a run starts with, why): 1 (one client at a time), N, or None (``auto``: a probe at the
     first round decides). A model that cannot be stacked is refused in one line when N is asked for, and left at 1
     by ``auto``; an algorithm without vectorisable hooks, or one architecture per client, runs one at a time (the
     config's notice says so for N: ``raysim.checks.vectorize_notices``); ``auto`` does not probe a run too short
@@ -69,7 +69,7 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
     setting = vectorize_setting(cfg)
     if setting == "off":
         return 1, "engine.vectorize=off"
-    refusal = stages.cohort_refusal() if stages is not None else None  # a stage's (DP-SGD's per-sample clipping)
+    refusal = stages.stack_refusal() if stages is not None else None  # a stage's (DP-SGD's per-sample clipping)
     if refusal is not None:
         return 1, refusal
     refusal = algorithm.refusal("stack", cfg)
@@ -88,7 +88,7 @@ def run_cohort_size(cfg: ExperimentConfig, algorithm: Algorithm, model: nn.Modul
 
 
 def per_client_bytes(core: JobCore, started: StartedJob) -> int:
-    """What one more client adds to a cohort: its parameters and buffers with their gradients and optimiser
+    """What one more client adds to a stack: its parameters and buffers with their gradients and optimiser
     state, its training split, and what the autograd graph of one of its batches saves (measured on a batch)."""
     model, ctx = started.model, started.ctx
     slots = 4 if core.cfg.train.optimizer == "adam" else 3  # value, gradient, momentum (Adam: two moments)
@@ -112,7 +112,7 @@ def per_client_bytes(core: JobCore, started: StartedJob) -> int:
 
 
 def memory_budget(core: JobCore) -> int:
-    """Bytes a cohort's stacked training state may take in this worker (``engine.vectorize=auto``)."""
+    """Bytes a stack's training state may take in this worker (``engine.vectorize=auto``)."""
     if core.device.type != "cuda":
         return AUTO_MEMORY_BYTES
     total = torch.cuda.get_device_properties(core.device).total_memory
@@ -124,7 +124,7 @@ NORMALISATION = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm, nn
 
 
 def rounding_only(model: nn.Module) -> Optional[str]:
-    """Why a cohort of ``model`` can agree with one client at a time only within float32 rounding (None: it may be
+    """Why a stack of ``model`` can agree with one client at a time only within float32 rounding (None: it may be
     bit for bit): its normalisation layers reduce over a client's batch in another order when stacked."""
     norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, NORMALISATION)})
     return f"its {', '.join(norms)} layers agree with one client at a time only within float32 rounding" \
@@ -158,17 +158,17 @@ def _probe_clock(device: torch.device) -> Callable[[], float]:
     return wall
 
 
-def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+def choose_stack_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
                        states: list[Optional[dict]]) -> tuple[int, dict[str, float]]:
-    """``engine.vectorize=auto``: the cohort size for the run (1: off), from a probe on the round's first clients.
+    """``engine.vectorize=auto``: the stack size for the run (1: off), from a probe on the round's first clients.
 
     The size: at most :data:`AUTO_MAX_K` clients and as many as fit :func:`memory_budget` of stacked training
-    state, then the round's clients split into that many equal cohorts (100 clients in cohorts of 128: one of 100;
+    state, then the round's clients split into that many equal stacks (100 clients in stacks of 128: one of 100;
     of 64: two of 50). It depends on the config alone, not on the number of workers; only the yes or no is timed.
     The probe times :data:`AUTO_SERIAL_JOBS` clients one at a time (the median) and, unless they are slow enough that
-    the arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a cohort of that size (the faster of two tries), by
-    :func:`_probe_clock`; cohorts are chosen when they are at least :data:`AUTO_MARGIN` times faster per client and
-    the cohort gave every client the probe trained alone its numbers bit for bit (``exact``). A model whose cohort
+    the arithmetic dominates (:data:`AUTO_SLOW_JOB_S`), a stack of that size (the faster of two tries), by
+    :func:`_probe_clock`; stacks are chosen when they are at least :data:`AUTO_MARGIN` times faster per client and
+    the stack gave every client the probe trained alone its numbers bit for bit (``exact``). A model whose stack
     agrees only within rounding (:func:`rounding_only`) is never stacked by ``auto``. Nothing the probe trains is
     kept. Returns (size, what it measured).
     """
@@ -193,12 +193,12 @@ def choose_cohort_size(core: JobCore, jobs: list[TrainJob], shared: dict, owns: 
     info["serial_s"] = one = statistics.median(alone)
     if one > AUTO_SLOW_JOB_S:
         return 1, info
-    train_cohort(core, jobs[:2], shared, owns[:2], states[:2])  # warm-up of the batched path
+    train_stack(core, jobs[:2], shared, owns[:2], states[:2])  # warm-up of the batched path
     tries = []
     for _ in range(2):
         start = clock()
-        together = train_cohort(core, jobs[:k], shared, owns[:k], states[:k])
+        together = train_stack(core, jobs[:k], shared, owns[:k], states[:k])
         tries.append((clock() - start) / k)
-    info["cohort_s"] = stacked = min(tries)
+    info["stack_s"] = stacked = min(tries)
     info["exact"] = float(all(_same_bits(a, b) for a, b in zip(alone_out, together)))
     return (k if info["exact"] and stacked * AUTO_MARGIN <= one else 1), info

@@ -8,7 +8,7 @@
   in the same fixed groups on every executor and for any number of workers.
 - On the server, once a round (:meth:`CentralDP.release`): Gaussian noise N(0, σ_Δ² S²) on each entry of the summed
   delta, drawn from (seed, round), and the sum divided by the fixed denominator: the expected number of clients
-  (qN with Poisson sampling, the cohort size with fixed-size sampling), not the number that reported. The new model
+  (qN with Poisson sampling, the stack size with fixed-size sampling), not the number that reported. The new model
   is the download plus that mean delta, which the algorithm's ``server_aggregate_mean`` receives as the round's mean
   (FedAvg takes it, FedOpt steps towards it).
 - Adaptive clipping: the noised share of unclipped clients b = (Σ (b_i − 1/2) + N(0, σ_b²)) / denominator + 1/2

@@ -158,7 +158,7 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
                 f"DP-SGD takes per-sample gradients of {cfg.algorithm.name}'s client_loss under torch.func.vmap, which "
                 f"it does not declare it can run (Algorithm.vectorizable, docs/hooks.md)")
         require(str(cfg.engine.vectorize) in ("off", "1", "auto"), "engine.vectorize",
-                "DP-SGD clips each sample's gradient, which a vectorised cohort's one backward pass cannot give; "
+                "DP-SGD clips each sample's gradient, which a stack's one backward pass cannot give; "
                 "set engine.vectorize=off")
 
 

@@ -296,7 +296,7 @@ class DPSGDStage(Stage):
                             f"training samples: a mechanism that publishes one whole sample meets such a δ; choose "
                             f"δ well below 1 / n (null: 0.01 / n)")
 
-    def cohort_refusal(self) -> Optional[str]:
+    def stack_refusal(self) -> Optional[str]:
         return "privacy.dpsgd takes per-sample gradients one client at a time"
 
     def trains_alone(self, params: Any) -> bool:

@@ -129,7 +129,7 @@ def test_alpha_is_scaled_by_the_clients_share_of_the_mean_size():
 
 def test_setup_puts_alpha_into_a_new_state_for_the_loss_and_keeps_lambda_alone():
     """client_setup: α_k as a float32 scalar in a new ctx.state (the passed-in dict may be the stored state), which
-    the loss reads (a vectorised cohort has no train_data to size the client by); client_keep keeps λ alone."""
+    the loss reads (a stack has no train_data to size the client by); client_keep keeps λ alone."""
     algo, model, ctx, _, _, x, y = _setup("algorithm.alpha=0.1", n=6, mean_size=12.0)
     given = {"lambda": ctx.state["lambda"]}
     ctx.state = given

@@ -89,7 +89,7 @@ def test_a_call_sums_each_group_where_its_clients_trained(tmp_path):
 
 def test_a_stacked_call_gives_the_one_at_a_time_numbers(tmp_path):
     """The same call stacked: equal losses, and weights within float32 rounding (this MLP's first layer is 64
-    wide, yet its cohort's weights differ from one client's alone by up to 3e-8: measured the same before and
+    wide, yet its stack's weights differ from one client's alone by up to 3e-8: measured the same before and
     after the engine's rebuild, so ``engine.vectorize`` is within rounding here, not bit for bit)."""
     core, shared = _core(tmp_path)
     jobs = [_job(c) for c in range(4)]
@@ -101,17 +101,17 @@ def test_a_stacked_call_gives_the_one_at_a_time_numbers(tmp_path):
 
 
 def test_a_sum_group_larger_than_the_cohort_trains_cohort_by_cohort(tmp_path, monkeypatch):
-    """A stacked call of one group of 5 with ``cohort=2`` stacks clients (0, 1), (2, 3), then (4): never more at
-    once than the cohort the probe chose; the group's sum is that of the same clients stacked two by two."""
+    """A stacked call of one group of 5 with ``stack=2`` stacks clients (0, 1), (2, 3), then (4): never more at
+    once than the stack the probe chose; the group's sum is that of the same clients stacked two by two."""
     import raysim.engine.core as core_module
 
     core, shared = _core(tmp_path)
     stacks: list[list[int]] = []
-    train_cohort = core_module.train_cohort
-    monkeypatch.setattr(core_module, "train_cohort", lambda c, jobs, *a: stacks.append(
-        [j.client_id for j in jobs]) or train_cohort(c, jobs, *a))
+    train_stack = core_module.train_stack
+    monkeypatch.setattr(core_module, "train_stack", lambda c, jobs, *a: stacks.append(
+        [j.client_id for j in jobs]) or train_stack(c, jobs, *a))
     jobs = [_job(c) for c in range(5)]
-    result, _ = core.run_call(TrainCall(jobs=jobs, states=[None] * 5, stacked=True, cohort=2, groups=(5,)), shared,
+    result, _ = core.run_call(TrainCall(jobs=jobs, states=[None] * 5, stacked=True, stack=2, groups=(5,)), shared,
                               [None] * 5, [None] * 5)
     assert stacks == [[0, 1], [2, 3], [4]] and [r.client_id for r in result.results] == [0, 1, 2, 3, 4]
     expect = UploadSum()

@@ -37,13 +37,13 @@ def test_killed_worker_changes_no_metric(ray_cluster, tmp_path):
 
 
 def test_killed_worker_with_cohorts_changes_no_metric(ray_cluster, tmp_path):
-    """engine.vectorize: the worker is SIGKILLed while its cohort waits at its first client's start, the cohort is
-    trained again elsewhere, and 2 Ray workers give the metrics of one in-process run (cohorts are fixed groups of
+    """engine.vectorize: the worker is SIGKILLed while its stack waits at its first client's start, the stack is
+    trained again elsewhere, and 2 Ray workers give the metrics of one in-process run (stacks are fixed groups of
     the round's clients, whatever the workers)."""
     rows = killed_worker_matches_inline(tmp_path, engine__vectorize=4, clients__num=9, clients__fraction=1)
     from raysim.engine.state import read_checkpoint
 
-    for run in ("one", "ray"):  # the cohort size is kept in the checkpoint, not in the metrics (how a run ran)
+    for run in ("one", "ray"):  # the stack size is kept in the checkpoint, not in the metrics (how a run ran)
         assert read_checkpoint(tmp_path / run)["vectorize"] == 4
     assert all("vectorize" not in r for r in rows)
 

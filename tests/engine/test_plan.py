@@ -1,4 +1,4 @@
-"""The round's plan (raysim.engine.plan): a pure function of the clients and the settings; sum groups and cohorts
+"""The round's plan (raysim.engine.plan): a pure function of the clients and the settings; sum groups and stacks
 from the config alone, calls sized by measurement without changing the work, the auto groups' bytes against every
 fixed size, and the round's one sum, the same bits whatever order the calls end in."""
 
@@ -31,29 +31,29 @@ def test_clients_per_call_from_measured_time():
 def test_groups_are_fixed_in_id_order_and_calls_take_them_whole():
     jobs = _jobs([9, 2, 5, 7, 1, 4, 8])  # any order in: id order out
     states = [f"s{j.client_id}" for j in jobs]
-    calls = plan_round(jobs, states, sum_group=2, cohort=1, per_call=5)
+    calls = plan_round(jobs, states, sum_group=2, stack=1, per_call=5)
     assert _shape(calls) == [([1, 2, 4, 5], (2, 2), False), ([7, 8, 9], (2, 1), False)]
     assert calls[0].states == ["s1", "s2", "s4", "s5"] and calls[0].returns == 5
     # a group larger than a call travels whole, alone
-    assert _shape(plan_round(jobs, states, sum_group=3, cohort=1, per_call=1)) == [
+    assert _shape(plan_round(jobs, states, sum_group=3, stack=1, per_call=1)) == [
         ([1, 2, 4], (3,), False), ([5, 7, 8], (3,), False), ([9], (1,), False)]
 
 
 def test_without_sums_every_client_is_its_own_unit():
     jobs = _jobs([3, 1, 2])
-    assert _shape(plan_round(jobs, [None] * 3, sum_group=0, cohort=1, per_call=2)) == [
+    assert _shape(plan_round(jobs, [None] * 3, sum_group=0, stack=1, per_call=2)) == [
         ([1, 2], (), False), ([3], (), False)]
 
 
 def test_cohorts_are_runs_of_whole_groups_whatever_the_call_size():
     jobs = _jobs(list(range(7)))
-    stacked = plan_round(jobs, [None] * 7, sum_group=2, cohort=5, per_call=1)
+    stacked = plan_round(jobs, [None] * 7, sum_group=2, stack=5, per_call=1)
     assert _shape(stacked) == [([0, 1, 2, 3], (2, 2), True), ([4, 5, 6], (2, 1), True)]
-    assert _shape(plan_round(jobs, [None] * 7, sum_group=0, cohort=3, per_call=64)) == [
+    assert _shape(plan_round(jobs, [None] * 7, sum_group=0, stack=3, per_call=64)) == [
         ([0, 1, 2], (), True), ([3, 4, 5], (), True), ([6], (), True)]
-    # a group larger than the cohort is a call of its own that stacks at most a cohort at once (ClientJobs.run_call)
-    big = plan_round(jobs, [None] * 7, sum_group=4, cohort=3, per_call=1)
-    assert _shape(big) == [([0, 1, 2, 3], (4,), True), ([4, 5, 6], (3,), True)] and {c.cohort for c in big} == {3}
+    # a group larger than the stack is a call of its own that stacks at most a stack at once (ClientJobs.run_call)
+    big = plan_round(jobs, [None] * 7, sum_group=4, stack=3, per_call=1)
+    assert _shape(big) == [([0, 1, 2, 3], (4,), True), ([4, 5, 6], (3,), True)] and {c.stack for c in big} == {3}
 
 
 def _summed_groups(calls) -> list[list[int]]:
@@ -71,7 +71,7 @@ def test_the_work_does_not_depend_on_the_call_size():
     jobs = _jobs(list(range(50)))
     expect = [list(range(5 * i, 5 * i + 5)) for i in range(10)]  # sum_group=auto: 50 clients in 10 groups of 5
     for size in (1, 3, 7, 50):
-        calls = plan_round(jobs, [None] * 50, sum_group=group_size("auto", 50), cohort=1, per_call=size)
+        calls = plan_round(jobs, [None] * 50, sum_group=group_size("auto", 50), stack=1, per_call=size)
         assert _summed_groups(calls) == expect
         assert all(sum(c.groups) <= max(size, 5) for c in calls)
 
@@ -88,7 +88,7 @@ def test_auto_groups_move_near_the_fewest_bytes_on_two_to_sixteen_workers():
     for n in (10, 20, 50, 100, 200, 300, 500, 1000):
         jobs = _jobs(list(range(n)))
         for workers in (2, 4, 8, 16):
-            cost = {g: _bytes_moved(plan_round(jobs, [None] * n, sum_group=g, cohort=1, per_call=1, workers=workers))
+            cost = {g: _bytes_moved(plan_round(jobs, [None] * n, sum_group=g, stack=1, per_call=1, workers=workers))
                     for g in range(1, min(n, 100) + 1)}  # the fewest lie far below 100 clients a group
             assert cost[group_size("auto", n)] <= 1.5 * min(cost.values()), (n, workers)
 
@@ -119,14 +119,14 @@ def test_the_last_groups_train_one_client_a_call_on_several_workers():
     from raysim.engine.plan import RoundSum
 
     jobs = _jobs(list(range(10)))
-    calls = plan_round(jobs, [None] * 10, sum_group=2, cohort=1, per_call=1, workers=2)
+    calls = plan_round(jobs, [None] * 10, sum_group=2, stack=1, per_call=1, workers=2)
     # five groups; the last two (clients 6-7 and 8-9) as one call a client, each naming its group
     assert [(c.clients, c.groups, c.part_of) for c in calls] == [
         ([0, 1], (2,), None), ([2, 3], (2,), None), ([4, 5], (2,), None),
         ([6], (), 3), ([7], (), 3), ([8], (), 4), ([9], (), 4)]
-    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, cohort=1, per_call=1)] == [None] * 5
-    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, cohort=4, per_call=1, workers=2)] == \
-        [None] * 3  # cohorts keep their groups whole
+    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, stack=1, per_call=1)] == [None] * 5
+    assert [c.part_of for c in plan_round(jobs, [None] * 10, sum_group=2, stack=4, per_call=1, workers=2)] == \
+        [None] * 3  # stacks keep their groups whole
 
     def result(c: int) -> TrainResult:
         g = torch.Generator().manual_seed(c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import tiny_overrides
 from raysim.config import load_config
-from raysim.engine.sampling import eval_cohort
+from raysim.engine.sampling import fixed_eval_clients
 from raysim.engine.runner import run_experiment
 
 
@@ -22,10 +22,10 @@ def test_million_clients_keep_the_drivers_bookkeeping_small(tmp_path):
     run_dir, rows, _ = run_experiment(cfg, on_start=lambda info: seen.update(driver=info["control"].driver),
                                       on_round=on_round)
     assert [r["round"] for r in rows] == [1, 2] and all(r["clients"] == 10 for r in rows)
-    assert seen["client_states"] <= 20 and seen["eval_cohort"] == 25  # the sampled clients, the seeded cohort
+    assert seen["client_states"] <= 20 and seen["eval_clients"] == 25  # the sampled clients, the seeded evaluated
     assert seen["data_bytes"] < 4096  # the dataset object holds settings, not a million clients' samples
     assert len(list((run_dir / "checkpoint" / "clients").iterdir())) == seen["client_states"]
-    # the cohort's 25 clients never train (10 of a million a round): learning shows on the clients that trained.
+    # the 25 evaluated clients never train (10 of a million a round): learning shows on the clients that trained.
     # Evaluated right after their round, their models beat chance (0.1) by far: 0.53 to 0.81 a round on seeds 0-4,
     # where untrained models (train.lr=1e-9) score 0.00 to 0.17
     trained = run_experiment(load_config(None, tiny_overrides(
@@ -35,9 +35,10 @@ def test_million_clients_keep_the_drivers_bookkeeping_small(tmp_path):
     assert all(r["acc_mean"] > 0.4 for r in trained), [r["acc_mean"] for r in trained]
 
 
-def test_eval_cohort_is_fixed_and_today_s_for_small_federations():
-    assert eval_cohort(0, 10, "auto") == list(range(10)) == eval_cohort(0, 10, "all") == eval_cohort(0, 10, "50")
-    assert eval_cohort(0, 10, "sampled") is None
-    big = eval_cohort(0, 1_000_000, "auto")
-    assert len(big) == 1000 and big == sorted(set(big)) and big == eval_cohort(0, 1_000_000, "1000")
-    assert big != eval_cohort(1, 1_000_000, "auto")
+def test_the_evaluated_clients_are_fixed_and_today_s_for_small_federations():
+    assert fixed_eval_clients(0, 10, "auto") == list(range(10)) == fixed_eval_clients(0, 10, "all")
+    assert fixed_eval_clients(0, 10, "50") == list(range(10))
+    assert fixed_eval_clients(0, 10, "sampled") is None
+    big = fixed_eval_clients(0, 1_000_000, "auto")
+    assert len(big) == 1000 and big == sorted(set(big)) and big == fixed_eval_clients(0, 1_000_000, "1000")
+    assert big != fixed_eval_clients(1, 1_000_000, "auto")

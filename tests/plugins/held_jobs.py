@@ -4,8 +4,8 @@ A file ``LOG_DIR.hold`` beside the run directory holds ``ROUND GATE``: every tra
 appends ``round client pid`` to ``GATE.jobs``, then waits for the file GATE. A test that kills the process named
 there kills a worker in the middle of a job; a second line for the same client, from another pid, shows that the
 job ran again. The module patches ``ClientJobs.start`` wherever it is imported (every worker imports a config's
-plugins), the start of every training job, one client at a time or in a vectorised cohort (``engine.vectorize``:
-the cohort waits at its first client's start; a client that a cohort trains alone after all notes a second line from
+plugins), the start of every training job, one client at a time or in a stack (``engine.vectorize``:
+the stack waits at its first client's start; a client that a stack trains alone after all notes a second line from
 the same pid). Without the file nothing changes, so a run with and without the hold computes the same numbers.
 """
 

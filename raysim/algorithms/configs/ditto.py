@@ -23,7 +23,7 @@ class DittoConfig(AlgorithmConfig):
 
     def refusal(self, feature: str) -> Optional[str]:
         if feature == "stack" and self.select_lam:
-            return "ditto's select_lam picks λ on each client's validation data, which a cohort's loss does not see"
+            return "ditto's select_lam picks λ on each client's validation data, which a stack's loss does not see"
         return None
 
     def validate(self) -> None:

@@ -1,4 +1,4 @@
-"""Vectorised cohorts (engine.vectorize, raysim/engine/cohort.py): a cohort computes what one client at a time
+"""Stacked clients (engine.vectorize, raysim/engine/stack.py): a stack computes what one client at a time
 computes, bit for bit for the MLPs (and within float32 rounding for a CNN), with each client's own batches, clients
 of different sizes, per-client loss parts and non-finite stops; algorithms declare it; the config says when clients
 will train one at a time anyway."""
@@ -21,7 +21,7 @@ from raysim.checks import config_warnings
 from raysim.config import load_config
 from raysim.data import build_federated_data
 from raysim.engine import vectorize_probe
-from raysim.engine.cohort import train_cohort
+from raysim.engine.stack import train_stack
 from raysim.engine.exact_kernels import OneClientOrder, _SerialLinear
 from raysim.engine.core import ClientJobs
 from raysim.engine.jobs import TrainJob
@@ -87,7 +87,7 @@ def _same_tree(a, b) -> bool:
     return a == b
 
 
-# ---------------------------------------------------------------------------------------------- the cohort itself
+# ---------------------------------------------------------------------------------------------- the stack itself
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_a_cohort_is_each_client_alone_bit_for_bit(tmp_path, optimizer):
     """Clients of different sizes (Dirichlet: different batch counts, short and merged last batches), momentum and
@@ -96,7 +96,7 @@ def test_a_cohort_is_each_client_alone_bit_for_bit(tmp_path, optimizer):
     core, jobs, shared = _setup(tmp_path, "unideal", train__optimizer=optimizer, train__lr=lr,
                                 train__weight_decay=0.01, train__batch_size=16)
     alone = [core.train(j, shared, None, None) for j in jobs]
-    together = train_cohort(core, jobs, shared, [None] * len(jobs), [None] * len(jobs))
+    together = train_stack(core, jobs, shared, [None] * len(jobs), [None] * len(jobs))
     assert len({r.num_samples for r, _ in alone}) == len(jobs)  # clients of different sizes
     for (r1, keep1), (r2, keep2) in zip(alone, together):
         assert r1.client_id == r2.client_id and r1.num_samples == r2.num_samples
@@ -108,7 +108,7 @@ def test_a_cohort_is_each_client_alone_bit_for_bit(tmp_path, optimizer):
 def test_jobs_come_back_in_the_order_given_whatever_it_is(tmp_path):
     core, jobs, shared = _setup(tmp_path, "fedavg")
     shuffled = [jobs[i] for i in (5, 0, 7, 2)]
-    together = train_cohort(core, shuffled, shared, [None] * 4, [None] * 4)
+    together = train_stack(core, shuffled, shared, [None] * 4, [None] * 4)
     assert [r.client_id for r, _ in together] == [5, 0, 7, 2]
     alone = core.train(jobs[7], shared, None, None)[0]
     assert _same_tree(together[2][0].upload, alone.upload)
@@ -135,7 +135,7 @@ class ScaledFedAvg(FedAvg):
 def test_per_client_state_and_a_non_finite_client(tmp_path):
     core, jobs, shared = _setup(tmp_path, "scaled_fedavg")
     alone = [core.train(j, shared, None, None) for j in jobs[:4]]
-    together = train_cohort(core, jobs[:4], shared, [None] * 4, [None] * 4)
+    together = train_stack(core, jobs[:4], shared, [None] * 4, [None] * 4)
     assert [r.finite for r, _ in together] == [True, False, True, True] == [r.finite for r, _ in alone]
     for c in (0, 2, 3):  # the others are not touched by client 1's NaN
         assert _same_tree(alone[c][0].upload, together[c][0].upload)
@@ -160,12 +160,12 @@ class MixedState(FedAvg):
 
 
 def test_states_of_different_structures_are_never_read_as_a_default(tmp_path):
-    """A cohort whose clients' states differ in structure cannot give the loss one stacked state: reading it is an
+    """A stack whose clients' states differ in structure cannot give the loss one stacked state: reading it is an
     error that says why, not a silent ``.get`` default."""
     core, jobs, shared = _setup(tmp_path, "mixed_state")
     with pytest.raises(KeyError, match="differ in structure"):
-        train_cohort(core, jobs[:3], shared, [None] * 3, [None] * 3)
-    assert len(train_cohort(core, jobs[1:3], shared, [None] * 2, [None] * 2)) == 2  # one structure: stacked
+        train_stack(core, jobs[:3], shared, [None] * 3, [None] * 3)
+    assert len(train_stack(core, jobs[1:3], shared, [None] * 2, [None] * 2)) == 2  # one structure: stacked
 
 
 @pytest.mark.parametrize("algorithm, extra", [("scaffold", {"train__momentum": 0}),
@@ -175,7 +175,7 @@ def test_new_and_returning_clients_share_a_cohort(tmp_path, monkeypatch, algorit
     """Round 2 of an algorithm with client state (SCAFFOLD's c_i, FedDyn's λ_k): clients 0 and 2 return with what
     they kept in round 1, 1 and 3 are new (zeros from init_client_state), so their states have one structure and
     the loss reads them stacked; every client's upload, kept state and loss equal its one-at-a-time job's. FedDyn's
-    gradient clip bites (the cohort clips each client's norm on its own, as clip_grad_norm_ does)."""
+    gradient clip bites (the stack clips each client's norm on its own, as clip_grad_norm_ does)."""
     core, jobs, shared = _setup(tmp_path, algorithm, **extra)
     alg = core.algorithm
     first = {c: core.train(jobs[c], shared, None, None) for c in (0, 2)}
@@ -190,7 +190,7 @@ def test_new_and_returning_clients_share_a_cohort(tmp_path, monkeypatch, algorit
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(float(clip(*a, **k))))
     alone = [core.train(j, shared2, None, s) for j, s in zip(jobs2, states)]
     monkeypatch.undo()
-    together = train_cohort(core, jobs2, shared2, [None] * 4, states)
+    together = train_stack(core, jobs2, shared2, [None] * 4, states)
     for (r1, keep1), (r2, keep2) in zip(alone, together):
         assert _same_tree(r1.upload, r2.upload) and _same_tree(keep1, keep2)
         assert (r1.loss, r1.parts, r1.finite) == (r2.loss, r2.parts, r2.finite)
@@ -202,11 +202,11 @@ def test_new_and_returning_clients_share_a_cohort(tmp_path, monkeypatch, algorit
 
 def test_a_cnn_cohort_is_each_client_alone_bit_for_bit(tmp_path):
     """On a CPU each client's convolutions run as alone (forward and backward), the rest of the step batched:
-    a CNN's cohort equals one client at a time bit for bit too, clients of different sizes included."""
+    a CNN's stack equals one client at a time bit for bit too, clients of different sizes included."""
     core, jobs, shared = _setup(tmp_path, "fedavg", data__name="mnist", model__name="cnn", model__width=4,
                                 train__local_epochs=1, clients__num=4)
     alone = [core.train(j, shared, None, None) for j in jobs]
-    together = train_cohort(core, jobs, shared, [None] * 4, [None] * 4)
+    together = train_stack(core, jobs, shared, [None] * 4, [None] * 4)
     assert len({r.num_samples for r, _ in alone}) == 4
     for (r1, _), (r2, _) in zip(alone, together):
         assert _same_tree(r1.upload, r2.upload) and (r1.loss, r1.parts) == (r2.loss, r2.parts)
@@ -225,7 +225,7 @@ def test_batch_norm_statistics_are_each_clients_own(tmp_path):
     float32 rounding: the stacked batch norm sums in another order)."""
     core, jobs, shared = _setup(tmp_path, "fedavg", model__name="bn_mlp", train__lr=0.01, clients__num=4)
     alone = [core.train(j, shared, None, None) for j in jobs]
-    together = train_cohort(core, jobs, shared, [None] * 4, [None] * 4)
+    together = train_stack(core, jobs, shared, [None] * 4, [None] * 4)
     for (r1, _), (r2, _) in zip(alone, together):
         assert r1.upload["backbone.2.num_batches_tracked"] == r2.upload["backbone.2.num_batches_tracked"] > 1
         for key, value in r1.upload.items():
@@ -235,7 +235,7 @@ def test_batch_norm_statistics_are_each_clients_own(tmp_path):
 
 
 def test_fedbn_cohorts_keep_each_clients_batch_norm(tmp_path):
-    """FedBN on cnn_bn: in a cohort every client trains and keeps its own batch-norm layers, new clients (round 1)
+    """FedBN on cnn_bn: in a stack every client trains and keeps its own batch-norm layers, new clients (round 1)
     and returning ones (their kept layers loaded) alike, within float32 rounding of one client at a time."""
     # small plain steps, as in the test above: at lr 0.05 with momentum 0.9 the stacked batch norm's other summation
     # order grows to 2e-2 within one epoch of the larger clients (both ways are float32 rounding, amplified)
@@ -245,7 +245,7 @@ def test_fedbn_cohorts_keep_each_clients_batch_norm(tmp_path):
     for round_ in (1, 2):
         jobs = [TrainJob(client_id=j.client_id, round=round_, payload_ref=None) for j in jobs]
         alone = [core.train(j, shared, None, s) for j, s in zip(jobs, states)]
-        together = train_cohort(core, jobs, shared, [None] * 4, states)
+        together = train_stack(core, jobs, shared, [None] * 4, states)
         for (r1, k1), (r2, k2) in zip(alone, together):
             assert k1.keys() == k2.keys() and k1 and not set(k1) & set(r1.upload)  # batch norm kept, not sent
             for mine, theirs in ((r1.upload, r2.upload), (k1, k2)):
@@ -293,7 +293,7 @@ def _rows(tmp_path: Path, algorithm: str, vectorize: str, **extra: object) -> li
 
 @pytest.mark.parametrize("algorithm", SUPPORTED)
 def test_every_supported_algorithm_has_identical_metrics_vectorised(tmp_path, algorithm):
-    """Cohorts of 4 (a round's 6 clients: 4 + 2) against one client at a time: every metric of every round equal."""
+    """Stacks of 4 (a round's 6 clients: 4 + 2) against one client at a time: every metric of every round equal."""
     off = _rows(tmp_path, algorithm, "off")
     assert len(off) == EXTRA.get(algorithm, {}).get("rounds", 2) and off[-1]["acc_mean"] is not None
     assert _rows(tmp_path, algorithm, "4") == off
@@ -301,14 +301,14 @@ def test_every_supported_algorithm_has_identical_metrics_vectorised(tmp_path, al
 
 @pytest.mark.parametrize("algorithm", ["fedprox", "unideal"])
 def test_cohorts_with_every_upload_at_the_driver(tmp_path, algorithm):
-    """engine.partial_sums=false: the per-client path (each client's own upload) with cohorts, identical too."""
+    """engine.partial_sums=false: the per-client path (each client's own upload) with stacks, identical too."""
     off = _rows(tmp_path, algorithm, "off", engine__partial_sums="false")
     assert _rows(tmp_path, algorithm, "4", engine__partial_sums="false") == off
 
 
 def test_cohorts_on_ray_workers_give_the_in_process_numbers(ray_cluster, tmp_path):
-    """Two Ray workers, cohorts of 3 of each client's own upload (stacked calls of single clients), and
-    cohorts of whole sum groups (stacked calls of groups): the metrics of one in-process run with cohorts, and of
+    """Two Ray workers, stacks of 3 of each client's own upload (stacked calls of single clients), and
+    stacks of whole sum groups (stacked calls of groups): the metrics of one in-process run with stacks, and of
     one client at a time."""
     for partial in ("false", "true"):
         inline = _rows(tmp_path / partial, "fedprox", "3", engine__partial_sums=partial)
@@ -325,9 +325,9 @@ def test_auto_keeps_its_choice_and_changes_no_number(tmp_path, monkeypatch):
 
     def counted(*args, **kwargs):
         probes.append(1)
-        return 3, {}  # whatever the timing: a cohort size the rest of the run must keep
+        return 3, {}  # whatever the timing: a stack size the rest of the run must keep
 
-    monkeypatch.setattr("raysim.engine.vectorize_probe.choose_cohort_size", counted)
+    monkeypatch.setattr("raysim.engine.vectorize_probe.choose_stack_size", counted)
     monkeypatch.setattr("raysim.engine.vectorize_probe.probe_pays", lambda cfg: True)  # 3 rounds of 6 would not
     cfg = _cfg(tmp_path / "auto", "fedavg", engine__vectorize="auto", rounds=3)
     _, rows, _ = run_experiment(cfg)
@@ -358,26 +358,26 @@ def test_auto_probes_only_a_run_that_can_repay_the_probe(tmp_path):
 
 def test_auto_measures_and_never_stacks_slow_clients(tmp_path, monkeypatch):
     core, jobs, shared = _setup(tmp_path, "fedavg")
-    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
-    assert size in (1, 8) and measured["k"] == 8 and measured["serial_s"] > 0 and measured["cohort_s"] > 0
+    size, measured = vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size in (1, 8) and measured["k"] == 8 and measured["serial_s"] > 0 and measured["stack_s"] > 0
     assert measured["bytes_per_client"] > sum(t.numel() * 4 for t in core.model(0).state_dict().values())
-    monkeypatch.setattr(vectorize_probe, "AUTO_SLOW_JOB_S", 0.0)  # every client now counts as slow: no cohort probe
-    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
-    assert size == 1 and "cohort_s" not in measured
+    monkeypatch.setattr(vectorize_probe, "AUTO_SLOW_JOB_S", 0.0)  # every client now counts as slow: no stack probe
+    size, measured = vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size == 1 and "stack_s" not in measured
     monkeypatch.setattr(vectorize_probe, "AUTO_MEMORY_BYTES", 1)  # nothing fits the budget
-    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
+    assert vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 1
 
 
 def test_auto_stacks_only_what_gives_the_one_at_a_time_bits(tmp_path, monkeypatch):
-    """auto never changes a number: with a clock that makes every cohort look far faster, a batch-norm model (whose
-    cohort agrees only within rounding) stays one at a time, and so does a model whose probed cohort differs from
-    its clients trained alone by one bit; a cohort that matches bit for bit is taken."""
+    """auto never changes a number: with a clock that makes every stack look far faster, a batch-norm model (whose
+    stack agrees only within rounding) stays one at a time, and so does a model whose probed stack differs from
+    its clients trained alone by one bit; a stack that matches bit for bit is taken."""
     ticks = iter(range(10**6))
     monkeypatch.setattr(vectorize_probe, "_probe_clock", lambda device: lambda: float(next(ticks)))
     core, jobs, shared = _setup(tmp_path / "bn", "fedbn", model__name="cnn_bn", model__width=4)
-    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8) == (1, {})
+    assert vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8) == (1, {})
 
-    def exact(*args):  # every client's numbers as alone: the cohort's own timing decides
+    def exact(*args):  # every client's numbers as alone: the stack's own timing decides
         return [core.train(j, shared, None, None) for j in args[1]]
 
     def one_bit_off(*args):
@@ -387,14 +387,14 @@ def test_auto_stacks_only_what_gives_the_one_at_a_time_bits(tmp_path, monkeypatc
         return out
 
     core, jobs, shared = _setup(tmp_path / "mlp", "fedavg")
-    fast = iter([0.0, 0.1] * 8 + [0.0, 0.08, 0.0, 0.08])  # 0.1 s a client alone, 0.01 s in a cohort of 8
+    fast = iter([0.0, 0.1] * 8 + [0.0, 0.08, 0.0, 0.08])  # 0.1 s a client alone, 0.01 s in a stack of 8
     monkeypatch.setattr(vectorize_probe, "_probe_clock", lambda device: lambda: next(fast))
-    monkeypatch.setattr(vectorize_probe, "train_cohort", one_bit_off)
-    size, measured = vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)
-    assert size == 1 and measured["exact"] == 0.0 and measured["cohort_s"] < measured["serial_s"]
+    monkeypatch.setattr(vectorize_probe, "train_stack", one_bit_off)
+    size, measured = vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8)
+    assert size == 1 and measured["exact"] == 0.0 and measured["stack_s"] < measured["serial_s"]
     fast = iter([0.0, 0.1] * 8 + [0.0, 0.08, 0.0, 0.08])
-    monkeypatch.setattr(vectorize_probe, "train_cohort", exact)
-    assert vectorize_probe.choose_cohort_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 8
+    monkeypatch.setattr(vectorize_probe, "train_stack", exact)
+    assert vectorize_probe.choose_stack_size(core, jobs, shared, [None] * 8, [None] * 8)[0] == 8
 
 
 # ---------------------------------------------------------------------------------------------- what may vectorise

@@ -1,7 +1,7 @@
-"""Vectorised cohorts (``engine.vectorize``): K same-architecture clients trained in lockstep as one computation.
+"""Stacked clients (``engine.vectorize``): K same-architecture clients trained in lockstep as one computation.
 
 For the small models of cross-device FL a client's step is a handful of tiny kernels, and Python and dispatch cost
-more than the arithmetic. A cohort stacks its clients' parameters along a new first dimension and runs every step
+more than the arithmetic. A stack stacks its clients' parameters along a new first dimension and runs every step
 for all of them at once: one ``torch.func.vmap`` of the algorithm's own ``client_loss`` (the hook sees its usual
 ``model``, reparametrised with ``torch.func.functional_call``), the per-client losses summed, one backward and one
 step of the usual ``torch.optim`` optimiser on the stacked tensors. The clients are independent, so the gradient of
@@ -21,13 +21,13 @@ What stays per client, exactly as :meth:`raysim.engine.core.ClientJobs.train` do
   client whose loss is no longer finite stops at the end of that epoch, as alone.
 
 Numbers: inside the step, ``raysim.engine.exact_kernels.OneClientOrder`` computes linear layers, CPU convolutions
-and plain cross-entropies as one client does, so an MLP's cohort (and, on a CPU, a CNN's) gives every client its
+and plain cross-entropies as one client does, so an MLP's stack (and, on a CPU, a CNN's) gives every client its
 own numbers bit for bit; what it does not cover (batch norm, other reductions) agrees within float32 rounding.
 
 The steps go through the one local loop (``raysim.algorithms.training.run_phases``), with this module's
-:class:`_CohortRun` as the trainee. Cohorts are fixed groups of the round's clients in client-id order, cut by the
+:class:`_StackRun` as the trainee. Stacks are fixed groups of the round's clients in client-id order, cut by the
 round's plan (``raysim.engine.plan``), whatever the number of workers, so a run's metrics do not depend on
-``engine.num_workers``. What may train in a cohort, and ``auto``'s probe: ``raysim.engine.vectorize_probe``.
+``engine.num_workers``. What may train in a stack, and ``auto``'s probe: ``raysim.engine.vectorize_probe``.
 
 An algorithm opts in with ``vectorizable = True`` (see ``docs/hooks.md`` for what makes its hooks vectorisable).
 """
@@ -59,7 +59,7 @@ RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alpha
 
 
 def model_refusal(model: nn.Module) -> Optional[str]:
-    """Why ``model`` cannot train in a cohort (None: it can): random layers would need one random stream per
+    """Why ``model`` cannot train in a stack (None: it can): random layers would need one random stream per
     client inside one batched call."""
     random = sorted({type(m).__name__ for m in model.modules() if isinstance(m, RANDOM_MODULES) and m.p > 0})
     if random:
@@ -69,13 +69,13 @@ def model_refusal(model: nn.Module) -> Optional[str]:
 
 
 class _Unstacked(Mapping):
-    """``ctx.state`` inside a vectorised step when the cohort's states differ in structure (some clients have kept
+    """``ctx.state`` inside a vectorised step when the stack's states differ in structure (some clients have kept
     state, some not yet): any read is an error that says so, never a silent default (``.get(key, {})`` included).
     A state that a vectorisable loss reads must have one structure for every client: give it from
     ``init_client_state``."""
 
     def _refuse(self, *_: Any) -> Any:
-        raise KeyError("ctx.state: this cohort's client states differ in structure, so a vectorised client_loss "
+        raise KeyError("ctx.state: this stack's client states differ in structure, so a vectorised client_loss "
                        "cannot read them (give every client the same state from init_client_state)")
 
     __getitem__ = __iter__ = __len__ = __contains__ = get = keys = items = values = _refuse
@@ -100,7 +100,7 @@ def _batch_sizes(n: int, batch_size: int) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------------------------- training
-def train_cohort(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
+def train_stack(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[Optional[dict]],
                  states: list[Optional[dict]]) -> list[tuple[TrainResult, Optional[dict]]]:
     """Train every job's client, stacking those that can train together; returns (result, new state) per job, in
     the order given. Clients of one architecture, with the same phases (and, with Adam, the same number of batches
@@ -126,10 +126,10 @@ def train_cohort(core: JobCore, jobs: list[TrainJob], shared: dict, owns: list[O
             for i, _, _ in members:
                 out[i] = core.train(jobs[i], shared, owns[i], states[i])  # starts it again: a pure function
         else:
-            done = _CohortRun(core, members, set(key[1])).run()
+            done = _StackRun(core, members, set(key[1])).run()
             for (i, _, _), value in zip(members, done):
                 out[i] = value
-    seconds = (time.perf_counter() - clock) / len(jobs)  # the cohort's time, shared out
+    seconds = (time.perf_counter() - clock) / len(jobs)  # the stack's time, shared out
     for value in out:
         if value is not None:
             value[0].seconds = seconds
@@ -143,7 +143,7 @@ def _phase_spec(started: StartedJob) -> tuple:
                  for params, epochs, *lr in started.phases)
 
 
-class _CohortRun(Trainee):
+class _StackRun(Trainee):
     """One stacked computation: the clients of ``members`` (same architecture and phases) through all phases."""
 
     def __init__(self, core: JobCore, members: list[tuple[int, StartedJob, dict[str, torch.Tensor]]],
@@ -178,7 +178,7 @@ class _CohortRun(Trainee):
         self.shared_payload = {k: v for k, v in ctx0.payload.items() if k not in own_keys}
         self.own = stack_trees([{k: s.ctx.payload[k] for k in own_keys} for s in self.started]) if own_keys else {}
         if self.own is None:
-            raise ValueError("a vectorised cohort needs its clients' own payloads (client_payload) to have one "
+            raise ValueError("a stack needs its clients' own payloads (client_payload) to have one "
                              "structure")
         stacked_state = stack_trees([s.ctx.state for s in self.started])
         self.state = stacked_state if stacked_state is not None else {}
@@ -199,7 +199,7 @@ class _CohortRun(Trainee):
         """(per-client losses [clients], per-client parts, the group's parameters) of one step for the clients
         ``members`` (None: all of them), whose batches are the global sample positions ``rows`` [clients, batch].
 
-        The whole cohort computes on the stacked parameters themselves. A part of it computes on detached copies of
+        The whole stack computes on the stacked parameters themselves. A part of it computes on detached copies of
         its rows (:meth:`_scatter_grads` puts their gradients back), so that no group's backward fills a gradient
         the size of the whole stack; one client alone computes without vmap, as it would alone."""
         if members is None:
