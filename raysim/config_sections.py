@@ -1,6 +1,6 @@
 """The experiment config's schema: one dataclass per section (``clients``, ``data``, ``model``, ``train``,
 ``algorithm``, ``engine``, ``eval``, ``log``) and :class:`ExperimentConfig`, which holds them with the subsystems'
-sections (``system``, ``asynchronous``, ``aggregator``, ``attack``, ``privacy``). Each section's ``validate`` checks
+sections (``system``, ``asynchronous``, ``aggregator``, ``attack``, ``privacy``, ``compression``, ``secagg``). Each section's ``validate`` checks
 its own keys with ``raysim.validate.require``; ``ExperimentConfig.validate`` checks the keys that depend on one
 another. Import these names from ``raysim.config``; loading and merging YAML is ``raysim.config_loading``.
 """
@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from raysim.async_config import AsynchronousConfig, check_asynchronous
+from raysim.compression.config import CompressionConfig, check_compression
 from raysim.privacy.config import PrivacyConfig, check_privacy
 from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
+from raysim.secagg.config import SecAggConfig, check_secagg
 from raysim.system.config import SystemConfig, check_system
 from raysim.validate import FLOAT32_MAX, is_finite, one_of as _one_of, path_too_long, require
 
@@ -386,6 +388,9 @@ class ExperimentConfig:
     attack: AttackConfig = field(default_factory=AttackConfig)
     # differential privacy: DP-FedAvg's clipped deltas and noised sum, its accountant, DP-SGD on clients (issue 37)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    # what travels: compressed uploads (error feedback) and downloads, and secure aggregation (issue 53)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)
 
     def validate(self) -> "ExperimentConfig":
         name = str(self.name)
@@ -410,6 +415,8 @@ class ExperimentConfig:
         check_system(self, require)
         check_robust(self, require)
         check_privacy(self, require)
+        check_compression(self, require)
+        check_secagg(self, require)
         if self.privacy.dpsgd:
             _check_dpsgd_models(self.model)
         names = self.model.names()

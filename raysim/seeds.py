@@ -19,6 +19,10 @@ MIMIC_STREAM = 39  # the mimic attack's first random direction (raysim.robust.at
 BUCKET_STREAM = 40  # bucketing's shuffle of a round's updates (raysim.robust.rule_stage)
 FLTRUST_STREAM = 41  # FLTrust: the root samples' draw and the server's own training each round (raysim.robust)
 AUDIT_STREAM = 42  # the privacy audit's canaries: their directions and who joins a round (raysim.privacy.audit)
+# issue 53's tags, numbered after it so that the tags other work adds next (43, 44, ...) cannot meet them
+COMPRESS_STREAM = 531  # a compressed upload's draws: QSGD's rounding, random-k's coordinates (raysim.compression)
+COMPRESS_DOWN_STREAM = 532  # a compressed download's draws, one per round (client 0) (raysim.compression)
+SECAGG_STREAM = 533  # secure aggregation's simulated keys: pair and self mask seeds, the SecAgg+ graph (raysim.secagg)
 
 
 def job_seed(seed: int, client_id: int, round: int, *stream: int) -> int:

@@ -22,8 +22,9 @@ The hook points, in the order a round meets them (every hook has a default that 
 - **the reduction**: by default the one sum (``raysim.algorithms.aggregation.UploadSum``), taken where the clients
   trained; a stage that needs every upload (:attr:`Stage.needs_every_upload`) turns those sums off. A stage may
   work on the round's updates as rows before a rule reads them (:meth:`Stage.transform_rows`: an attack), replace
-  the reduction (:meth:`Stage.reduce`: a robust rule, FedBuff's buffer) or finish the sum on the server
-  (:meth:`Stage.release`: DP noise).
+  the reduction (:meth:`Stage.reduce`: a robust rule, FedBuff's buffer), read the sum of what travelled as the plain
+  sum (:meth:`Stage.decode`: secure aggregation's unmasking) or finish the sum on the server (:meth:`Stage.release`:
+  DP noise).
 - **after the server step**: its metrics (:meth:`Stage.round_metrics`), its own evaluations, run through the
   executor like any other (:meth:`Stage.evaluations`: the backdoor's success rate), the names the round's metrics
   are logged under (:meth:`Stage.label_metrics`: privacy's ``nonprivate/``), and its state for the checkpoint
@@ -181,6 +182,12 @@ class Stage:
         """Round ``rnd``'s clients, sorted, when this stage chooses them (Poisson sampling); None: the schedule's."""
         return None
 
+    def begin_round(self, rnd: int, clients: list[int]) -> None:
+        """The clients that start round ``rnd`` as the schedule chose them (with the simulated clock, those that
+        drop out too), before any of their jobs is made: what the round's jobs carry may depend on them (the
+        secure-aggregation group). The synchronous schedules call it; the asynchronous ones have no round's
+        clients, and a stage that needs them refuses them."""
+
     def job_params(self, rnd: int) -> Any:
         """What every training job of round ``rnd`` carries for this stage's client part (None: nothing)."""
         return None
@@ -202,6 +209,12 @@ class Stage:
         """The round's mean upload from every upload, replacing the one sum (a robust rule, FedBuff's buffered
         step): a function the server step calls when it reads the mean. None: not this stage's."""
         return None
+
+    def decode(self, total: UploadSum, ctx: RoundContext) -> UploadSum:
+        """The one sum as the server reads it, from the sum of the uploads as they travelled (secure aggregation's
+        masked ring sum, unmasked and back to floats). The stages decode in reverse order (the last to encode on
+        the client decodes first), before any release or mean reads the sum."""
+        return total
 
     def release(self, summed: Callable[[], Any], ctx: RoundContext) -> Optional[dict]:
         """The round's mean from the one sum (``summed()``: an UploadSum, possibly empty), finished on the server
@@ -383,6 +396,15 @@ class StageSet:
     def select(self, rnd: int) -> Optional[list[int]]:
         return next((chosen for s in self.stages if (chosen := s.select(rnd)) is not None), None)
 
+    def begin_round(self, rnd: int, clients: list[int]) -> None:
+        for s in self.stages:
+            s.begin_round(rnd, clients)
+
+    def decode(self, total: UploadSum, ctx: RoundContext) -> UploadSum:
+        for s in reversed(self.stages):
+            total = s.decode(total, ctx)
+        return total
+
     def transform_rows(self, rows: Any, ctx: RoundContext) -> None:
         for s in self.stages:
             s.transform_rows(rows, ctx)
@@ -420,6 +442,9 @@ _BUILTIN: list[tuple[str, str]] = [
     ("raysim.robust.attack_stage", "attack_stage"),  # attack.*: poisoned data, attacked uploads, the backdoor's ASR
     ("raysim.privacy.stage", "central_dp_stage"),  # privacy.enabled: DP-FedAvg (clip on the client, noise here)
     ("raysim.privacy.stage", "dpsgd_stage"),  # privacy.dpsgd: sample-level DP-SGD on every client
+    # compression.*: the upload encoded (after DP's clip, so what is sent is the clipped delta), the download too
+    ("raysim.compression.stage", "compression_stage"),
+    ("raysim.secagg.stage", "secagg_stage"),  # secagg.enabled: masked last on the client, unmasked first on the server
     ("raysim.robust.rule_stage", "rule_stage"),  # aggregator.* (and attacks on uploads): the rule on the rows
 ]
 _PLUGINS: list[tuple[str, StageFactory]] = []

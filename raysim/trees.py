@@ -114,3 +114,11 @@ def stack_trees(trees: list[Any]) -> Any:
     by_path = [dict(tensor_leaves(tree)) for tree in trees]  # by key path: dicts may list their keys in any order
     stacked = iter([torch.stack([leaves[path] for leaves in by_path]) for path in by_path[0]])
     return tree_map(lambda _: next(stacked), trees[0])
+
+
+def change_reference(key: Any, value: Any, model: dict) -> Any:
+    """The downloaded model's entry that an upload's top-level entry ``key`` is a new value of (a tensor of the same
+    name and shape), or None: a stage that encodes an upload as its change (compression, secure aggregation) sends
+    such an entry as ``value - reference`` and any other (a clipped delta, a statistic) as it is."""
+    ref = model.get(key) if isinstance(value, torch.Tensor) else None
+    return ref if isinstance(ref, torch.Tensor) and ref.shape == value.shape else None

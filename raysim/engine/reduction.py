@@ -2,8 +2,9 @@
 
 By default it is the one sum (``raysim.algorithms.aggregation.UploadSum``): taken where the clients trained (the
 schedule's reports carry it), or here from the uploads in the same fixed groups, and divided once. A stage may
-replace it (:meth:`raysim.stages.Stage.reduce`: a robust rule on the rows, FedBuff's buffered step) or finish it on
-the server (:meth:`raysim.stages.Stage.release`: DP-FedAvg's noise, released every round, reports or not).
+replace it (:meth:`raysim.stages.Stage.reduce`: a robust rule on the rows, FedBuff's buffered step), read it as the
+plain sum (:meth:`raysim.stages.Stage.decode`: secure aggregation's unmasking, in reverse stage order) and finish it
+on the server (:meth:`raysim.stages.Stage.release`: DP-FedAvg's noise, released every round, reports or not).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def round_mean(stages: StageSet, ctx: RoundContext) -> tuple[Callable[[], dict],
     taken: list[UploadSum] = []
 
     def summed() -> UploadSum:
-        if not taken:
-            taken.append(ctx.total if ctx.total is not None else
-                         sum_in_groups(ctx.updates, ctx.clients, ctx.sum_group, ctx.weighting))
+        if not taken:  # the sum of what travelled, read as the plain sum (secure aggregation unmasks it)
+            taken.append(stages.decode(ctx.total if ctx.total is not None else
+                                       sum_in_groups(ctx.updates, ctx.clients, ctx.sum_group, ctx.weighting), ctx))
         return taken[0]
 
     released = next((m for stage in stages if (m := stage.release(summed, ctx)) is not None), None)

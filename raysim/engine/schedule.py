@@ -34,6 +34,7 @@ class SyncSchedule(Schedule):
         clients = run.stages.select(rnd)
         if clients is None:
             clients = sample_clients(cfg.seed, rnd, cfg.clients.num, cfg.clients.fraction)
+        run.stages.begin_round(rnd, clients)
         down = run.downloads(clients, rnd)
         jobs = [run.job(c, rnd, down.shared_ref, down.own.get(c)) for c in clients]
         done, total = run.train(jobs, self.summable)

@@ -104,6 +104,7 @@ class ClockSchedule(Schedule):
         clock = self.clock
         assert clock is not None
         sampled, dropouts = clock.sample(rnd, self.now, lambda seed, r, num, count: run.sample(r, count))
+        run.stages.begin_round(rnd, sorted(sampled + dropouts))  # the dropouts started the round too
         down = run.downloads(sampled, rnd)
         done, total = run.train([run.job(c, rnd, down.shared_ref, down.own.get(c)) for c in sampled], self.summable)
         results = {c: r for c, (r, _) in done.items()}
