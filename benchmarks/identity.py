@@ -11,9 +11,11 @@ metric but wall-clock times must be equal, and (``--compare``) equal to the file
 ``--subsystems`` runs the round's features instead (:data:`SUBSYSTEMS`): DP-FedAvg (fixed-size and Poisson
 sampling, a calibrated target ε, adaptive clipping), DP-SGD, every robust rule and attack, the system model
 (dropouts, availability, deadlines with late clients dropped or doing partial work; the deployed server's departures
-mid-job, report timeout and abandoned rounds; speeds in FLOP/s), FedAsync and FedBuff, and the shipped privacy,
-robust and simulated-time experiments cut to a few rounds, each in process and on 2 Ray workers (partial sums on,
-groups of 3): the metrics, ε included, must be equal between the two and to the file given.
+mid-job, report timeout and abandoned rounds; speeds in FLOP/s), FedAsync and FedBuff, compression (every encoding,
+error feedback, downloads) and secure aggregation (with DP-FedAvg, QSGD in the ring, dropouts in simulated time,
+named statistics), and the shipped privacy, robust and simulated-time experiments cut to a few rounds, each in
+process and on 2 Ray workers (partial sums on, groups of 3): the metrics, ε included, must be equal between the two
+and to the file given.
 
 ``auto-groups`` runs ``engine.sum_group=auto``'s own groups: with ``--moved``, each metric's largest change from the
 file given is printed instead (a change of the auto grouping moves the last float bits on purpose). A worker killed
@@ -106,6 +108,20 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "system-flops": (None, {**TINY_SYSTEM, "system__speed_unit": "flops", "system__speed__median": 6e5}),
     "fedbuff-deployed": (None, {**TINY_ASYNC, **TINY_SYSTEM, **TINY_DEPLOYED, "asynchronous__mode": "fedbuff",
                                 "asynchronous__buffer_size": 2, "rounds": 6}),
+    "compress-topk-ef": (None, {"compression__up": "topk", "compression__ratio": 0.1,
+                                "compression__error_feedback": "true"}),
+    "compress-randk": (None, {"compression__up": "randk", "compression__ratio": 0.25}),
+    "compress-qsgd-down": (None, {"compression__up": "qsgd", "compression__bits": 2, "compression__down": "qsgd"}),
+    "compress-sign-ef-half": (None, {"compression__up": "sign", "compression__error_feedback": "true",
+                                     "compression__down": "half"}),
+    "compress-dp": (None, {**TINY_DP, "compression__up": "qsgd", "compression__bits": 4}),
+    "secagg": (None, {"secagg__enabled": "true"}),
+    "secagg-plus-dp": (None, {**TINY_DP, "secagg__enabled": "true", "secagg__neighbours": 4,
+                              "compression__up": "topk", "compression__ratio": 0.2}),
+    "secagg-qsgd-ring": (None, {"secagg__enabled": "true", "secagg__bits": 12, "secagg__range": 0.25,
+                                "compression__up": "qsgd", "algorithm__weighting": "uniform"}),
+    "secagg-system": (None, {**TINY_SYSTEM, "secagg__enabled": "true", "secagg__neighbours": 4}),
+    "secagg-scaffold": (None, {"secagg__enabled": "true", "algorithm__name": "scaffold"}),
     "shipped-dpfedavg": ("experiments/privacy/dpfedavg-mnist500.yaml", {"rounds": 3, "eval__every": 1}),
     **{f"shipped-robust-{attack}-{rule}": ("experiments/robust/digits-20.yaml",
                                            {"rounds": 2, "attack__name": attack, "aggregator__name": rule,

@@ -46,8 +46,12 @@ def qsgd_levels(bits: int) -> int:
 
 
 def check_compression(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
-    """Check ``cfg.compression`` against the whole config; ``require(ok, key, why)`` refuses in one line."""
+    """Check (and normalise) ``cfg.compression`` against the whole config; ``require(ok, key, why)`` refuses in one
+    line."""
     c: CompressionConfig = cfg.compression
+    for key in ("up", "down"):  # YAML reads a bare off as false
+        if str(getattr(c, key)) in ("False", "false"):
+            setattr(c, key, "off")
     require(c.up in UP, "compression.up", f"must be one of {', '.join(UP)}, got {c.up!r}")
     require(c.down in DOWN, "compression.down", f"must be one of {', '.join(DOWN)}, got {c.down!r}")
     if c.up in ("topk", "randk"):

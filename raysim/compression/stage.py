@@ -108,6 +108,7 @@ class _CompressPart(ClientPart):
         self.residual: Optional[dict] = None
         self.kept: Optional[dict] = None
         self.bytes: Optional[int] = None
+        self.clamped = 0  # values past QSGD's shared scale (under secure aggregation), which it clamps
 
     def restore(self, state: Any) -> None:
         self.residual = state if isinstance(state, dict) else None
@@ -160,8 +161,13 @@ class _CompressPart(ClientPart):
         x = tree
         if self.feedback and isinstance(past, torch.Tensor) and past.shape == x.shape:
             x = x + past.to(x.dtype)
+        if self.encode.scale is not None:
+            self.clamped += int(torch.count_nonzero(x.detach().abs() > self.encode.scale))
         value, size = self.encode(x)
         return value, size, (x - value if self.feedback else None)
+
+    def report(self, seen: int) -> Any:
+        return {"clamped": self.clamped} if self.encode.scale is not None else None
 
 
 class CompressionStage(Stage):
@@ -201,6 +207,12 @@ class CompressionStage(Stage):
 
     def download_bytes(self, n: int, rnd: int) -> int:
         return self._down[1] if self._down is not None and self._down[0] == rnd else n
+
+    def round_metrics(self, ctx: Any, results: list) -> dict[str, Any]:
+        """Under secure aggregation, QSGD's values past the shared scale ``secagg.range`` (clamped to it): a
+        scale too small for the round's changes shows here."""
+        counts = [r.stage[self.name]["clamped"] for r in results if self.name in r.stage]
+        return {"compression/clamped": sum(counts)} if counts else {}
 
 
 def compression_stage(cfg: ExperimentConfig) -> Optional[Stage]:

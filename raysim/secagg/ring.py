@@ -50,9 +50,10 @@ def ring_mask(bits: int) -> np.uint64:
 
 
 def fixed_point(values: np.ndarray, step: float, value_range: float) -> tuple[np.ndarray, int]:
-    """(round(clamp(v, -R, R) / step) as int64, how many values were clamped)."""
+    """(round(clamp(v, -R, R) / step) as int64, how many values the clamp changed: beyond R by more than half a
+    step, so that they round to another whole number than they would unclamped)."""
     values = np.asarray(values, dtype=np.float64)
-    clamped = int(np.count_nonzero(np.abs(values) > value_range))
+    clamped = int(np.count_nonzero(np.abs(values) > value_range + step / 2))
     return np.rint(np.clip(values, -value_range, value_range) / step).astype(np.int64), clamped
 
 
