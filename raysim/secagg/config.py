@@ -126,15 +126,32 @@ def _check_served(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
     require(not (cfg.privacy.enabled and cfg.compression.up == "qsgd"), "secagg.enabled",
             "QSGD's rounding onto the ring's shared grid can grow a clipped delta past DP-FedAvg's clip norm; with "
             "privacy.enabled and secure aggregation use compression.up=topk, randk or sign")
-    from raysim.registry import get_algorithm
+    why = algorithm_refusal(cfg.algorithm.name)
+    require(why is None, "secagg.enabled", f"the server sees only the masked sum, and {cfg.algorithm.name} {why}")
 
-    algorithm: Any = get_algorithm(cfg.algorithm.name)
-    uploads = algorithm.declared_uploads()
-    name = cfg.algorithm.name
-    require(uploads.kind != "apart", "secagg.enabled",
-            f"the server sees only the masked sum, and {name} reads every upload of a round "
-            f"(Algorithm.uploads = Uploads.apart())")
-    require(algorithm.server_history < 1, "secagg.enabled",
-            f"the server sees only the masked sum, and {name} keeps each client's uploads on the server")
-    require(algorithm.server_train.__qualname__ == "Algorithm.server_train", "secagg.enabled",
-            f"the server sees only the masked sum, and {name} trains on the server from each upload")
+
+# the reasons of Algorithm.refusal("privacy") that are secure aggregation's too: each upload needed on the server
+NEEDS_EACH_UPLOAD = ("Uploads.apart", "per-client history", "trains on the server")
+
+
+def algorithm_refusal(name: str) -> Optional[str]:
+    """Why algorithm ``name`` cannot have its uploads summed under masks (None: it can): it reads every upload of a
+    round (``Uploads.apart()``: FedCDA, FedPAC, ...), keeps each client's uploads on the server, or trains on the
+    server from them. A built-in answers from the torch-free table (``raysim.algorithms.capabilities``: its
+    DP-FedAvg refusal, of which these are the reasons that need each upload), a plugin's from its class."""
+    from raysim.algorithms.capabilities import FEATURES, TABLE
+
+    row = TABLE.get(name)
+    if row is None:
+        from raysim.registry import get_algorithm
+
+        cls: Any = get_algorithm(name)
+        if cls.declared_uploads().kind == "apart":
+            return "reads every upload of a round (Algorithm.uploads = Uploads.apart())"
+        if cls.server_history > 0:
+            return "keeps per-client history on the server"
+        if cls.server_train.__qualname__ != "Algorithm.server_train":
+            return "trains on the server from the uploads"
+        return None
+    why = row[FEATURES.index("privacy")]
+    return why if why is not None and any(reason in why for reason in NEEDS_EACH_UPLOAD) else None

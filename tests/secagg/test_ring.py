@@ -150,3 +150,18 @@ def test_samples_weights_and_a_model_entry_sent_as_its_change(tmp_path):
     decoded = stage.decode(total, SimpleNamespace(round=3, shared={"model": {"w": torch.tensor([1.0])}}))
     assert decoded.weight == 4.0 and decoded.total.tolist() == [4.5]
     assert decoded.mean()["w"].tolist() == [pytest.approx(1.125)]
+
+
+def test_the_algorithms_secure_aggregation_refuses_answer_from_the_torch_free_table_as_their_classes_do():
+    """A built-in's refusal comes from raysim.algorithms.capabilities (no algorithm imported); it must say what the
+    class says: uploads kept apart, uploads kept on the server, or server-side training from them."""
+    from raysim.registry import builtin_names, get_algorithm
+    from raysim.secagg.config import algorithm_refusal
+
+    for name in builtin_names("algorithm"):
+        cls = get_algorithm(name)
+        needs_each = (cls.declared_uploads().kind == "apart" or cls.server_history > 0
+                      or cls.server_train.__qualname__ != "Algorithm.server_train")
+        assert (algorithm_refusal(name) is not None) == needs_each, name
+    assert algorithm_refusal("scaffold") is None and algorithm_refusal("fedbn") is None  # statistics, a mean
+    assert "Uploads.apart" in algorithm_refusal("fedcda")
