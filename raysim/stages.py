@@ -13,12 +13,14 @@ The hook points, in the order a round meets them (every hook has a default that 
   reports and what the server step consumes: the synchronous cohort (:class:`raysim.engine.schedule.SyncSchedule`),
   the simulated clock's round with dropouts and deadlines (``raysim.system.stage``), or arrivals in simulated-time
   order (FedAsync, FedBuff: ``raysim.engine.asynchronous``). Other stages may choose the cohort (:meth:`Stage.select`:
-  Poisson sampling) or end the run before a round (:meth:`Stage.stop_before`: a spent privacy budget).
+  Poisson sampling), learn it before its jobs are made (:meth:`Stage.begin_round`: the secure-aggregation group) or
+  end the run before a round (:meth:`Stage.stop_before`: a spent privacy budget).
 - **on the client, around and after training** (:meth:`Stage.client_part` gives a :class:`ClientPart` per job, on
   whichever process trains it, in stacks too): change the client's data (a poisoned split), its batches,
   its step's loss (DP-SGD) or how far it trains (a step budget), then transform its upload before any partial sum
-  (DP clipping, compression). What a part sends back rides in ``TrainResult.stage[name]``; what the driver sends it
-  rides in ``TrainJob.stage[name]`` (:meth:`Stage.job_params`).
+  (DP clipping, compression, secure aggregation's mask), say what it takes on the wire, and keep state of its own
+  for the client (error feedback's residual). What a part sends back rides in ``TrainResult.stage[name]``; what
+  the driver sends it rides in ``TrainJob.stage[name]`` (:meth:`Stage.job_params`).
 - **the reduction**: by default the one sum (``raysim.algorithms.aggregation.UploadSum``), taken where the clients
   trained; a stage that needs every upload (:attr:`Stage.needs_every_upload`) turns those sums off. A stage may
   work on the round's updates as rows before a rule reads them (:meth:`Stage.transform_rows`: an attack), replace
