@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ ROWS: dict[str, list[str]] = {
 
 
 def slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-").replace("--", "-")
+    return re.sub("-+", "-", "".join(c if c.isalnum() else "-" for c in label.lower())).strip("-")
 
 
 def rows_of(run_dir: Path) -> list[dict] | None:
