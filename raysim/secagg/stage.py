@@ -10,7 +10,8 @@ only the sum of the round's surviving clients' uploads.
   messages, ``bytes_down`` the messages each client receives (:func:`raysim.secagg.ring.traffic`).
 - **The group** is the round's clients as the schedule starts them (``Stage.begin_round``: with the simulated
   clock, the clients that drop out too); every job carries it (``job_params``). A client that started and did not
-  report (dropped out, late past the deadline, non-finite and skipped) is dropped: the server removes its pairwise
+  report (dropped out, left mid-job, late past the deadline or the report timeout, non-finite and skipped) is
+  dropped: the server removes its pairwise
   masks through its surviving neighbours, once t of each secret's holders survive (else the round cannot be
   unmasked and the run stops in one line).
 - **On the server** (:meth:`SecAggStage.decode`, before any release reads the sum): the one sum of masked vectors
