@@ -121,6 +121,8 @@ SUBSYSTEMS: dict[str, tuple[str | None, dict]] = {
     "secagg-qsgd-ring": (None, {"secagg__enabled": "true", "secagg__bits": 12, "secagg__range": 0.25,
                                 "compression__up": "qsgd", "algorithm__weighting": "uniform"}),
     "secagg-system": (None, {**TINY_SYSTEM, "secagg__enabled": "true", "secagg__neighbours": 4}),
+    "secagg-deployed": (None, {**TINY_SYSTEM, **TINY_DEPLOYED, "system__min_reports": 2, "rounds": 4,
+                               "secagg__enabled": "true", "secagg__threshold": 0.3}),
     "secagg-scaffold": (None, {"secagg__enabled": "true", "algorithm__name": "scaffold"}),
     "shipped-dpfedavg": ("experiments/privacy/dpfedavg-mnist500.yaml", {"rounds": 3, "eval__every": 1}),
     **{f"shipped-robust-{attack}-{rule}": ("experiments/robust/digits-20.yaml",
