@@ -1,8 +1,9 @@
 """The experiment config's schema: one dataclass per section (``clients``, ``data``, ``model``, ``train``,
 ``algorithm``, ``engine``, ``eval``, ``log``) and :class:`ExperimentConfig`, which holds them with the subsystems'
-sections (``system``, ``asynchronous``, ``aggregator``, ``attack``, ``privacy``, ``compression``, ``secagg``). Each section's ``validate`` checks
-its own keys with ``raysim.validate.require``; ``ExperimentConfig.validate`` checks the keys that depend on one
-another. Import these names from ``raysim.config``; loading and merging YAML is ``raysim.config_loading``.
+sections (``system``, ``asynchronous``, ``aggregator``, ``attack``, ``privacy``, ``compression``, ``secagg``).
+Each section's ``validate`` checks its own keys with ``raysim.validate.require``; ``ExperimentConfig.validate``
+checks the keys that depend on one another.
+Import these names from ``raysim.config``; loading and merging YAML is ``raysim.config_loading``.
 """
 
 from __future__ import annotations
