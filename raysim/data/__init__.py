@@ -79,11 +79,19 @@ def federate(domains: list[Domain], cfg, num_classes: int, pools: Optional[list[
 
 def build_federated_data(cfg: ExperimentConfig) -> FederatedData | OnDemandData:
     """The dataset's federation, then the settings every dataset shares: one input shape (``data.image_size``,
-    ``data.channels``) and the server's holdout (``data.server_holdout``)."""
-    from raysim.data.shape import common_shape
+    ``data.channels``) and the server's holdout (``data.server_holdout``). Built once per process and config where
+    the data depends on the config alone (``raysim.data.memo``); every caller gets its own copy."""
+    from raysim.data.memo import built_once
     from raysim.registry import get_dataset
 
-    data = get_dataset(cfg.data.name)(cfg)
+    builder = get_dataset(cfg.data.name)
+    return built_once(cfg, builder, lambda: _build(cfg, builder))
+
+
+def _build(cfg: ExperimentConfig, builder) -> FederatedData | OnDemandData:
+    from raysim.data.shape import common_shape
+
+    data = builder(cfg)
     if not is_indexed(data):  # made on demand per client: nothing stored to reshape, hold out or check
         for key, set_ in (("data.image_size", cfg.data.image_size is not None),
                           ("data.channels", cfg.data.channels is not None), ("data.augment", cfg.data.augment),
