@@ -11,6 +11,7 @@ curriculum dimension, UNIDEAL's distilled share) first on one page, then accurac
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -86,25 +87,54 @@ def write_hparams(run_dir: Path, hparams: dict, metrics: dict) -> None:
 
     Writes the session's start (its hparams) and end, never an experiment (see the module's docstring): TensorBoard
     lists the runs' scalars as the metrics, the given summary ``metrics`` among them. A rewrite (after --resume, or
-    a sweep's end) replaces the earlier HParams file.
+    a sweep's end) replaces the earlier HParams file. Written with TensorBoard's own event writer and protocol
+    buffers, the events ``torch.utils.tensorboard`` writes, without importing torch: a sweep's or seed set's own
+    process, which writes these at its end, has no other use for torch (1-3 s to import).
     """
     if not run_dir.is_dir() or not hparams:
         return
-    from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams as hparams_summary
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     for old in run_dir.glob("events.out.tfevents.*.hparams"):
         old.unlink()
     clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()
              if v is not None}
     values = {k: float(v) for k, v in metrics.items() if v is not None}
-    _, ssi, sei = hparams_summary(clean, {})
-    writer = SummaryWriter(str(run_dir), filename_suffix=".hparams")
+    writer = EventFileWriter(str(run_dir), filename_suffix=".hparams")
     try:
-        fw = writer._get_file_writer()  # noqa: SLF001 - the documented add_hparams() would open a sub-run
-        for summary in (ssi, sei):  # no experiment: TensorBoard builds it from every run, differing keys first
-            fw.add_summary(summary)
+        for summary in _session_summaries(clean):  # no experiment: TensorBoard builds it from every run
+            writer.add_event(Event(summary=summary, wall_time=time.time()))
         for key, value in values.items():
-            writer.add_scalar(key, value, 0)
+            writer.add_event(Event(summary=Summary(value=[Summary.Value(tag=key, simple_value=value)]),
+                                   wall_time=time.time(), step=0))
     finally:
         writer.close()
+
+
+def _session_summaries(hparams: dict) -> list:
+    """The HParams plugin's session-start (the hparams) and session-end summaries, as
+    ``torch.utils.tensorboard.summary.hparams`` makes them (numbers, bools included, as ``number_value``; strings as
+    ``string_value``)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.hparams.api_pb2 import Status
+    from tensorboard.plugins.hparams.metadata import PLUGIN_DATA_VERSION, PLUGIN_NAME, SESSION_END_INFO_TAG, \
+        SESSION_START_INFO_TAG
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData, SessionEndInfo, SessionStartInfo
+
+    start = SessionStartInfo()
+    for key, value in hparams.items():
+        if isinstance(value, (int, float)):
+            start.hparams[key].number_value = value
+        elif isinstance(value, str):
+            start.hparams[key].string_value = value
+
+    def summary(tag: str, **data: Any) -> Any:
+        content = HParamsPluginData(version=PLUGIN_DATA_VERSION, **data)
+        meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME,
+                                                                      content=content.SerializeToString()))
+        return Summary(value=[Summary.Value(tag=tag, metadata=meta)])
+
+    return [summary(SESSION_START_INFO_TAG, session_start_info=start),
+            summary(SESSION_END_INFO_TAG, session_end_info=SessionEndInfo(status=Status.Value("STATUS_SUCCESS")))]

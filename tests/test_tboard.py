@@ -82,3 +82,24 @@ def test_hparams_hold_no_experiment_so_tensorboard_lists_differing_keys_first(tm
     assert set(acc.PluginTagToContent("hparams")) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     (tmp_path / "config.yaml").write_text("seed: 3\nlog: {tensorboard: false}\n")
     assert saved_hparams(tmp_path) is None  # a run that switched TensorBoard off gets no HParams from its sweep
+
+
+def test_hparams_are_written_without_torch_as_torch_writes_them(tmp_path):
+    """A sweep's own process writes every trial's HParams at its end and has no other use for torch: raysim builds
+    the plugin's session summaries with TensorBoard's protocol buffers, byte for byte what torch.utils.tensorboard
+    makes (numbers and bools as number_value, strings as string_value), and TensorBoard reads them back."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard.summary import hparams
+
+    from raysim.tboard import _session_summaries, write_hparams
+
+    values = {"train.lr": 0.3, "seed": 2, "algorithm.name": "fedavg", "log.tensorboard": True}
+    assert [s.SerializeToString() for s in _session_summaries(values)] == \
+        [s.SerializeToString() for s in hparams(values, {})[1:]]
+
+    write_hparams(tmp_path, values, {"hparams/best_acc_mean": 0.75})
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("hparams/best_acc_mean")] == [(0, 0.75)]
+    assert sorted(events.PluginTagToContent("hparams")) == ["_hparams_/session_end_info",
+                                                            "_hparams_/session_start_info"]
