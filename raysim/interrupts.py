@@ -211,3 +211,23 @@ def graceful(stop: Callable[[], Any], what: str = "the round in flight") -> Iter
         h.stops.remove(entry)
         if not h.stops:
             _disarm()
+
+
+def quiet_exit_on_sigterm() -> None:
+    """In a Ray worker process of raysim's (a Tune trial's, a ClientWorker, a trial's host): when Ray ends the
+    process, Ray's SIGTERM handler raises ``SystemExit(1)``; if that lands inside a weakref callback or a
+    finaliser, Python prints it as "Exception ignored in ... Traceback", which Ray forwards to the user's terminal
+    (9 lines after a successful sweep). An exit is not an error: this process drops such reports and leaves every
+    other one to Python's default hook."""
+    import sys
+
+    default = sys.unraisablehook
+    if getattr(default, "drops_sigterm_exits", False):  # a process that runs several trials installs it once
+        return
+
+    def hook(report: Any) -> None:
+        if not isinstance(report.exc_value, SystemExit):
+            default(report)
+
+    hook.drops_sigterm_exits = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook

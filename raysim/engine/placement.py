@@ -13,11 +13,13 @@ that node through Ray:
 
 - ``raysim run``: the command's process prepares the run directory and runs the driver itself (it writes metrics,
   TensorBoard events and checkpoints); workers run anywhere and return results as Ray objects.
-- a Tune trial: Tune places the trial's actor in the trial's placement group, on any node. That actor only relays:
-  it starts a :class:`TrialHost` on the launch node (``launch_node``, recorded by the sweep) and reports the rounds
-  the host streams back. The host runs the trial's whole raysim run there (run directory, resume from its
-  checkpoint, driver); the workers take the placement group's bundles on whatever nodes hold them. So a trial that
-  Tune restarts on another node finds its checkpoint where it left it.
+- a Tune trial: Tune places the trial's actor in the trial's placement group, on any node. On the launch node the
+  actor runs the trial's raysim run itself (and a run of one CPU worker runs whole in it, on the in-process executor,
+  computing on the CPU its bundle reserves: ``raysim.tune.trials.run_trial``). Elsewhere that actor only relays: it
+  starts a :class:`TrialHost` on the launch node (``launch_node``, recorded by the sweep) and reports the rounds the
+  host streams back. The host runs the trial's whole raysim run there (run directory, resume from its checkpoint,
+  driver); the workers take the placement group's bundles on whatever nodes hold them. So a trial that Tune
+  restarts on another node finds its checkpoint where it left it.
 
 The host is created by the trial (Ray ends an actor when its owner dies) and runs the driver in its own process, so
 a trial that ends, or is lost with its node, leaves nothing running; the placement group's first bundle holds the
@@ -81,6 +83,9 @@ class TrialHost:
     trial's thread."""
 
     def __init__(self) -> None:
+        from raysim.interrupts import quiet_exit_on_sigterm
+
+        quiet_exit_on_sigterm()  # Ray ending this process is no error to print
         self._stopped = threading.Event()
         self._driver: Any = None
         self._thread: threading.Thread | None = None

@@ -27,11 +27,15 @@ from raysim.errors import UserError
 LOCAL_SYSTEM_CONFIG = {"preload_python_modules": ["torch", "raysim.engine.worker"]}
 
 
-def local_ray_options(state_memory_gb: Optional[float] = None) -> dict[str, Any]:
-    """``ray.init`` arguments for a local Ray as raysim starts one (the tests and benchmarks start theirs with them)."""
+def local_ray_options(state_memory_gb: Optional[float] = None, preload: Sequence[str] = ()) -> dict[str, Any]:
+    """``ray.init`` arguments for a local Ray as raysim starts one (the tests and benchmarks start theirs with them);
+    ``preload``: modules its worker processes import as they start, besides torch and raysim's worker (a sweep's:
+    what its trial processes need)."""
     # token authentication stays on; only the notice that it is on is silenced for a private local cluster
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    options: dict[str, Any] = {"_system_config": dict(LOCAL_SYSTEM_CONFIG),  # ray.init writes into the dict
+    system = {**LOCAL_SYSTEM_CONFIG, "preload_python_modules": [*LOCAL_SYSTEM_CONFIG["preload_python_modules"],
+                                                                *preload]}  # a new dict: ray.init writes into it
+    options: dict[str, Any] = {"_system_config": system,
                                "_node_ip_address": "127.0.0.1"}  # honoured only inside loopback_only(): see there
     if state_memory_gb is not None:
         options["object_store_memory"] = int(state_memory_gb * 1024**3)
@@ -117,19 +121,20 @@ def loopback_only() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
-def init_local_ray(state_memory_gb: Optional[float] = None, **kwargs: Any) -> Any:
+def init_local_ray(state_memory_gb: Optional[float] = None, preload: Sequence[str] = (), **kwargs: Any) -> Any:
     """``ray.init`` of a private local Ray as raysim starts one: on loopback, with ``local_ray_options()``.
 
     ``address="local"``: a new Ray even when ``ray start`` left a cluster's address (live or stale) in Ray's temp
     directory, which ``ray.init()`` with no address would try to join."""
     kwargs.setdefault("address", "local")
     with loopback_only():
-        return ray.init(**kwargs, **local_ray_options(state_memory_gb))
+        return ray.init(**kwargs, **local_ray_options(state_memory_gb, preload))
 
 
-def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
+def start_ray(engine: Any, plugins: Sequence[str] = (), preload: Sequence[str] = ()) -> None:
     """Start a private local Ray or join a running cluster, as ``ray.init()`` would (see ``raysim.engine.connect``),
-    as ``raysim run`` does; the ``plugins`` modules travel to every node with the job's runtime environment."""
+    as ``raysim run`` does; the ``plugins`` modules travel to every node with the job's runtime environment.
+    ``preload``: modules a private local Ray's worker processes import as they start (:func:`local_ray_options`)."""
     from ray.exceptions import AuthenticationError
 
     from raysim.engine.connect import auth_error, choose_cluster
@@ -154,7 +159,7 @@ def start_ray(engine: Any, plugins: Sequence[str] = ()) -> None:
         with interrupts.deferred(), _ray_keeps_our_handlers():  # SIGTERM while Ray starts: exit 143 once it is up
             if address is None:
                 with plugins_on_path(plugins):
-                    init_local_ray(engine.state_memory_gb, **kwargs)
+                    init_local_ray(engine.state_memory_gb, preload, **kwargs)
             else:  # a joined cluster keeps its own settings (object store size, system config)
                 ray.init(address=address, **kwargs)
             if kwargs["log_to_driver"]:
@@ -235,18 +240,19 @@ def _drop_sigterm_dumps() -> None:
 
 
 @contextlib.contextmanager
-def ray_session(engine: Any, plugins: Sequence[str] = ()) -> Iterator[bool]:
-    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started."""
+def ray_session(engine: Any, plugins: Sequence[str] = (), preload: Sequence[str] = ()) -> Iterator[bool]:
+    """Use an already initialised Ray (tests, notebooks, Tune), else start/join one; shut down only what we started.
+    ``preload``: see :func:`start_ray`."""
     if ray.is_initialized():
         yield False
         return
-    start_ray(engine, plugins)
+    start_ray(engine, plugins, preload)
     try:
         yield True
     finally:
-        from raysim.engine.pool import release_warm_workers
-
-        release_warm_workers()  # their handles end with this Ray
+        pool = sys.modules.get("raysim.engine.pool")  # no kept workers unless it was imported (it imports torch)
+        if pool is not None:
+            pool.release_warm_workers()  # their handles end with this Ray
         end_private_ray()
 
 

@@ -170,18 +170,22 @@ def _check_writable(run_dir: Path) -> None:
 def run_experiment(cfg: ExperimentConfig, *, resume: bool = False,
                    on_round: Optional[Callable[[dict], None]] = None,
                    on_start: Optional[Callable[[dict], None]] = None,
-                   handle_signals: bool = False, placement_group: Any = None) -> tuple[Path, list[dict], bool]:
+                   handle_signals: bool = False, placement_group: Any = None,
+                   in_process: bool = False) -> tuple[Path, list[dict], bool]:
     """Run (or resume) one experiment; returns (run_dir, this invocation's round metrics, stopped_early).
 
     ``handle_signals``: the first Ctrl-C or SIGTERM finishes the round, checkpoints it and ends the run (stopped
-    early); see ``raysim.interrupts`` for the bound after SIGTERM."""
+    early); see ``raysim.interrupts`` for the bound after SIGTERM. ``in_process``: run it in this process whatever
+    ``engine.backend`` resolves to here (a Tune trial whose run needs one worker: the trial's own process, which is
+    on Ray and would otherwise resolve to ``ray``)."""
     from raysim.engine.sampling import check_cohort_fits
 
     with interrupts.handled() if handle_signals else contextlib.nullcontext():
         check_cohort_fits(cfg)  # a cohort that cannot fit in memory: refused before anything starts
         run_dir, created, lock = prepare_run_dir(cfg, resume)
         try:
-            return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_signals, placement_group)
+            return _run_locked(cfg, run_dir, created, resume, on_round, on_start, handle_signals, placement_group,
+                               in_process)
         finally:
             lock.release()
 
@@ -220,7 +224,7 @@ class RunControl:
 
 def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: bool,
                 on_round: Optional[Callable[[dict], None]], on_start: Optional[Callable[[dict], None]],
-                handle_signals: bool, placement_group: Any) -> tuple[Path, list[dict], bool]:
+                handle_signals: bool, placement_group: Any, in_process: bool = False) -> tuple[Path, list[dict], bool]:
     if resume:  # the resolved config of the original run, with this invocation's engine/log/rounds
         cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, dir=str(run_dir)))
     rows: list[dict] = []
@@ -245,7 +249,7 @@ def _run_locked(cfg: ExperimentConfig, run_dir: Path, created: bool, resume: boo
             on_round(metrics)
 
     try:
-        if placement_group is None and choose_backend(cfg.engine) == "inline":
+        if in_process or (placement_group is None and choose_backend(cfg.engine) == "inline"):
             _run_inline(cfg, run_dir, resume, started, record)
         else:
             _run_on_ray(cfg, run_dir, resume, placement_group, started, record)

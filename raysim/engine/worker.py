@@ -20,6 +20,7 @@ from raysim.engine.core import ClientJobs
 from raysim.engine.device import configure, cuda_unusable, job_guard, memory_info, node_name, refuse_gpu_share
 from raysim.engine.jobs import Call
 from raysim.errors import NotOnCPU, UserError
+from raysim.interrupts import quiet_exit_on_sigterm
 from raysim.registry import import_plugins
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class ClientWorker:
     here: Ray reports an exception in an actor's constructor without its message)."""
 
     def __init__(self, cfg: ExperimentConfig):
+        quiet_exit_on_sigterm()  # Ray ending this process is no error to print (raysim.interrupts)
         # a worker's share of the cores, so workers don't fight over them
         torch.set_num_threads(threads_for(cfg.engine.cpus_per_worker))
         try:

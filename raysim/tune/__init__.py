@@ -2,9 +2,12 @@
 
 A trial reserves its driver and workers with a placement group (bundle 0 for the driver, one bundle per worker), so
 concurrent trials share a cluster without oversubscribing it; requests the cluster can never satisfy are refused up
-front, since Tune would otherwise leave such trials pending for ever. Trials report every round with
-``ray.tune.report`` (ASHA stops poor ones early, counting rounds) and write ordinary raysim run directories inside
-the sweep directory, so ``raysim report`` and TensorBoard work on them as on any run.
+front, since Tune would otherwise leave such trials pending for ever. A trial whose run needs one CPU worker runs it
+whole in the trial's own process (no worker process, no object-store traffic), and Tune reuses that process for the
+next trial (torch, raysim and the built datasets stay loaded). A seed set whose runs are in-process needs neither Ray
+nor Tune: its seeds run several at once, one process per core (``inprocess``, ``seedpool``). Trials report every
+round with ``ray.tune.report`` (ASHA stops poor ones early, counting rounds) and write ordinary raysim run
+directories inside the sweep directory, so ``raysim report`` and TensorBoard work on them as on any run.
 
 Sweep directory layout::
 
@@ -19,11 +22,11 @@ Modules, by concern: ``spec`` (reading and saving sweep files), ``validate`` (ch
 ``naming`` (trial or seed: run-directory names, labels, summaries), ``trials`` (the Tune trainable), ``progress``
 (console lines), ``running`` (the Tuner), ``sweepdir`` (the sweep directory), ``guards`` (how
 raysim keeps Tune in line: signals, lost trials, unsaved state, error lines), ``search`` (schedulers and searchers),
-``results`` (the tables, best.yaml, HParams), ``seeds`` (``--seeds``), ``state`` (raysim's record of the sweep).
+``results`` (the tables, best.yaml, HParams), ``seeds`` (``--seeds``), ``state`` (raysim's record of the sweep),
+``inprocess``, ``seedrun`` and ``seedpool`` (seed sets without Ray).
 This package re-exports what callers import from ``raysim.tune``.
 """
 
-from raysim.engine.placement import run_bundles as trial_bundles
 from raysim.tables import markdown_table
 from raysim.tune.naming import SeedNaming, TrialNaming, naming
 from raysim.tune.progress import _Progress, _progress_callback
@@ -36,7 +39,7 @@ from raysim.tune.state import STATE_FILE, read_state, resume_spec, spec_from_yam
 from raysim.tune.spec import (DISTRIBUTIONS, RUN_METRICS, SCHEDULER_KEYS, SCHEDULERS, SEARCHERS, SWEEP_KEYS,
                               SweepError, SweepSpec, check_spec, default_sweep_dir, flatten_space, load_sweep,
                               spec_to_yaml)
-from raysim.tune.trials import ERROR_FILE, TrialSetup, one_line_cause, run_trial
+from raysim.tune.trials import ERROR_FILE, TrialSetup, one_line_cause, run_trial, trial_bundles
 from raysim.tune.validate import candidate_configs, candidate_overrides, check_cluster, validate_sweep
 
 __all__ = [

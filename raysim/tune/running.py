@@ -21,14 +21,16 @@ from raysim.tune.progress import _progress_callback, _Progress
 from raysim.tune.results import SweepResult, collect_trials, finish_sweep, trial_run_dir
 from raysim.tune.spec import SweepError, SweepSpec, default_sweep_dir
 from raysim.tune.guards import (TuneStateUnwritable, _one_line_trial_errors, _restarts_only_lost_trials,
-                                _stops_on_signals, _stops_when_tune_cannot_save, _tune_env)
+                                _no_callback_census, _stops_on_signals, _stops_when_tune_cannot_save,
+                                _trials_start_warm, _tune_env)
 from raysim.tune.search import _scheduler, recorded_search
 from raysim.tune.state import SweepState, state_callback, trial_identity
 from raysim.tune.sweepdir import _check_sweep_dir
-from raysim.tune.trials import ERROR_FILE, TrialSetup, _param_space, _trial_resources, run_trial
+from raysim.tune.trials import ERROR_FILE, TrialSetup, _param_space, _trial_resources, run_trial, runs_in_trial_process
 from raysim.tune.validate import candidate_configs, check_cluster, validate_sweep
 
 LOST_TRIAL_RESTARTS = 5  # Tune restarts a trial lost with its node or process at most this many times
+TRIAL_PRELOAD = ("ray.tune", "raysim.tune.trials", "raysim.engine.driver")  # what a trial's process imports
 
 
 def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool = False, quiet: bool = False,
@@ -121,7 +123,11 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
         return finish_sweep(spec, sweep_dir)
     progress = _Progress(spec, total, first.rounds, quiet, done=done,
                          run_dir=lambda trial: trial_run_dir(spec, sweep_dir, *trial_identity(trial)))
-    with ray_session(first.engine, first.plugins):
+    # a private local Ray's worker processes import what a trial needs while Tune starts: the trial processes that
+    # take them start warm, where their runs run (raysim.tune.trials.run_trial; not worth it for trials whose runs
+    # all go to worker processes of their own, which would import Tune for nothing)
+    in_trials = any(runs_in_trial_process(cfg.engine) for cfg in candidates)
+    with ray_session(first.engine, first.plugins, preload=TRIAL_PRELOAD if in_trials else ()):
         check_cluster(spec, candidates)
         setup = TrialSetup(base=spec.base, fixed=tuple(spec.fixed), trials_dir=str(spec.trials_dir(sweep_dir)),
                            cwd=os.getcwd(), naming=spec.naming, launch_node=this_node())
@@ -132,7 +138,6 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
         out(f"raysim: {'resuming' if resume else 'starting'} {what} ({first.algorithm.name} on {first.data.name}, "
             f"{counted(first.rounds, 'round')} each, {spec.scheduler['name']}) on {cpus:g} CPUs; directory {sweep_dir}")
         with _tune_env():
-            from raysim.engine.pool import release_warm_workers
             from raysim.tracking import tune_callbacks
 
             callbacks = [state_callback(state), _progress_callback(progress), CSVLoggerCallback(),
@@ -143,12 +148,15 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
                                             scheduler=_scheduler(spec, first.rounds),
                                             search_alg=recorded_search(spec, state, to_run, new),
                                             max_concurrent_trials=spec.max_concurrent,
+                                            # a trial's process runs the next trial of its shape: torch, raysim
+                                            # and built datasets stay loaded (raysim.tune.trials.run_trial)
+                                            reuse_actors=True,
                                             trial_dirname_creator=lambda trial: trial.trial_id),
                 run_config=tune.RunConfig(name="tune", storage_path=str(sweep_dir), verbose=0, callbacks=callbacks,
                                           failure_config=tune.FailureConfig(max_failures=LOST_TRIAL_RESTARTS)))
-            release_warm_workers()  # Tune's trials need the CPUs that a run's kept workers hold (warm_workers)
+            _release_warm_workers()  # Tune's trials need the CPUs that a run's kept workers hold (warm_workers)
             with _one_line_trial_errors(), _stops_on_signals(), _restarts_only_lost_trials(spec, sweep_dir), \
-                    _stops_when_tune_cannot_save(tune_dir) as unsaved:
+                    _trials_start_warm(), _no_callback_census(), _stops_when_tune_cannot_save(tune_dir) as unsaved:
                 try:
                     tuner.fit()
                 except OSError as exc:  # Tune's own state, written in its staging directory first, raises
@@ -161,3 +169,13 @@ def _run_sweep_locked(spec: SweepSpec, candidates: list[ExperimentConfig], sweep
                                           f"stopped (its trials keep their last checkpoints; free some space, then "
                                           f"resume)")
     return finish_sweep(spec, sweep_dir)
+
+
+def _release_warm_workers() -> None:
+    """End the workers that runs before kept (``raysim.engine.pool.warm_workers``); none can be kept unless the pool
+    was imported, and a sweep's own process has no use for torch, which importing it would load (seconds)."""
+    import sys
+
+    pool = sys.modules.get("raysim.engine.pool")
+    if pool is not None:
+        pool.release_warm_workers()

@@ -6,15 +6,14 @@ import contextlib
 import math
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from raysim.config import ExperimentConfig, load_config
 from raysim.dirlock import DirLock
-from raysim.engine.placement import run_bundles
 from raysim.errors import UserError
+from raysim.interrupts import quiet_exit_on_sigterm  # noqa: F401 - re-exported: each trial's process installs it
 from raysim.tune.naming import naming
 from raysim.tune.spec import SweepSpec
 from raysim.tune.state import TRIAL_KEY, split_trial_config
@@ -44,30 +43,29 @@ class TrialSetup:
 
 ERROR_FILE = "error.txt"  # in a failed trial's run directory: its one-line cause, for the console and the table
 LOST_ATTEMPT_WAIT_S = 60.0  # how long a restarted trial waits for its lost attempt to let go of its run directory
+# seconds Tune waits for a finished trial's thread to end before it reuses the trial's process for the next trial
+# (Tune's default, 2 s, would fail the next trial on a loaded machine, where ending a run's thread can take longer)
+TRIAL_THREAD_END_S = "60"
 
 
-def quiet_exit_on_sigterm() -> None:
-    """When Tune ends a trial's actor, Ray's SIGTERM handler raises ``SystemExit``; if that lands inside a weakref
-    callback, Python prints it as "Exception ignored in ... Traceback", which Ray forwards to the user's terminal. An
-    exit is not an error: this process drops such reports and leaves every other one to Python's default hook."""
-    default = sys.unraisablehook
-    if getattr(default, "drops_sigterm_exits", False):  # a process that runs several trials installs it once
-        return
-
-    def hook(report: Any) -> None:
-        if not isinstance(report.exc_value, SystemExit):
-            default(report)
-
-    hook.drops_sigterm_exits = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
+def runs_in_trial_process(engine: Any) -> bool:
+    """Whether a trial's run needs nothing of Ray beyond the trial's own process: one worker, on the CPU, with no
+    object-store budget, and ``engine.backend`` not pinned to ``ray``. Such a run goes through the in-process
+    executor in the trial's process (no ClientWorker to start, no object-store traffic), on the CPU that the
+    trial's placement group reserves for its one worker (``raysim.engine.placement.run_bundles``)."""
+    return (engine.backend != "ray" and engine.num_workers == 1 and not engine.gpus_per_worker
+            and engine.state_memory_gb is None)
 
 
 def run_trial(values: dict, setup: TrialSetup) -> None:
-    """The Tune trainable: one raysim run whose workers use the trial's placement group, reporting every round.
+    """The Tune trainable: one raysim run, reporting every round.
 
     The trial's actor may run on any node; the run itself (run directory, driver) runs on the node where the sweep
     was started (``raysim.engine.placement``), and this relays its rounds to Tune. A trial that Tune placed on that
-    node already runs it in its own process: no relay process to start (a few seconds each).
+    node runs it in its own process: no relay process to start (a few seconds each); and a run that needs one CPU
+    worker (:func:`runs_in_trial_process`) runs whole there, on the in-process executor, with no worker process
+    either. Tune reuses the process for the next trial (``reuse_actors``): torch, raysim and the built datasets
+    (``raysim.data.memo``) stay loaded, and a reused process computes what a fresh one does.
     """
     import ray
     from ray import tune
@@ -75,11 +73,12 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
     from raysim.engine.placement import this_node, trial_host
 
     quiet_exit_on_sigterm()
+    os.environ["TUNE_FUNCTION_THREAD_TIMEOUT_S"] = TRIAL_THREAD_END_S  # read by Tune in this process, on reuse
     trial_id, values = split_trial_config(values, tune.get_context().get_trial_id())  # raysim's name for the trial
     group = ray.util.get_current_placement_group()
     if not setup.launch_node or this_node() == setup.launch_node:
         run_trial_on_launch_node(values, setup, trial_id, group, report=tune.report, on_start=lambda info: None,
-                                 stopped=lambda: False)
+                                 stopped=lambda: False, own_process=True)
         return
     with trial_host(setup.launch_node) as stream:
         for row in stream(run_trial_on_launch_node, values, setup, trial_id, group):
@@ -88,8 +87,9 @@ def run_trial(values: dict, setup: TrialSetup) -> None:
 
 def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, placement_group: Any, *,
                              report: Callable[[dict], None], on_start: Callable[[dict], None],
-                             stopped: Callable[[], bool]) -> None:
+                             stopped: Callable[[], bool], own_process: bool = False) -> None:
     """A trial's raysim run, on the node that holds the sweep directory; ``report`` sends a row to Tune.
+    ``own_process``: this is the trial's own process (not a relay's host), where a one-worker run runs whole.
 
     A trial run again by a resumed sweep (after Ctrl-C or a kill) or by Tune on another node finds its run
     directory's checkpoint and continues from it; one whose run had already ended (killed before Tune recorded it)
@@ -128,8 +128,9 @@ def run_trial_on_launch_node(values: dict, setup: TrialSetup, trial_id: str, pla
         if rows and done >= cfg.rounds:  # the run ended before the sweep was killed: report it, run nothing
             report(carry(rows[-1]))
             return
+        in_process = own_process and runs_in_trial_process(cfg.engine)
         run_experiment(cfg, resume=resume, on_round=lambda m: report(carry(m)), on_start=on_start,
-                       placement_group=placement_group)
+                       placement_group=None if in_process else placement_group, in_process=in_process)
     except BaseException as exc:
         # Tune ending a trial (a scheduler stopped or paused it) is not a failure, whatever error ending its driver
         # caused: through the relay it is TrialStopped; in the trial's own thread Tune raises SystemExit(0)
@@ -197,10 +198,18 @@ def one_line_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def trial_bundles(engine: Any) -> list[dict[str, float]]:
+    """The bundles a trial reserves: its run's (``raysim.engine.placement.run_bundles``: the driver's, then one per
+    worker; a run in the trial's own process computes on its one worker's bundle)."""
+    from raysim.engine.placement import run_bundles  # here: Ray is not imported by the seed sets that need none
+
+    return run_bundles(engine)
+
+
 def _trial_resources(values: dict, setup: TrialSetup) -> Any:
     from ray.tune import PlacementGroupFactory
 
-    return PlacementGroupFactory(run_bundles(setup.config(values).engine), strategy="PACK")
+    return PlacementGroupFactory(trial_bundles(setup.config(values).engine), strategy="PACK")
 
 
 def _param_space(spec: SweepSpec) -> dict[str, Any]:

@@ -50,3 +50,22 @@ def test_a_trial_process_drops_sigterm_exits_reported_as_unraisable(monkeypatch)
     sys.unraisablehook(exit_report)
     sys.unraisablehook(error_report)
     assert seen == [error_report]
+
+
+def test_raysims_ray_processes_drop_sigterm_exits(ray_cluster):
+    """Ray ends a run's ClientWorkers and a trial's host with SIGTERM, whose handler raises SystemExit(1): each
+    such process installs the hook above, so a successful sweep or run prints no "Exception ignored" report."""
+    import ray
+
+    from raysim.config import load_config
+    from raysim.engine.placement import TrialHost
+    from raysim.engine.worker import ClientWorker
+
+    cfg = load_config(None, ["engine.backend=ray", "engine.num_workers=1"])
+    for actor in (ray.remote(ClientWorker).options(num_cpus=0).remote(cfg),
+                  ray.remote(TrialHost).options(num_cpus=0).remote()):
+        try:
+            assert ray.get(actor.__ray_call__.remote(
+                lambda self: getattr(sys.unraisablehook, "drops_sigterm_exits", False)))
+        finally:
+            ray.kill(actor)
