@@ -14,7 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import ROOT, read_rows, strip_timing
+import yaml
+
+from conftest import ROOT, TINY, read_rows, strip_timing
 from raysim.cli import main
 from test_tune import write_sweep
 
@@ -89,3 +91,57 @@ def test_a_trial_whose_process_dies_is_restarted_from_its_checkpoint(ray_cluster
     assert [p.read_text().count("Failure #") for p in (out / "tune").glob("*/error.txt")] == [1]  # restarted once
     run_dir = Path(rows[0]["run_dir"])
     assert strip_timing(read_rows(run_dir)) == _fresh_run(run_dir, tmp_path / "fresh")
+
+
+def _two_cores_no_ray(monkeypatch) -> None:
+    """This process sees two cores and no Ray (the session's, started by an earlier test, would send a seed set
+    whose runs resolve to Ray to Tune)."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("raysim.engine.backend.ray_initialized", lambda: False)
+
+
+def test_seeds_run_at_once_each_in_a_process_of_its_own(shared_run, tmp_path, capsys, monkeypatch):
+    """In process (engine.backend auto on one machine), two cores: two processes share three seeds; each seed's
+    run is the one `raysim run` makes alone."""
+    _two_cores_no_ray(monkeypatch)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    parent = tmp_path / "seeds"
+    assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0-2", f"log.dir={parent}", "rounds=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "3 seeds" in printed and "2 at once, each in a process of its own" in printed
+    assert "3/3 seeds done" in printed and "[seed 2] round 3/3" in printed
+    rows = list(csv.DictReader(open(parent / "results.csv")))
+    assert sorted((r["seed"], r["status"], r["rounds"]) for r in rows) == [(s, "done", "3/3") for s in "012"]
+    for seed in (0, 1, 2):
+        plain = shared_run(name=TINY["name"], seed=seed, rounds=3)[1]
+        assert strip_timing(read_rows(parent / f"seed-{seed}")) == strip_timing(plain), seed
+
+
+def test_a_seed_whose_process_fails_or_dies_is_recorded_and_the_others_run(tmp_path, capsys, monkeypatch):
+    """A seed failing in its process records its cause as in process; a process that dies mid-seed fails that
+    seed with a one-line cause, and a fresh process takes the seeds left."""
+    from raysim.tune import seedpool
+
+    _two_cores_no_ray(monkeypatch)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    parent = tmp_path / "seeds"
+    assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "plugins=[fail_round2]",
+                 "algorithm.name=fail_round2", "--quiet"]) == 1
+    cause = "RuntimeError: deliberate failure in round 2 | for the test"
+    assert "2 seeds failed" in capsys.readouterr().err
+    rows = list(csv.DictReader(open(parent / "results.csv")))
+    assert sorted((r["seed"], r["status"], r["rounds"]) for r in rows) == [(s, f"error: {cause}", "1/2") for s in "01"]
+
+    started = seedpool._SeedProcess.run
+
+    def kill_the_first(self, seed):  # the process handed seed 0 dies at once
+        started(self, seed)
+        if seed == 0:
+            self.proc.kill()
+
+    monkeypatch.setattr(seedpool._SeedProcess, "run", kill_the_first)
+    parent = tmp_path / "dying"
+    assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0-2", f"log.dir={parent}", "--quiet"]) == 1
+    rows = {r["seed"]: r for r in csv.DictReader(open(parent / "results.csv"))}
+    assert rows["0"]["status"] == "error: RuntimeError: the process running it was killed (SIGKILL)", rows
+    assert rows["1"]["status"] == rows["2"]["status"] == "done", rows
