@@ -2,7 +2,7 @@
 
 ``raysim run --seeds`` with in-process runs starts one process per core it may use (``inprocess.seeds_at_once``);
 each imports torch and raysim once and runs the seeds it is handed one after another, exactly as a seed runs in
-the command's own process (``inprocess.run_one_seed``), so the numbers are the same. The command hands out the
+the command's own process (``seedrun.run_one_seed``), so the numbers are the same. The command hands out the
 seeds, prints the progress the processes report and writes the table, as for a seed set run in its own process.
 
 The processes speak JSON lines, never pickle: the command writes ``{"seed": n}`` (run it) or ``{"stop": true}``
@@ -26,10 +26,10 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 import raysim.interrupts as interrupts
+from raysim.tune.seedrun import DONE, ENDED_BEFORE, FAILED, STOPPED, run_one_seed
 from raysim.tune.trials import TrialSetup
 
-_ENDED = ("done", "failed", "ended before")  # inprocess.DONE, FAILED, ENDED_BEFORE: the seed is over
-_STOPPED = "stopped"  # inprocess.STOPPED: Ctrl-C; checkpointed, unfinished
+_ENDED = (DONE, FAILED, ENDED_BEFORE)  # the seed is over (STOPPED: Ctrl-C; checkpointed, unfinished)
 
 
 class _SeedProcess:
@@ -96,7 +96,7 @@ def _import_path() -> list[str]:
 
 def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
                   tell: Callable[[int, str, dict], None]) -> None:
-    """Run ``seeds`` on ``processes`` processes; ``tell(seed, event, row)`` hears what ``inprocess.run_one_seed``
+    """Run ``seeds`` on ``processes`` processes; ``tell(seed, event, row)`` hears what ``seedrun.run_one_seed``
     tells. The first Ctrl-C or SIGTERM asks every process to finish its round and stop (no seed more starts); a
     second one, or SIGTERM's grace period over, ends them at once (raised as KeyboardInterrupt)."""
     from raysim.tune.trials import _record_error
@@ -145,7 +145,7 @@ def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
                         continue
                     for message in messages:
                         tell(message["seed"], message["event"], message.get("row") or {})
-                        if message["event"] in _ENDED or message["event"] == _STOPPED:
+                        if message["event"] in _ENDED or message["event"] == STOPPED:
                             worker.seed = None
                             hand_out(worker)
         killed = False
@@ -195,7 +195,6 @@ def _serve(events_fd: int) -> None:
         os._exit(0)  # the command closed our stdin: it ended, or is gone (killed); the checkpoint on disk is whole
 
     threading.Thread(target=listen, name="raysim-seed-commands", daemon=True).start()
-    from raysim.tune.inprocess import run_one_seed
 
     while True:
         with ready:
@@ -216,8 +215,8 @@ def _serve(events_fd: int) -> None:
         outcome = run_one_seed(setup, seed, tell, handle_signals=False, on_start=on_start)
         with ready:
             state["control"] = None
-        if outcome == _STOPPED:
-            tell(_STOPPED, {})
+        if outcome == STOPPED:
+            tell(STOPPED, {})
 
 
 if __name__ == "__main__":
