@@ -17,13 +17,30 @@ from raysim.tune.seedrun import DONE, ENDED_BEFORE, FAILED, STOPPED, run_one_see
 from raysim.tune.trials import TrialSetup
 
 
+PROCESS_GIB = 1.0  # memory a seed's process is counted at (torch and raysim ~0.4 GiB, the data and model besides)
+
+
 def seeds_at_once(engine: Any, seeds: int) -> int:
     """How many seeds run at once: one per ``engine.cpus_per_worker`` cores this process may use, at most one per
-    seed; one (in this very process) when ``engine.backend=inline`` is set."""
+    seed and one per :data:`PROCESS_GIB` of available memory; one (in this very process) when
+    ``engine.backend=inline`` is set."""
     if engine.backend == "inline":
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(seeds, int(cores // engine.cpus_per_worker)))
+    memory = _available_gib() / PROCESS_GIB
+    return max(1, min(seeds, int(cores // engine.cpus_per_worker), int(memory) if memory < seeds else seeds))
+
+
+def _available_gib() -> float:
+    """The memory the kernel says is available (``MemAvailable``); unknown: no limit."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024**2
+    except (OSError, ValueError):
+        pass
+    return float("inf")
 
 
 def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet: bool,
