@@ -1,7 +1,7 @@
 """A seed set whose runs are in-process (``raysim run --seeds`` when they resolve to ``engine.backend=inline``):
 no Ray and no Tune. With ``engine.backend=inline`` set, each seed runs in this process, one after another (your own
 frames in every error, ``breakpoint()`` in a hook works); with ``auto`` (in-process on one machine), as many seeds
-run at once as the machine's cores hold, each in a process of its own that runs seed after seed
+run at once as the machine's cores hold: in this process and in helper processes, each running seed after seed
 (``raysim.tune.seedpool``)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
                        cwd=str(Path.cwd()), naming=spec.naming)
     todo = [seed for seed in seeds if f"seed-{seed}" not in done]
     at_once = seeds_at_once(first.engine, len(todo))
-    where = "in this process" if at_once == 1 else f"{at_once} at once, each in a process of its own"
+    where = "in this process" if at_once == 1 else f"{at_once} at once (this process and {at_once - 1} more)"
     out(f"raysim: {'resuming' if done else 'starting'} {spec.names.what(len(seeds))} ({first.algorithm.name} on "
         f"{first.data.name}, {counted(first.rounds, 'round')} each) {where}; directory {sweep_dir}")
     trials = {seed: SimpleNamespace(trial_id=f"seed-{seed}", config={"seed": seed}, last_result={}) for seed in todo}

@@ -1,16 +1,20 @@
-"""Several seeds at once on one machine: a few processes, each running seed after seed in process.
+"""Several seeds at once on one machine: this process and a few more, each running seed after seed in process.
 
-``raysim run --seeds`` with in-process runs starts one process per core it may use (``inprocess.seeds_at_once``);
-each imports torch and raysim once and runs the seeds it is handed one after another, exactly as a seed runs in
-the command's own process (``seedrun.run_one_seed``), so the numbers are the same. The command hands out the
-seeds, prints the progress the processes report and writes the table, as for a seed set run in its own process.
+``raysim run --seeds`` with in-process runs uses one process per core it may use (``inprocess.seeds_at_once``):
+the command's own, and helpers it starts, each of which imports torch and raysim once, says it is ready and then
+runs the seeds it is handed one after another, exactly as a seed runs in the command's process
+(``seedrun.run_one_seed``), so the numbers are the same. A seed goes to whichever process is free first: the
+command's own takes the first at once, so a set of short runs never waits for a helper to start (a set that ends
+before any helper is ready ran as it would in one process), and a set of long runs keeps every core busy. The
+command prints the progress every process reports and writes the table, as for a seed set run in its own process.
 
-The processes speak JSON lines, never pickle: the command writes ``{"seed": n}`` (run it) or ``{"stop": true}``
-(finish the round in flight, checkpoint it, take no other seed) to a process's stdin; the process writes
+The helpers speak JSON lines, never pickle: the command writes ``{"seed": n}`` (run it) or ``{"stop": true}``
+(finish the round in flight, checkpoint it, take no other seed) to a helper's stdin; the helper writes
 ``{"seed": n, "event": ..., "row": {...}}`` to a pipe of its own (its stdout and stderr are the command's: a bug's
 traceback reaches the terminal as it would in process). Ctrl-C and SIGTERM are the command's to answer: the
-processes ignore them (a terminal's Ctrl-C reaches the whole process group), and the command asks each to stop;
-a process whose command is gone (its stdin closed) ends at once, its last checkpoint whole.
+helpers ignore them (a terminal's Ctrl-C reaches the whole process group), and the command asks each process,
+its own run included, to stop; a helper whose command is gone (its stdin closed) ends at once, its last checkpoint
+whole.
 """
 
 from __future__ import annotations
@@ -96,62 +100,124 @@ def _import_path() -> list[str]:
 
 def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
                   tell: Callable[[int, str, dict], None]) -> None:
-    """Run ``seeds`` on ``processes`` processes; ``tell(seed, event, row)`` hears what ``seedrun.run_one_seed``
-    tells. The first Ctrl-C or SIGTERM asks every process to finish its round and stop (no seed more starts); a
-    second one, or SIGTERM's grace period over, ends them at once (raised as KeyboardInterrupt)."""
-    from raysim.tune.trials import _record_error
-
+    """Run ``seeds`` in this process and ``processes - 1`` helpers; ``tell(seed, event, row)`` hears what
+    ``seedrun.run_one_seed`` tells. The first Ctrl-C or SIGTERM asks every process to finish its round and stop (no
+    seed more starts); a second one, or SIGTERM's grace period over, ends them at once (raised as
+    KeyboardInterrupt). Called from this process's main thread, which runs its own seeds; a thread serves the
+    helpers."""
+    lock = threading.RLock()  # the queue, the helpers and the console: this thread and the helpers' thread
     waiting = deque(seeds)
-    stopping = threading.Event()
-    selector = selectors.DefaultSelector()
-    pool: list[_SeedProcess] = []
+    stopping, closing = threading.Event(), threading.Event()
+    own: dict[str, Any] = {"control": None}  # the run in this process, once started
+    helpers: list[_SeedProcess] = []
+    failures: list[BaseException] = []
 
-    def start() -> _SeedProcess:
-        worker = _SeedProcess(setup)
-        selector.register(worker.events, selectors.EVENT_READ, worker)
-        pool.append(worker)
-        return worker
+    def told(seed: int, event: str, row: dict) -> None:
+        with lock:
+            tell(seed, event, row)
 
-    def hand_out(worker: _SeedProcess) -> None:
-        if waiting and not stopping.is_set():
-            worker.run(waiting.popleft())
+    def next_seed() -> Optional[int]:
+        with lock:
+            return waiting.popleft() if waiting and not stopping.is_set() else None
 
     def stop() -> bool:
         stopping.set()
-        for worker in pool:
-            if worker.seed is not None:
-                worker.stop()
+        with lock:
+            if own["control"] is not None:
+                own["control"].request_stop()
+            for helper in helpers:
+                if helper.seed is not None:
+                    helper.stop()
         return True
 
+    def on_start(info: dict) -> None:
+        with lock:
+            own["control"] = info["control"]
+            if stopping.is_set():
+                info["control"].request_stop()
+
+    thread = threading.Thread(target=_serve_helpers, name="raysim-seed-helpers", daemon=True,
+                              args=(setup, processes - 1, helpers, lock, next_seed, lambda: bool(waiting), told,
+                                    stopping, closing, failures))
     killed = True
     try:
         with interrupts.graceful(stop, "the seeds' rounds in flight"):
-            for _ in range(min(processes, len(seeds))):
-                hand_out(start())
-            while any(worker.seed is not None for worker in pool):
-                for key, _ in selector.select(timeout=1.0):
-                    worker = key.data
-                    messages = worker.lines()
-                    if messages is None:  # the process ended mid-seed (killed, out of memory): the seed failed
-                        selector.unregister(worker.events)
-                        pool.remove(worker)
-                        worker.end(kill=True)
-                        if worker.seed is not None:
-                            _record_error(setup.run_dir({"seed": worker.seed}, f"seed-{worker.seed}"),
-                                          RuntimeError(f"the process running it {_how_it_ended(worker.proc)}"))
-                            tell(worker.seed, "failed", {})
-                        if waiting and not stopping.is_set():
-                            hand_out(start())  # a fresh process for the seeds left
-                        continue
-                    for message in messages:
-                        tell(message["seed"], message["event"], message.get("row") or {})
-                        if message["event"] in _ENDED or message["event"] == STOPPED:
-                            worker.seed = None
-                            hand_out(worker)
+            thread.start()
+            while (seed := next_seed()) is not None:
+                run_one_seed(setup, seed, lambda event, row, seed=seed: told(seed, event, row),
+                             handle_signals=False, on_start=on_start)
+                with lock:
+                    own["control"] = None
+            while thread.is_alive():  # the helpers' last seeds (joined in steps: a signal must get through)
+                thread.join(0.2)
         killed = False
     finally:
-        for worker in pool:
-            worker.end(kill=killed)
+        stopping.set()
+        closing.set()
+        thread.join(5)
+        with lock:
+            for helper in helpers:
+                helper.end(kill=killed)
+    if failures:
+        raise failures[0]
+
+
+def _serve_helpers(setup: TrialSetup, count: int, helpers: list[_SeedProcess], lock: threading.RLock,
+                   next_seed: Callable[[], Optional[int]], seeds_left: Callable[[], bool],
+                   told: Callable[[int, str, dict], None], stopping: threading.Event, closing: threading.Event,
+                   failures: list[BaseException]) -> None:
+    """Start ``count`` helpers, hand each a seed whenever it is ready or free, relay what they report; return once
+    every helper is idle with no seed left (or the command is closing). A helper that ends mid-seed fails that seed
+    in one line, and a fresh one takes its place while seeds are left."""
+    from raysim.tune.trials import _record_error
+
+    selector = selectors.DefaultSelector()
+
+    def start() -> None:
+        helper = _SeedProcess(setup)
+        selector.register(helper.events, selectors.EVENT_READ, helper)
+        with lock:
+            helpers.append(helper)
+
+    def hand_out(helper: _SeedProcess) -> None:
+        seed = next_seed()
+        if seed is not None:
+            helper.run(seed)
+
+    try:
+        for _ in range(count):
+            start()
+        while not closing.is_set():
+            with lock:
+                busy = any(h.seed is not None for h in helpers)
+            if not busy and (stopping.is_set() or not seeds_left()):
+                return  # helpers still starting are ended by the command
+            for key, _ in selector.select(timeout=0.5):
+                helper = key.data
+                messages = helper.lines()
+                if messages is None:  # the helper ended (killed, out of memory): its seed failed
+                    selector.unregister(helper.events)
+                    with lock:
+                        helpers.remove(helper)
+                    helper.end(kill=True)
+                    if helper.seed is not None:
+                        _record_error(setup.run_dir({"seed": helper.seed}, f"seed-{helper.seed}"),
+                                      RuntimeError(f"the process running it {_how_it_ended(helper.proc)}"))
+                        told(helper.seed, FAILED, {})
+                        if not stopping.is_set():
+                            start()  # a fresh helper for the seeds left
+                    continue
+                for message in messages:
+                    if message["event"] == "ready":
+                        hand_out(helper)
+                        continue
+                    told(message["seed"], message["event"], message.get("row") or {})
+                    if message["event"] in _ENDED or message["event"] == STOPPED:
+                        helper.seed = None
+                        hand_out(helper)
+    except BaseException as exc:  # noqa: BLE001 - raised in the command's thread
+        failures.append(exc)
+    finally:
         selector.close()
 
 
@@ -179,7 +245,7 @@ def _serve(events_fd: int) -> None:
     setup = TrialSetup(**{k: tuple(v) if k == "fixed" else v for k, v in json.loads(setup_line)["setup"].items()})
     seeds: deque[int] = deque()
     ready = threading.Condition()
-    state: dict[str, Any] = {"control": None, "stop": False, "closed": False}
+    state: dict[str, Any] = {"control": None, "stop": False}
 
     def listen() -> None:  # the command's messages, read while a seed runs
         for line in sys.stdin:
@@ -195,6 +261,11 @@ def _serve(events_fd: int) -> None:
         os._exit(0)  # the command closed our stdin: it ended, or is gone (killed); the checkpoint on disk is whole
 
     threading.Thread(target=listen, name="raysim-seed-commands", daemon=True).start()
+    import raysim.engine.runner  # noqa: F401 - torch and the driver: ready to run a seed at once
+    import raysim.engine.driver  # noqa: F401
+
+    with lock:
+        events.write(json.dumps({"event": "ready"}) + "\n")
 
     while True:
         with ready:

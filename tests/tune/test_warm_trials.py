@@ -100,15 +100,20 @@ def _two_cores_no_ray(monkeypatch) -> None:
     monkeypatch.setattr("raysim.engine.backend.ray_initialized", lambda: False)
 
 
-def test_seeds_run_at_once_each_in_a_process_of_its_own(shared_run, tmp_path, capsys, monkeypatch):
-    """In process (engine.backend auto on one machine), two cores: two processes share three seeds; each seed's
-    run is the one `raysim run` makes alone."""
+def test_seeds_run_at_once_in_this_process_and_a_helper(shared_run, tmp_path, capsys, monkeypatch):
+    """In process (engine.backend auto on one machine), two cores: this process and one helper share three seeds,
+    the helper taking one at least (this process waits for that here); each seed's run is the one `raysim run`
+    makes alone."""
+    from raysim.tune import seedpool
+
     _two_cores_no_ray(monkeypatch)
+    handed = _helper_goes_first(monkeypatch, seedpool)
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
     assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0-2", f"log.dir={parent}", "rounds=3"]) == 0
+    assert handed  # a helper ran a seed
     printed = capsys.readouterr().out
-    assert "3 seeds" in printed and "2 at once, each in a process of its own" in printed
+    assert "3 seeds" in printed and "2 at once (this process and 1 more)" in printed
     assert "3/3 seeds done" in printed and "[seed 2] round 3/3" in printed
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted((r["seed"], r["status"], r["rounds"]) for r in rows) == [(s, "done", "3/3") for s in "012"]
@@ -117,9 +122,32 @@ def test_seeds_run_at_once_each_in_a_process_of_its_own(shared_run, tmp_path, ca
         assert strip_timing(read_rows(parent / f"seed-{seed}")) == strip_timing(plain), seed
 
 
+def _helper_goes_first(monkeypatch, seedpool, kill: bool = False) -> list[int]:
+    """This process runs its first seed only once a helper has been handed one (``kill``: and killed at once);
+    returns the seeds handed to helpers."""
+    handed: list[int] = []
+    first = threading.Event()
+    run, own = seedpool._SeedProcess.run, seedpool.run_one_seed
+
+    def hand(self, seed):
+        run(self, seed)
+        handed.append(seed)
+        if kill and not first.is_set():
+            self.proc.kill()
+        first.set()
+
+    def after_a_helper(*args, **kwargs):
+        assert first.wait(120), "no helper was handed a seed"
+        return own(*args, **kwargs)
+
+    monkeypatch.setattr(seedpool._SeedProcess, "run", hand)
+    monkeypatch.setattr(seedpool, "run_one_seed", after_a_helper)
+    return handed
+
+
 def test_a_seed_whose_process_fails_or_dies_is_recorded_and_the_others_run(tmp_path, capsys, monkeypatch):
-    """A seed failing in its process records its cause as in process; a process that dies mid-seed fails that
-    seed with a one-line cause, and a fresh process takes the seeds left."""
+    """A seed failing in a helper records its cause as in process; a helper that dies mid-seed fails that seed
+    with a one-line cause, and the seeds left run."""
     from raysim.tune import seedpool
 
     _two_cores_no_ray(monkeypatch)
@@ -132,16 +160,9 @@ def test_a_seed_whose_process_fails_or_dies_is_recorded_and_the_others_run(tmp_p
     rows = list(csv.DictReader(open(parent / "results.csv")))
     assert sorted((r["seed"], r["status"], r["rounds"]) for r in rows) == [(s, f"error: {cause}", "1/2") for s in "01"]
 
-    started = seedpool._SeedProcess.run
-
-    def kill_the_first(self, seed):  # the process handed seed 0 dies at once
-        started(self, seed)
-        if seed == 0:
-            self.proc.kill()
-
-    monkeypatch.setattr(seedpool._SeedProcess, "run", kill_the_first)
+    handed = _helper_goes_first(monkeypatch, seedpool, kill=True)
     parent = tmp_path / "dying"
     assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0-2", f"log.dir={parent}", "--quiet"]) == 1
-    rows = {r["seed"]: r for r in csv.DictReader(open(parent / "results.csv"))}
-    assert rows["0"]["status"] == "error: RuntimeError: the process running it was killed (SIGKILL)", rows
-    assert rows["1"]["status"] == rows["2"]["status"] == "done", rows
+    rows = {int(r["seed"]): r["status"] for r in csv.DictReader(open(parent / "results.csv"))}
+    assert rows.pop(handed[0]) == "error: RuntimeError: the process running it was killed (SIGKILL)"
+    assert list(rows.values()) == ["done", "done"], rows
