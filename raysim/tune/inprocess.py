@@ -82,7 +82,7 @@ def run_seeds_in_process(spec: SweepSpec, first: Any, sweep_dir: Path, *, quiet:
         from raysim.tune.seedpool import run_seed_pool
 
         try:
-            run_seed_pool(setup, todo, at_once, tell)
+            run_seed_pool(setup, todo, at_once, first.rounds, tell)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C, or SIGTERM's grace period over: the table shows what is unfinished
         return

@@ -3,10 +3,11 @@
 ``raysim run --seeds`` with in-process runs uses one process per core it may use (``inprocess.seeds_at_once``):
 the command's own, and helpers it starts, each of which imports torch and raysim once, says it is ready and then
 runs the seeds it is handed one after another, exactly as a seed runs in the command's process
-(``seedrun.run_one_seed``), so the numbers are the same. A seed goes to whichever process is free first: the
-command's own takes the first at once, so a set of short runs never waits for a helper to start (a set that ends
-before any helper is ready ran as it would in one process), and a set of long runs keeps every core busy. The
-command prints the progress every process reports and writes the table, as for a seed set run in its own process.
+(``seedrun.run_one_seed``), so the numbers are the same. The command's own process takes the first seed at once;
+helpers start only when the work left is worth their start (:func:`helpers_worth_it`, from the pace of the first
+rounds), so a set of short runs runs as it would in one process and a set of long runs keeps every core busy; a
+seed goes to whichever process is free first. The command prints the progress every process reports and writes the
+table, as for a seed set run in its own process.
 
 The helpers speak JSON lines, never pickle: the command writes ``{"seed": n}`` (run it) or ``{"stop": true}``
 (finish the round in flight, checkpoint it, take no other seed) to a helper's stdin; the helper writes
@@ -26,6 +27,7 @@ import selectors
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Optional
 
@@ -33,6 +35,8 @@ import raysim.interrupts as interrupts
 from raysim.tune.seedrun import DONE, ENDED_BEFORE, FAILED, STOPPED, run_one_seed
 from raysim.tune.trials import TrialSetup
 
+HELPER_WORTH = 1.5  # start helpers once the work left in this process exceeds this many of its own start (0: at once)
+HELPER_START_S = 1.0  # a helper's start counts as at least this (a fresh Python importing torch: 1-2 s quiet)
 _ENDED = (DONE, FAILED, ENDED_BEFORE)  # the seed is over (STOPPED: Ctrl-C; checkpointed, unfinished)
 
 
@@ -98,23 +102,44 @@ def _import_path() -> list[str]:
     return list(dict.fromkeys(own + inherited))
 
 
-def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
+def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int, rounds: int,
                   tell: Callable[[int, str, dict], None]) -> None:
-    """Run ``seeds`` in this process and ``processes - 1`` helpers; ``tell(seed, event, row)`` hears what
-    ``seedrun.run_one_seed`` tells. The first Ctrl-C or SIGTERM asks every process to finish its round and stop (no
-    seed more starts); a second one, or SIGTERM's grace period over, ends them at once (raised as
-    KeyboardInterrupt). Called from this process's main thread, which runs its own seeds; a thread serves the
-    helpers."""
+    """Run ``seeds`` (of ``rounds`` rounds each) in this process and up to ``processes - 1`` helpers;
+    ``tell(seed, event, row)`` hears what ``seedrun.run_one_seed`` tells. The first Ctrl-C or SIGTERM asks every
+    process to finish its round and stop (no seed more starts); a second one, or SIGTERM's grace period over, ends
+    them at once (raised as KeyboardInterrupt). Called from this process's main thread, which runs its own seeds; a
+    thread serves the helpers.
+
+    Helpers start once the work left is worth a start: when this process's own runs, at the pace of their rounds
+    so far, have more than :data:`HELPER_WORTH` times what this process took to start its first run (importing
+    torch and raysim, building the data: what a helper pays too; at least :data:`HELPER_START_S`) still to do.
+    A set of short runs (a smoke test) runs whole in this process, as fast as it would without helpers; a set of
+    long runs gets every core after its first round."""
     lock = threading.RLock()  # the queue, the helpers and the console: this thread and the helpers' thread
     waiting = deque(seeds)
-    stopping, closing = threading.Event(), threading.Event()
+    stopping, closing, go = threading.Event(), threading.Event(), threading.Event()
     own: dict[str, Any] = {"control": None}  # the run in this process, once started
     helpers: list[_SeedProcess] = []
     failures: list[BaseException] = []
+    began = time.monotonic()
+    pace: dict[str, float] = {}  # this process's: start cost (to its first run's start), its run's start
 
     def told(seed: int, event: str, row: dict) -> None:
         with lock:
             tell(seed, event, row)
+
+    def told_here(seed: int, event: str, row: dict) -> None:
+        told(seed, event, row)
+        now = time.monotonic()
+        if event == "started":  # a helper starts as this process did, cold; this one may have been warm already
+            pace.setdefault("start_cost", max(now - began, HELPER_START_S))
+            pace["run_began"], pace["from"] = now, 0
+        elif event == "result" and not go.is_set() and row.get("round"):
+            per_round = (now - pace["run_began"]) / max(1, int(row["round"]) - int(pace.get("from", 0)))
+            with lock:
+                if helpers_worth_it(pace["start_cost"], per_round, rounds - int(row["round"]), len(waiting),
+                                    rounds):
+                    go.set()
 
     def next_seed() -> Optional[int]:
         with lock:
@@ -131,6 +156,7 @@ def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
         return True
 
     def on_start(info: dict) -> None:
+        pace["from"] = info["start_round"]  # a resumed run's rounds count from its checkpoint
         with lock:
             own["control"] = info["control"]
             if stopping.is_set():
@@ -138,16 +164,20 @@ def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
 
     thread = threading.Thread(target=_serve_helpers, name="raysim-seed-helpers", daemon=True,
                               args=(setup, processes - 1, helpers, lock, next_seed, lambda: bool(waiting), told,
-                                    stopping, closing, failures))
+                                    stopping, closing, go, failures))
+    if HELPER_WORTH <= 0:
+        go.set()
     killed = True
     try:
         with interrupts.graceful(stop, "the seeds' rounds in flight"):
             thread.start()
             while (seed := next_seed()) is not None:
-                run_one_seed(setup, seed, lambda event, row, seed=seed: told(seed, event, row),
+                run_one_seed(setup, seed, lambda event, row, seed=seed: told_here(seed, event, row),
                              handle_signals=False, on_start=on_start)
                 with lock:
                     own["control"] = None
+            if not go.is_set():
+                closing.set()  # no helper started: none is needed now
             while thread.is_alive():  # the helpers' last seeds (joined in steps: a signal must get through)
                 thread.join(0.2)
         killed = False
@@ -162,13 +192,20 @@ def run_seed_pool(setup: TrialSetup, seeds: list[int], processes: int,
         raise failures[0]
 
 
+def helpers_worth_it(start_cost: float, per_round: float, rounds_left: int, seeds_waiting: int, rounds: int) -> bool:
+    """Whether helpers are worth starting: seeds are waiting, and the work left here (the rounds left of this
+    process's run and of every waiting seed, at this run's seconds a round) exceeds :data:`HELPER_WORTH` times what
+    this process took to start its first run (what a helper pays before its first round)."""
+    return seeds_waiting > 0 and per_round * (rounds_left + rounds * seeds_waiting) > HELPER_WORTH * start_cost
+
+
 def _serve_helpers(setup: TrialSetup, count: int, helpers: list[_SeedProcess], lock: threading.RLock,
                    next_seed: Callable[[], Optional[int]], seeds_left: Callable[[], bool],
                    told: Callable[[int, str, dict], None], stopping: threading.Event, closing: threading.Event,
-                   failures: list[BaseException]) -> None:
-    """Start ``count`` helpers, hand each a seed whenever it is ready or free, relay what they report; return once
-    every helper is idle with no seed left (or the command is closing). A helper that ends mid-seed fails that seed
-    in one line, and a fresh one takes its place while seeds are left."""
+                   go: threading.Event, failures: list[BaseException]) -> None:
+    """Once ``go`` is set, start ``count`` helpers, hand each a seed whenever it is ready or free, relay what they
+    report; return once every helper is idle with no seed left (or the command is closing). A helper that ends
+    mid-seed fails that seed in one line, and a fresh one takes its place while seeds are left."""
     from raysim.tune.trials import _record_error
 
     selector = selectors.DefaultSelector()
@@ -185,8 +222,12 @@ def _serve_helpers(setup: TrialSetup, count: int, helpers: list[_SeedProcess], l
             helper.run(seed)
 
     try:
+        while not go.wait(0.2):
+            if closing.is_set() or stopping.is_set():
+                return
         for _ in range(count):
-            start()
+            if seeds_left():
+                start()
         while not closing.is_set():
             with lock:
                 busy = any(h.seed is not None for h in helpers)

@@ -142,6 +142,7 @@ def _helper_goes_first(monkeypatch, seedpool, kill: bool = False) -> list[int]:
 
     monkeypatch.setattr(seedpool._SeedProcess, "run", hand)
     monkeypatch.setattr(seedpool, "run_one_seed", after_a_helper)
+    monkeypatch.setattr(seedpool, "HELPER_WORTH", 0)  # helpers at once, whatever this process's pace
     return handed
 
 
@@ -166,3 +167,28 @@ def test_a_seed_whose_process_fails_or_dies_is_recorded_and_the_others_run(tmp_p
     rows = {int(r["seed"]): r["status"] for r in csv.DictReader(open(parent / "results.csv"))}
     assert rows.pop(handed[0]) == "error: RuntimeError: the process running it was killed (SIGKILL)"
     assert list(rows.values()) == ["done", "done"], rows
+
+
+def test_helpers_start_only_when_the_work_left_is_worth_their_start(tmp_path, capsys, monkeypatch):
+    """Helpers cost a process start (torch, raysim: what this process paid before its first run). Worked by hand,
+    with HELPER_WORTH = 1.5 and a start of 2 s (so the work left must exceed 3 s): 3 smoke-sized seeds waiting at
+    0.1 s a round, 3 rounds each, 2 rounds left here: 0.1 x (2 + 9) = 1.1 s, not worth it; 60 s runs of 20 rounds at
+    3 s a round, one waiting, 19 rounds left here: 3 x (19 + 20) = 117 s, worth it; no seed waiting: never."""
+    from raysim.tune.seedpool import HELPER_WORTH, helpers_worth_it
+
+    assert HELPER_WORTH == 1.5
+    assert not helpers_worth_it(2.0, 0.1, 2, 3, 3)
+    assert helpers_worth_it(2.0, 3.0, 19, 1, 20)
+    assert not helpers_worth_it(2.0, 3.0, 19, 0, 20)
+    assert not helpers_worth_it(2.0, 0.25, 1, 1, 3)  # 0.25 x (1 + 3) = 1.0 s
+    assert helpers_worth_it(2.0, 0.5, 1, 2, 3)  # 0.5 x (1 + 6) = 3.5 s
+
+    # a tiny seed set: its runs are over before a helper would have started, so none starts
+    from raysim.tune import seedpool
+
+    started = []
+    monkeypatch.setattr(seedpool._SeedProcess, "__init__", lambda self, setup: started.append(setup))
+    _two_cores_no_ray(monkeypatch)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
+    assert main(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={tmp_path / 's'}", "--quiet"]) == 0
+    assert started == [] and "2/2 seeds done" in capsys.readouterr().out
