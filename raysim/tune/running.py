@@ -48,8 +48,8 @@ def run_sweep(spec: SweepSpec, *, sweep_dir: Optional[Path] = None, resume: bool
     candidates = candidate_configs(spec)  # loaded once: validated here, their resources checked once Ray is up
     first = validate_sweep(spec, candidates)
     check_tracking(first)  # a tracking extra that is not installed: one line, before anything is written
-    # a seed set whose runs would be in-process (engine.backend inline, or auto resolving to it) runs them in turn
-    # in this process; a sweep always runs on Ray Tune, its trials each on Ray
+    # a seed set whose runs would be in-process (engine.backend inline, or auto resolving to it) runs them without
+    # Ray or Tune, in this process (and helpers: raysim.tune.inprocess); a sweep always runs on Ray Tune
     in_process = spec.naming == "seed" and choose_backend(first.engine) == "inline"
     if spec.naming != "seed" and first.engine.backend == "inline":
         raise SweepError("config key 'engine.backend': a sweep runs its trials on Ray Tune; engine.backend=inline is "
