@@ -71,3 +71,37 @@ def test_raysims_ray_processes_drop_sigterm_exits(ray_cluster, monkeypatch):
             assert getattr(sys.unraisablehook, "drops_sigterm_exits", False), make
     finally:
         torch.set_num_threads(threads)
+
+
+SIGTERM_IN_A_CALLBACK = """
+import os, signal, sys, time, weakref
+from raysim.interrupts import quiet_exit_on_sigterm
+if sys.argv[1] == "quiet":
+    quiet_exit_on_sigterm()
+def ray_handler(signum, frame):  # what Ray's worker installs: sys.exit(1) with a message
+    raise SystemExit(1)
+signal.signal(signal.SIGTERM, ray_handler)
+class Held:
+    pass
+def callback(ref):  # a weakref callback (torch and Ray run many) that SIGTERM interrupts
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)
+held = Held()
+ref = weakref.ref(held, callback)
+del held
+print("went on")
+"""
+
+
+def test_sigterm_inside_a_weakref_callback_prints_no_report_in_raysims_processes():
+    """The mechanism of the 9-line report itself, without Ray: the SIGTERM handler's SystemExit raised inside a
+    weakref callback is "Exception ignored in ... SystemExit: 1" on stderr; with the hook, nothing."""
+    import subprocess
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", SIGTERM_IN_A_CALLBACK, mode], capture_output=True, text=True,
+                              timeout=60)
+
+    loud, quiet = run("loud"), run("quiet")
+    assert "Exception ignored" in loud.stderr and "SystemExit: 1" in loud.stderr, loud.stderr
+    assert quiet.stderr == "" and quiet.stdout == "went on\n", quiet.stderr
