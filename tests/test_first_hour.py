@@ -325,7 +325,9 @@ def test_readme_opens_with_a_first_hour_and_links_the_reference():
     readme = (ROOT / "README.md").read_text().splitlines()
     start = readme.index("## Your first hour")
     first_hour = readme[start:next(i for i in range(start + 1, len(readme)) if readme[i].startswith("## "))]
-    assert len(first_hour) <= 55 and len(readme) <= 110  # the first hour, then measured results and the reference
+    # the first hour, then the four measured tables the issues ask the README to carry (privacy, Byzantine
+    # robustness, simulated time, what travels: about 65 lines), then the reference
+    assert len(first_hour) <= 55 and len(readme) <= 125
     text = "\n".join(readme)
     for step in ("make demo", "raysim run smoke", "--seeds 0-2", "raysim report", "raysim tune", "tensorboard"):
         assert step in text, step
