@@ -71,8 +71,8 @@ def check_availability(model: SystemModel) -> None:
     if expected < MIN_EXPECTED_AVAILABLE:
         raise ConfigError(f"config key 'system.availability.{key}': no client can be expected to be available: "
                           f"{model.num_clients} clients x {share:.3g} of the time each = {expected:.3g} clients at "
-                          f"any moment, so the run would wait (system.wait_s={float(system.wait_s):g} s at a time) for ever; "
-                          f"make clients available a larger share of the time")
+                          f"any moment, so the run would wait (system.wait_s={float(system.wait_s):g} s at a time) "
+                          f"for ever; make clients available a larger share of the time")
 
 
 MAX_SIM_S = float(2 ** 62)  # simulated seconds a run may reach: TensorBoard's sim_time steps are whole seconds, int64

@@ -20,7 +20,8 @@ def test_every_exported_name_is_a_function_the_page_names():
 
 
 def test_the_page_s_example_runs_and_krum_after_nnm_resists_min_max():
-    example = SECTION[SECTION.index("```python") + len("```python"):SECTION.index("```", SECTION.index("```python") + 9)]
+    start = SECTION.index("```python") + len("```python")
+    example = SECTION[start:SECTION.index("```", start)]
     scope: dict = {}
     torch.manual_seed(0)
     exec(compile(example, "docs/robust.md", "exec"), scope)  # the page's own code, as a reader would run it
