@@ -201,3 +201,12 @@ def test_the_client_part_takes_an_empty_batch_as_a_step_of_noise():
     noise = [torch.randn(p.shape, generator=gen) * (1.5 * 0.5) / 4.0 for p in params]
     assert all(torch.allclose(p.grad, n) for p, n in zip(params, noise))  # the gradient is the noise alone
     assert recorded == [] and part.steps == 1  # no sample's loss, one accounted step
+
+
+def test_a_sample_delta_of_at_least_one_over_n_is_warned_of(tmp_path, capsys):
+    smallest = min(_client_sizes(tmp_path))
+    _rows(tmp_path, "loose", rounds=1, privacy__dpsgd_delta=1.0 / smallest)
+    err = capsys.readouterr().err
+    assert f"privacy.dpsgd_delta={1.0 / smallest:g} is at least 1 / n for a client of n={smallest}" in err
+    _rows(tmp_path, "tight", rounds=1, privacy__dpsgd_delta=0.01 / smallest)
+    assert "privacy.dpsgd_delta" not in capsys.readouterr().err
