@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (EXAMPLE_PLUGINS, ROOT, TEST_PLUGINS, TINY, context, crash_after, killed_worker_matches_inline,  # noqa: F401
-                     read_rows, refused_config, strip_timing, tiny_overrides, wandb_history)
+from helpers import (EXAMPLE_PLUGINS, ROOT, TEST_PLUGINS, TINY, context, crash_after, kill_group_once,  # noqa: F401
+                     killed_worker_matches_inline, launch_cli, read_rows, refused_config, strip_timing, tiny_overrides,
+                     wandb_history)
 
 # the test plugins (tests/plugins) and the examples' import in this process, where in-process runs use them
 for _folder in (str(TEST_PLUGINS), str(EXAMPLE_PLUGINS)):

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -224,3 +226,30 @@ def killed_worker_matches_inline(tmp_path: Path, **extra: object) -> list[dict]:
     assert hit[1]["workers_replaced"] == hit[-1]["workers_replaced"] == 1 and "workers_replaced" not in hit[0]
     assert [{k: v for k, v in r.items() if k != "workers_replaced"} for r in strip_timing(hit)] == strip_timing(one)
     return one
+
+
+def launch_cli(args: list[str], env: dict) -> subprocess.Popen:
+    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included); ``env``:
+    the ``cli_env`` fixture."""
+    return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
+
+
+def kill_group_once(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    """Read the console until a line holds ``text``, then SIGKILL the whole process group (a crash, an OOM kill);
+    the lines read."""
+    seen: list[str] = []
+    deadline = time.time() + timeout
+    assert proc.stdout is not None
+    try:
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"exited ({proc.wait()}) before {text!r}:\n" + "".join(seen[-30:]))
+            seen.append(line)
+            if text in line:
+                return seen
+        raise AssertionError(f"never saw {text!r}:\n" + "".join(seen[-30:]))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)

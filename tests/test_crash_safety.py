@@ -14,38 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, TINY, read_rows, strip_timing, tiny_overrides
+from conftest import ROOT, TINY, kill_group_once, launch_cli, read_rows, strip_timing, tiny_overrides
 from raysim.cli import main
 from raysim.config import load_config
 from raysim.dirlock import DirLock
 from raysim.engine.runner import run_experiment
 from raysim.errors import UserError
 from raysim.tune import load_sweep
-
-
-def _launch(args: list[str], env: dict) -> subprocess.Popen:
-    """``raysim ARGS`` in a process group of its own, like a job started from a shell (its Ray included); ``env``:
-    the ``cli_env`` fixture."""
-    return subprocess.Popen([sys.executable, "-m", "raysim.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True)
-
-
-def _kill_group_once(proc: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
-    """Read the console until a line holds ``text``, then SIGKILL the whole process group (a crash, an OOM kill)."""
-    seen: list[str] = []
-    deadline = time.time() + timeout
-    try:
-        while time.time() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"exited ({proc.wait()}) before {text!r}:\n" + "".join(seen[-30:]))
-            seen.append(line)
-            if text in line:
-                return seen
-        raise AssertionError(f"never saw {text!r}:\n" + "".join(seen[-30:]))
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
 
 
 def _one_line_error(err: str, prefix: str) -> str:
@@ -93,8 +68,8 @@ def test_sweep_killed_resumes_to_every_trial_done(ray_cluster, cli_env, tmp_path
         sweep = _sweep_file(tmp_path, space={"algorithm.hold_until": {"grid": [str(tmp_path / "open"), str(gate)]}})
         held = ["plugins=[held]", "algorithm.name=held_fedavg", "algorithm.hold_round=2", "train.lr=0.3"]
     trials = 2 if quiet else 1
-    proc = _launch(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet], cli_env)
-    _kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
+    proc = launch_cli(["tune", str(sweep), f"dir={out}", "rounds=3", *held, *quiet], cli_env)
+    kill_group_once(proc, "1/2 trials done" if quiet else "raysim: started trial")
     gate.touch()
     ended = _finished_runs(out / "trials", 3)  # with the gate, exactly the open trial had ended
     assert len(ended) == (1 if quiet else 0), ended
@@ -127,9 +102,9 @@ def test_seed_set_killed_midway_resumes(shared_run, cli_env, tmp_path, capsys):
     """A seed set run in this process (engine.backend=inline), killed after its first seed ended."""
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent = tmp_path / "seeds"
-    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
+    proc = launch_cli(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
                     "engine.backend=inline", "--quiet"], cli_env)
-    _kill_group_once(proc, "1/2 seeds done")
+    kill_group_once(proc, "1/2 seeds done")
     ended = _finished_runs(parent, 3)
     assert [d.name for d in ended] == ["seed-0"]
     assert main(["run", "--resume", str(parent), "--quiet"]) == 0
@@ -215,7 +190,7 @@ def test_seed_set_stopped_by_ctrl_c_exits_130_with_its_seeds_unfinished(cli_env,
     130, and both seeds are `unfinished`."""
     (tmp_path / "exp.yaml").write_text(yaml.safe_dump(TINY))
     parent, gate = tmp_path / "seeds", tmp_path / "gate"
-    proc = _launch(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
+    proc = launch_cli(["run", str(tmp_path / "exp.yaml"), "--seeds", "0,1", f"log.dir={parent}", "rounds=3",
                     "engine.backend=inline", "--quiet", *_held(gate)], cli_env)
     try:
         _wait_for_file(Path(f"{gate}.waiting"), proc)
@@ -309,7 +284,7 @@ def test_dir_lock_refuses_a_second_holder_and_dies_with_its_process(tmp_path):
 @pytest.mark.slow
 def test_second_run_into_a_running_directory_is_refused_and_a_killed_one_resumes(cli_env, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    first = _launch(["run", *tiny_overrides(tmp_path, rounds=200)], cli_env)
+    first = launch_cli(["run", *tiny_overrides(tmp_path, rounds=200)], cli_env)
     try:
         _wait_for(first, "1/200")
         capsys.readouterr()

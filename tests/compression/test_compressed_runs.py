@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import crash_after, killed_worker_matches_inline, read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import (crash_after, kill_group_once, killed_worker_matches_inline, launch_cli, read_rows, refused_config,
+                      strip_timing, tiny_overrides)
 
 from raysim.config import load_config
 from raysim.engine.runner import run_experiment
@@ -108,13 +109,6 @@ def test_a_compressed_run_gives_the_same_numbers_on_two_ray_workers_one_killed(r
 def test_sigkill_then_resume_gives_the_uninterrupted_metrics(tmp_path, cli_env, what):
     """``raysim run`` (in process) SIGKILLed after round 3 of 5, then ``--resume``: a compressed run with error
     feedback (each client's residual from the checkpointed client state store) and a secure-aggregation run."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from helpers import ROOT
-
     from raysim.cli import main
 
     extra = {"compressed": dict(compression__up="qsgd", compression__bits=2, compression__error_feedback="true"),
@@ -122,18 +116,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(tmp_path, cli_env, 
                             compression__ratio=0.2)}[what]
     settings = dict(rounds=5, clients__num=6, clients__fraction=0.5, log__tensorboard="false", **extra)
     args = tiny_overrides(tmp_path, log__dir=str(tmp_path / "killed"), **settings)
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=cli_env, cwd=ROOT, start_new_session=True)
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "round 3/5" in line:
-                break
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    assert any("round 3/5" in s for s in seen), "".join(seen[-20:])
+    kill_group_once(launch_cli(["run", *args], cli_env), "round 3/5")
     assert len(read_rows(tmp_path / "killed")) < 5  # killed before its end
     assert main(["run", "--resume", str(tmp_path / "killed"), "--quiet"]) == 0
     run_experiment(load_config(None, tiny_overrides(tmp_path, log__dir=str(tmp_path / "whole"), **settings),

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, killed_worker_matches_inline, read_rows, refused_config, strip_timing, tiny_overrides
+from conftest import (kill_group_once, killed_worker_matches_inline, launch_cli, read_rows, refused_config,
+                      strip_timing, tiny_overrides)
 
 from raysim.cli import main
 from raysim.config import load_config
@@ -286,18 +283,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(tmp_path, cli_env):
     """``raysim run`` (in process, engine.backend=inline) SIGKILLed after round 3 of 6, then ``--resume``."""
     args = tiny_overrides(tmp_path, log__dir=str(tmp_path / "killed"), log__tensorboard="false",
                           **{**ASYNC, "rounds": 6})
-    proc = subprocess.Popen([sys.executable, "-m", "raysim.cli", "run", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=cli_env, cwd=ROOT, start_new_session=True)
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "round 3/6" in line:
-                break
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    assert any("round 3/6" in s for s in seen), "".join(seen[-20:])
+    kill_group_once(launch_cli(["run", *args], cli_env), "round 3/6")
     assert main(["run", "--resume", str(tmp_path / "killed"), "--quiet"]) == 0
     plain = _run(tmp_path, "plain", rounds=6)
     assert strip_timing(read_rows(tmp_path / "killed")) == strip_timing(plain)
