@@ -11,7 +11,7 @@ float64 row per client in client-id order), in a fixed order:
 3. FoolsGold adds each row to its client's history (the stage's checkpoint state);
 4. the pre-aggregation steps: nearest-neighbour mixing (``aggregator.nnm``), then bucketing (``aggregator.bucket``,
    the shuffle drawn from (seed, round)); after them every row counts once;
-5. the rule (FLTrust with the server's own update, :mod:`raysim.robust.fltrust`).
+5. the rule (FLTrust with the server's own update, :mod:`raysim.robust.server_update`).
 
 The server step then receives global + rule(Δ) where it received the mean (FedAvg takes it as the model, FedOpt
 steps towards it). With an attack on the uploads and no rule (``aggregator.name=mean``) the stage runs the weighted
@@ -47,14 +47,14 @@ class RuleStage(Stage):
     def __init__(self, cfg: ExperimentConfig):
         super().__init__(cfg)
         self._reduced_noticed = False
-        self.server: Any = None  # fltrust: the server's own update (raysim.robust.fltrust.ServerUpdate)
+        self.server: Any = None  # fltrust: the server's own update (raysim.robust.server_update.ServerUpdate)
         self.history: dict[int, torch.Tensor] = {}  # foolsgold: each client's summed updates
         self.dropped: dict[int, list[int]] = {}  # round -> clients whose row was left out as non-finite
 
     def check(self, setup: StageSetup) -> None:
         """FLTrust's root dataset, drawn and refused here (too few held-out samples) before round 1."""
         if self.cfg.aggregator.name == "fltrust":
-            from raysim.robust.fltrust import ServerUpdate
+            from raysim.robust.server_update import ServerUpdate
 
             self.server = ServerUpdate(self.cfg, setup)
 
@@ -85,7 +85,7 @@ class RuleStage(Stage):
         center = server_state.get(CENTER_KEY) if agg.name == "centered_clip" else None
         server = None
         if self.server is not None:
-            from raysim.robust.fltrust import local_steps
+            from raysim.robust.server_update import local_steps
 
             train = self.cfg.train
             steps = local_steps([u.num_samples for u in rows.updates], train.batch_size, train.local_epochs)

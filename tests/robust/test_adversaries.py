@@ -150,7 +150,7 @@ def test_the_new_attacks_are_the_same_on_two_ray_workers(ray_cluster, tmp_path):
 
 
 def test_fltrusts_server_takes_the_median_clients_local_steps():
-    from raysim.robust.fltrust import local_steps
+    from raysim.robust.server_update import local_steps
 
     # batches of 32, 2 epochs: 65 samples -> (0, 32), (32, 65) (the trailing single sample joins) = 4 steps;
     # 100 -> 4 batches = 8; 68 -> 3 = 6; 32 -> 1 = 2; 33 -> 1 = 2: sorted 2, 2, 4, 6, 8 -> 4

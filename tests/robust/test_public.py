@@ -1,6 +1,8 @@
 """``raysim.robust``'s rules and attacks stay public: every name it exports resolves to a function, docs/robust.md
 names each one, and the page's example runs as written."""
 
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 
@@ -13,6 +15,8 @@ SECTION = DOC[DOC.index("## The public functions"):DOC.index("\n## ", DOC.index(
 
 
 def test_every_exported_name_is_a_function_the_page_names():
+    for module in pkgutil.iter_modules(robust.__path__):  # an imported submodule of the same name would shadow it
+        importlib.import_module(f"raysim.robust.{module.name}")
     assert len(robust.__all__) >= 30
     for name in robust.__all__:
         assert callable(getattr(robust, name)), name
