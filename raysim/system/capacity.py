@@ -17,14 +17,11 @@ each of them must be there.
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
-from pathlib import Path
 
 import numpy as np
 
-from raysim.system.files import _client_id, _fail, _RestrictedUnpickler
+from raysim.system.files import _client_id, _fail, _read_pickle_or_json
 
 AUGMENTATION = 3.0  # FedScale's augmentation_factor: a trained sample costs three inferences
 KBIT = 1024 / 8  # bytes in FedScale's kbit
@@ -34,19 +31,7 @@ def read_capacity(path: str, num_clients: int) -> np.ndarray:
     """(num_clients, 4): each client's speed (samples/s), down, up (bytes/s) and latency (0 s) from FedScale's
     capacity trace at ``path`` (.pkl, or .json with the same layout)."""
     key = "system.capacity"
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise _fail(key, path, "no such file")
-    try:
-        if path.lower().endswith(".json"):
-            raw = json.loads(file.read_text())
-        else:
-            with open(file, "rb") as fh:
-                raw = _RestrictedUnpickler(fh).load()
-    except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise _fail(key, path, f"is not a capacity trace (FedScale's client_device_capacity, .pkl or .json): "
-                               f"{first}") from None
+    raw = _read_pickle_or_json(key, path, "a capacity trace (FedScale's client_device_capacity, .pkl or .json)")
     if not isinstance(raw, dict):
         raise _fail(key, path, "must map client ids to {computation, communication} (FedScale's layout)")
     table = np.full((num_clients, 4), np.nan)

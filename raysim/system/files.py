@@ -6,6 +6,7 @@ it names, so nothing in it runs."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import pickle
 from pathlib import Path
@@ -63,3 +64,19 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> type:
         raise pickle.UnpicklingError(f"it names {module}.{name}, while a trace holds only dicts, lists and numbers")
+
+
+def _read_pickle_or_json(key: str, path: str, what: str) -> object:
+    """FedScale's trace at ``path``: JSON where the name ends in .json, else a pickle read by
+    :class:`_RestrictedUnpickler`; a file that is neither is one line: ``path`` is not ``what``."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise _fail(key, path, "no such file")
+    try:
+        if path.lower().endswith(".json"):
+            return json.loads(file.read_text())
+        with open(file, "rb") as fh:
+            return _RestrictedUnpickler(fh).load()
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise _fail(key, path, f"is not {what}: {first}") from None

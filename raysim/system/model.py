@@ -21,18 +21,15 @@ a million at once give the same numbers, in any order.
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from raysim.seeds import derive_seed
 from raysim.system.config import SystemConfig
-from raysim.system.files import _client_id, _fail, _number, _read_rows, _RestrictedUnpickler
+from raysim.system.files import _client_id, _fail, _number, _read_pickle_or_json, _read_rows
 
 # stream tags: each kind of draw has its own
 SPEED, DOWN, UP, LATENCY, TIER, ONOFF_COUNT, ONOFF_AT, ONOFF_STATE, PHASE, DROPOUT, SAMPLING, JOB_DRAW = range(1, 13)
@@ -192,19 +189,8 @@ class SystemModel:
     def _fedscale_trace(self, key: str, path: str) -> dict[int, list[tuple[float, float, float]]]:
         """FedScale's client-behaviour trace (its docs/Device Trace File Formats: ``{client_id: {'active': [INT],
         'inactive': [INT], 'finish_time': INT, ...}}``), as a pickle or as JSON."""
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise _fail(key, path, "no such file")
-        try:
-            if path.lower().endswith(".json"):
-                raw = json.loads(file.read_text())
-            else:
-                with open(file, "rb") as fh:
-                    raw = _RestrictedUnpickler(fh).load()
-        except (OSError, ValueError, pickle.UnpicklingError, EOFError) as exc:
-            raise _fail(key, path, f"is not a trace (a CSV client_id,start_s,end_s, or FedScale's layout as .pkl "
-                                   f"or .json): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
-                from None
+        raw = _read_pickle_or_json(key, path, "a trace (a CSV client_id,start_s,end_s, or FedScale's layout as .pkl "
+                                               "or .json)")
         if not isinstance(raw, dict):
             raise _fail(key, path, "must map client ids to {active, inactive, finish_time} (FedScale's layout)")
         out: dict[int, list[tuple[float, float, float]]] = {}
