@@ -164,6 +164,23 @@ def quiet_tensorboard_threads() -> None:
     threading.excepthook = hook
 
 
+def _after_the_last_event_file(run_dir: Path) -> None:
+    """Wait, if need be, until the clock's second is past every event file's in ``run_dir``.
+
+    TensorBoard reads a run's event files in name order, and a name is ``events.out.tfevents.<second>.<host>.<pid>.
+    <counter>`` with the pid and the counter compared as text: a resume's file opened in the same second as the file
+    it resumes (a fast run, or raysim.run called twice in one process) can sort first, and then its purge is read
+    before the points it should hide and the old points are appended after the rewritten ones. A second or two at
+    most, and only when resuming that soon; a file stamped further ahead (a skewed clock) is not waited for."""
+    import time
+
+    stamps = (path.name.split(".")[3] for path in run_dir.glob("events.out.tfevents.*"))  # the glob's "*" is [3]
+    seconds = [int(stamp) for stamp in stamps if stamp.isdigit()]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= 3:
+        time.sleep(wait)
+
+
 class RunLog:
     """Owned by the driver; resumes cleanly by truncating what came after the checkpoint."""
 
@@ -182,6 +199,8 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             quiet_tensorboard_threads()
+            if resume_round:
+                _after_the_last_event_file(run_dir)
             # purge_step hides events a crashed run wrote after its last checkpoint
             self.tb = SummaryWriter(str(run_dir), purge_step=resume_round + 1 if resume_round else None)
             if resume_round:  # the purge also hid the kept rounds' per-epoch points at steps from resume_round + 1

@@ -74,3 +74,21 @@ def test_resume_keeps_whole_rounds_up_to_the_checkpoint(tmp_path):
     assert [(r["round"], r["acc_mean"]) for r in rows] == [(1, 0.51), (2, 0.52), (3, 0.99)]
     # no temporary file left behind (client_metrics.jsonl is the run's per-client file, empty here)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client_metrics.jsonl", "metrics.jsonl"]
+
+
+def test_a_resumed_tensorboard_file_sorts_after_the_files_it_resumes(tmp_path):
+    """TensorBoard reads event files in name order (second, host, pid, counter; pid and counter as text): a resume
+    in the same second as the file it resumes must still sort last, or its purge is read before the old points."""
+    import time
+
+    log = RunLog(tmp_path, tensorboard=False, per_client_max=0)
+    log.write(_row(1))
+    log.close()
+    # stamped a second ahead, so the resume's writer opens within its second however slow the import ("~" sorts after
+    # any host name): without the wait it sorts first
+    old = tmp_path / f"events.out.tfevents.{int(time.time()) + 1:010d}.~.99999.9"
+    old.write_bytes(b"")
+    log = RunLog(tmp_path, tensorboard=True, per_client_max=0, resume_round=1)
+    log.close()
+    files = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    assert len(files) == 2 and files[0] == old.name
