@@ -26,7 +26,7 @@ COMMANDS = (["config", "show"], ["config", "show", "smoke", "algorithm.name=unid
             ["config", "keys", "--algorithm", "fapd"], ["list"], ["--help"])
 # `raysim run` with a config error: each must fail (exit 2) before the engine, which imports torch, is imported
 ERRORS = (["run", "smoke", "rounds=abc"], ["run", "smoke", "trian.lr=0.1"], ["run", "smoke", "algorithm.name=fedavgg"],
-          # refusals that depend on an algorithm's declarations (answered from raysim.algorithms.capabilities)
+          # refusals that depend on an algorithm's declarations (answered from raysim.capabilities)
           ["run", "smoke", "algorithm.name=fedbn", "asynchronous.mode=fedbuff"],
           ["run", "smoke", "algorithm.name=fedcda", "privacy.enabled=true", "privacy.noise_multiplier=1"])
 HEAVY = ("torch", "ray", "torchvision")  # what a command that only reads configs should never import

@@ -24,10 +24,10 @@ def config_warnings(cfg: Any) -> list[str]:
     algorithm = loaded_algorithm(cfg.algorithm.name)  # a built-in not imported yet: its Config's warnings are its own
     out += algorithm.config_warnings(cfg) if algorithm is not None else cfg.algorithm.config_warnings(cfg)
     out += vectorize_notices(cfg)
-    from raysim.robust.config import robust_notices
+    from raysim.sections.robust import robust_notices
 
     out += robust_notices(cfg)
-    from raysim.privacy.config import privacy_notices
+    from raysim.sections.privacy import privacy_notices
 
     out += privacy_notices(cfg)
     return out
@@ -36,7 +36,7 @@ def config_warnings(cfg: Any) -> list[str]:
 def vectorize_notices(cfg: Any) -> list[str]:
     """``engine.vectorize=N`` where some clients will train one at a time anyway (they fall back: nothing is
     refused), one line per reason. Nothing for ``off`` and ``auto`` (auto stacks clients where it can and pays)."""
-    from raysim.algorithms.capabilities import refusal
+    from raysim.capabilities import refusal
     from raysim.registry import get_model
 
     setting = str(cfg.engine.vectorize)
@@ -61,7 +61,7 @@ def vectorize_notices(cfg: Any) -> list[str]:
 def config_notes(cfg: Any) -> list[str]:
     """Of :func:`config_warnings`, those that only say how fast a setting runs, not what it means (clients trained
     one at a time, uploads not summed where the clients trained): printed as ``raysim: note:``, not as warnings."""
-    from raysim.robust.config import robust_notices
+    from raysim.sections.robust import robust_notices
 
     return vectorize_notices(cfg) + robust_notices(cfg)
 

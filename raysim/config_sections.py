@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from raysim.async_config import AsynchronousConfig, check_asynchronous
-from raysim.compression.config import CompressionConfig, check_compression
-from raysim.privacy.config import PrivacyConfig, check_privacy
-from raysim.robust.config import AggregatorConfig, AttackConfig, check_robust
-from raysim.secagg.config import SecAggConfig, check_secagg
-from raysim.system.config import SystemConfig, check_system
+from raysim.sections.asynchronous import AsynchronousConfig, check_asynchronous
+from raysim.sections.compression import CompressionConfig, check_compression
+from raysim.sections.privacy import PrivacyConfig, check_privacy
+from raysim.sections.robust import AggregatorConfig, AttackConfig, check_robust
+from raysim.sections.secagg import SecAggConfig, check_secagg
+from raysim.sections.system import SystemConfig, check_system
 from raysim.validate import FLOAT32_MAX, is_finite, one_of as _one_of, path_too_long, require
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "shard", "natural", "linear", "square", "exponential",

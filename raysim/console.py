@@ -14,13 +14,13 @@ from typing import Any, Optional
 
 
 def privacy_delta(cfg: Any) -> Optional[float]:
-    """δ of DP-FedAvg's (ε, δ) guarantee as the accountant takes it (``raysim.privacy.config.central_delta``:
+    """δ of DP-FedAvg's (ε, δ) guarantee as the accountant takes it (``raysim.sections.privacy.central_delta``:
     ``privacy.delta``, else 0.01 / ``clients.num``); None without ``privacy.enabled``. A round's own
     ``privacy/delta`` wins where it is logged (a resumed run keeps the δ its checkpoint was accounted at)."""
     privacy = getattr(cfg, "privacy", None)
     if privacy is None or not privacy.enabled:
         return None
-    from raysim.privacy.config import central_delta
+    from raysim.sections.privacy import central_delta
 
     return central_delta(cfg)
 

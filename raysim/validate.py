@@ -1,6 +1,6 @@
 """The one convention every config check follows, and the value tests they share; torch-free and free of the rest
-of raysim, so that every section's module (``raysim.config``, ``raysim.system.config``, ``raysim.privacy.config``,
-``raysim.robust.config``, ``raysim.async_config``, the algorithms' configs) can import it without an import circle.
+of raysim, so that every section's module (``raysim.config``, the subsystems' ``raysim.sections.*``, the algorithms'
+configs) can import it without an import circle.
 
 A check is ``require(ok, key, why)``: unless ``ok``, a :class:`ConfigError` whose one line is
 ``config key 'KEY': WHY``; the commands print it and exit 2.

@@ -100,8 +100,8 @@ def reachable(graph: dict[str, set[str]], start: str, stop: Callable[[str], bool
     return parent
 
 
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One circle in each group of modules that import one another (each strongly connected component)."""
+def groups(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of two or more modules that import one another (the strongly connected components)."""
     seen: set[str] = set()
     out = []
     for module in sorted(graph):
@@ -110,8 +110,13 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
         group = {m for m in reachable(graph, module) if module in reachable(graph, m)}
         seen |= group
         if len(group) > 1:
-            out.append(find_cycle({m: graph[m] & group for m in group}))
+            out.append(group)
     return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle in each group of modules that import one another."""
+    return [find_cycle({m: graph[m] & group for m in group}) or [] for group in groups(graph)]
 
 
 def chain(parent: dict[str, str], end: str) -> str:
@@ -139,6 +144,31 @@ def test_the_engine_imports_nothing_above_it():
         parent = reachable(graph, module, stop=above_engine)
         bad += [chain(parent, m) for m in sorted(parent) if above_engine(m)]
     assert not bad, "the engine imports a layer above it:\n" + "\n".join(bad)
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each top-level package or module of raysim as one node (``raysim.privacy.stage`` and
+    ``raysim.privacy.central`` are both ``raysim.privacy``)."""
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(top(module), set()).update(top(t) for t in targets if top(t) != top(module))
+    return out
+
+
+# one layer in DESIGN.md: FAPD's hooks use the curricula, and the offline teacher trains through central training
+SAME_LAYER = ({"raysim.algorithms", "raysim.curriculum"},)
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    """Every package stands above what it imports. A torch-free part that the config layer reads (a subsystem's
+    config section, the algorithms' capability table) lives below the subsystems, in ``raysim.sections`` and
+    ``raysim.capabilities``; kept in the subsystem's folder, it made the config layer import up into ``privacy``,
+    ``robust``, ``secagg``, ``system`` and ``compression``, and ``algorithms``, all in one circle."""
+    found = [g for g in groups(package_graph(import_graph())) if g not in SAME_LAYER]
+    assert not found, "packages that import one another:\n" + "\n".join(", ".join(sorted(g)) for g in found)
 
 
 # the algorithms and what they build on: they see the engine only through the algorithms' public surface

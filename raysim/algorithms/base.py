@@ -270,7 +270,7 @@ class Algorithm:
           shared (``shared = "all"``).
 
         With ``cfg``, the reason its settings give too (the Config's ``refusal``: Ditto's ``select_lam`` cannot be
-        stacked). The built-ins' answers are also kept torch-free in ``raysim.algorithms.capabilities``, which the
+        stacked). The built-ins' answers are also kept torch-free in ``raysim.capabilities``, which the
         config checks read."""
         static = cls._static_refusal(feature)
         if static is not None or cfg is None:

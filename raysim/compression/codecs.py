@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from raysim.compression.config import qsgd_levels
+from raysim.sections.compression import qsgd_levels
 
 SCALE_BYTES = 4  # a norm or scale travels as a float32
 INDEX_BYTES = 4  # an int32 position (every tensor here has fewer than 2**31 entries)

@@ -70,7 +70,7 @@ from raysim.engine.state import VERSIONS_DIR, safe_load, save_all_durably, serve
 from raysim.errors import UserError
 from raysim.seeds import ASYNC_STREAM
 from raysim.stages import Reports, RoundContext, RoundRun, Schedule
-from raysim.system.config import SystemConfig
+from raysim.sections.system import SystemConfig
 from raysim.system.clock import check_availability
 from raysim.system.model import SystemModel
 from raysim.system.presence import DROPPED, LATE, LEFT, job_fate

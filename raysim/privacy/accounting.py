@@ -10,7 +10,7 @@ One round is one subsampled Gaussian mechanism of noise multiplier z (σ_Δ and 
 - ``privacy.sampling=poisson``: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under add/remove-one neighbours,
   with RDP or PLD (``privacy.accountant``).
 
-δ is ``privacy.delta``, else 0.01 / N (:func:`raysim.privacy.config.central_delta`). z is fixed for a whole run,
+δ is ``privacy.delta``, else 0.01 / N (:func:`raysim.sections.privacy.central_delta`). z is fixed for a whole run,
 resumes included: the checkpoint keeps it, so the accountant's history is (z, the rounds run).
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from raysim.errors import UserError
-from raysim.privacy.config import MAX_NOISE, central_delta, clients_per_round
+from raysim.sections.privacy import MAX_NOISE, central_delta, clients_per_round
 from raysim.runlog import quiet_logger
 
 # calibration first searches z over the RDP orders up to this one (the cheap ones: the fixed-size bound of an

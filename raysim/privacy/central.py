@@ -28,7 +28,7 @@ import torch
 
 from raysim.algorithms.aggregation import UploadSum, flat_views, flatten, unflatten
 from raysim.errors import UserError
-from raysim.privacy.config import clients_per_round
+from raysim.sections.privacy import clients_per_round
 from raysim.seeds import job_seed
 
 DELTA_KEY, COUNT_KEY = "delta", "unclipped"  # what a clipped upload holds

@@ -307,7 +307,7 @@ class DPSGDStage(Stage):
 
     def round_metrics(self, ctx: RoundContext, results: list) -> dict[str, Any]:
         """The largest and the mean ε over the clients that have trained."""
-        from raysim.privacy.config import DELTA_SHARE
+        from raysim.sections.privacy import DELTA_SHARE
         from raysim.privacy.dpsgd import client_epsilon, poisson_rate, shuffled_epsilon
 
         p, batch = self.cfg.privacy, self.cfg.train.batch_size

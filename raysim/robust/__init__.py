@@ -1,12 +1,12 @@
 """Byzantine-robust aggregation and attacks: the ``aggregator`` and ``attack`` config sections
-(:mod:`raysim.robust.config`), the aggregation rules (:mod:`raysim.robust.aggregators`) and the attacks
+(:mod:`raysim.sections.robust`), the aggregation rules (:mod:`raysim.robust.aggregators`) and the attacks
 (:mod:`raysim.robust.attacks`), as functions of the round's updates; they take part in the round as two stages
 (``raysim.stages``): :mod:`raysim.robust.attack_stage` and :mod:`raysim.robust.rule_stage`, on the round's rows
 (:mod:`raysim.robust.rows`).
 
 The rules and attacks are public, for reuse outside a run: each takes the round's updates as the rows of one
 ``(n, d)`` float64 tensor (``from raysim.robust import geometric_median, min_max``; docs/robust.md lists them).
-They are loaded on first use, so that reading a config (:mod:`raysim.robust.config`) does not import torch.
+They are loaded on first use, so that reading a config (:mod:`raysim.sections.robust`) does not import torch.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from raysim.robust.aggregators import exact_distances, krum_scores
-from raysim.robust.config import malicious_count
+from raysim.sections.robust import malicious_count
 
 MALICIOUS_TAG = 982451653  # separates the malicious set's draw from every other draw of the seed
 ATTACK_STREAM = 4  # job_seed's stream tag for an attack's own randomness (Gaussian updates, the poisoned samples)

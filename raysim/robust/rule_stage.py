@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from raysim.robust.aggregators import aggregate, bucketing, nearest_neighbor_mixing
-from raysim.robust.config import most_tolerated, tolerated
+from raysim.sections.robust import most_tolerated, tolerated
 from raysim.robust.rows import UpdateRows
 from raysim.seeds import BUCKET_STREAM, job_seed
 from raysim.stages import RoundContext, Stage, StageSetup

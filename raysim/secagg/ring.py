@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from raysim.secagg.config import LIMB_BITS
+from raysim.sections.secagg import LIMB_BITS
 from raysim.seeds import SECAGG_STREAM, derive_seed
 
 KEY_BITS = SHARE_BITS = 256  # a_K, a_S: a public key and a secret share (Bonawitz et al.'s 256-bit figures)

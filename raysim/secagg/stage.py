@@ -36,7 +36,7 @@ import torch
 from raysim.algorithms.aggregation import UploadSum, client_weight
 from raysim.errors import RunStopped, UserError
 from raysim.secagg import ring
-from raysim.secagg.config import auto_frac_bits, levels_fit, max_round_clients
+from raysim.sections.secagg import auto_frac_bits, levels_fit, max_round_clients
 from raysim.stages import ClientPart, RoundContext, Stage, StageSetup, build_stages
 from raysim.trees import all_finite, change_reference
 
@@ -172,7 +172,7 @@ class SecAggStage(Stage):
         self.sum_weighting = weighting
         total = self._most_weight(setup.data, weighting)
         if cfg.compression.up == "qsgd":
-            from raysim.compression.config import qsgd_levels
+            from raysim.sections.compression import qsgd_levels
 
             levels = qsgd_levels(cfg.compression.bits)
             if not levels_fit(s.bits, total, levels):

@@ -38,7 +38,7 @@ import numpy as np
 
 from raysim.algorithms.training import batch_bounds
 from raysim.config import ConfigError
-from raysim.system.config import min_reports, selected_count
+from raysim.sections.system import min_reports, selected_count
 from raysim.system.model import ClientTraits, SystemModel, job_duration
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from raysim.seeds import derive_seed
-from raysim.system.config import SystemConfig
+from raysim.sections.system import SystemConfig
 from raysim.system.files import _client_id, _fail, _number, _read_pickle_or_json, _read_rows
 
 # stream tags: each kind of draw has its own

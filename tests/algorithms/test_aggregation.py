@@ -330,11 +330,11 @@ def test_a_sum_read_from_the_object_store_is_mapped_then_copied_before_a_write()
 
 
 def test_the_torch_free_capability_table_is_what_the_classes_declare():
-    """raysim.algorithms.capabilities answers the config checks without importing an algorithm; it is derived from
-    the classes (``python -m raysim.algorithms.capabilities`` writes it), and must say what they say."""
-    from raysim.algorithms import capabilities
+    """raysim.capabilities answers the config checks without importing an algorithm; it is derived from
+    the classes (``python -m raysim.capabilities`` writes it), and must say what they say."""
+    from raysim import capabilities
 
-    assert capabilities.TABLE == capabilities.derived_table(), "run: python -m raysim.algorithms.capabilities"
+    assert capabilities.TABLE == capabilities.derived_table(), "run: python -m raysim.capabilities"
     cfg = load_config(None, ["algorithm.name=ditto", "algorithm.select_lam=true"])
     assert capabilities.refusal("ditto", "stack") is None
     assert "select_lam" in capabilities.refusal("ditto", "stack", cfg)

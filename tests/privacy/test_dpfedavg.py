@@ -87,7 +87,7 @@ def test_adaptive_clipping_takes_the_count_s_share_of_the_noise(tmp_path):
 
 def test_clients_per_round_is_the_driver_s_cohort_size(tmp_path):
     from raysim.engine.plan import cohort_size
-    from raysim.privacy.config import clients_per_round
+    from raysim.sections.privacy import clients_per_round
 
     for num, fraction in [(500, 0.2), (10, 0.25), (7, 0.5), (3, 0.01), (100, 1.0), (12, 0.125)]:
         cfg = load_config(overrides=[f"clients.num={num}", f"clients.fraction={fraction}"], warn=False)

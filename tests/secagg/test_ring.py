@@ -153,10 +153,10 @@ def test_samples_weights_and_a_model_entry_sent_as_its_change(tmp_path):
 
 
 def test_the_algorithms_secure_aggregation_refuses_answer_from_the_torch_free_table_as_their_classes_do():
-    """A built-in's refusal comes from raysim.algorithms.capabilities (no algorithm imported); it must say what the
+    """A built-in's refusal comes from raysim.capabilities (no algorithm imported); it must say what the
     class says: uploads kept apart, uploads kept on the server, or server-side training from them."""
     from raysim.registry import builtin_names, get_algorithm
-    from raysim.secagg.config import algorithm_refusal
+    from raysim.sections.secagg import algorithm_refusal
 
     for name in builtin_names("algorithm"):
         cls = get_algorithm(name)

@@ -21,7 +21,7 @@ from raysim.engine.runner import run_experiment
 from raysim.engine.state import read_checkpoint
 from raysim.errors import UserError
 from raysim.system.clock import settle
-from raysim.system.config import AvailabilityConfig, SystemConfig, TraitConfig
+from raysim.sections.system import AvailabilityConfig, SystemConfig, TraitConfig
 from raysim.system.model import SystemModel
 from raysim.system.presence import DROPPED, LATE, LEFT, job_fate, stays_available
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from raysim.config import ConfigError
-from raysim.system.config import AvailabilityConfig, SystemConfig, TierConfig, TraitConfig, selected_count
+from raysim.sections.system import AvailabilityConfig, SystemConfig, TierConfig, TraitConfig, selected_count
 from raysim.system.model import DROPOUT, ClientTraits, SystemModel, job_duration, lognormal_sigma, uniforms
 
 

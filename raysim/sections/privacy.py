@@ -124,7 +124,7 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
         require(not cfg.system.enabled, "privacy.enabled",
                 "the accountant models raysim's own client sampling, which system.enabled replaces by availability "
                 "and deadlines; turn system.enabled off")
-        from raysim.algorithms.capabilities import refusal
+        from raysim.capabilities import refusal
 
         why = refusal(cfg.algorithm.name, "privacy", cfg)
         require(why is None, "privacy.enabled", f"DP-FedAvg clips and noises a model delta, but "
@@ -152,7 +152,7 @@ def check_privacy(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
                     f"must be in (0, 1), got {p.dpsgd_delta!r}")
         require(p.dpsgd_sampling in DPSGD_SAMPLINGS, "privacy.dpsgd_sampling",
                 f"must be one of {', '.join(DPSGD_SAMPLINGS)}, got {p.dpsgd_sampling!r}")
-        from raysim.algorithms.capabilities import refusal as declared_refusal
+        from raysim.capabilities import refusal as declared_refusal
 
         require(declared_refusal(cfg.algorithm.name, "stack") is None, "privacy.dpsgd",
                 f"DP-SGD takes per-sample gradients of {cfg.algorithm.name}'s client_loss under torch.func.vmap, which "

@@ -3,7 +3,7 @@ algorithm (and torch, 2-5 s) is imported: whether its clients can be stacked (``
 can run FedAsync/FedBuff, DP-FedAvg or a robust rule (``Algorithm.refusal``'s answer from the class alone).
 
 The table is derived from the classes (``Algorithm.uploads``, ``vectorizable``, ``shared``, ``server_history``, the
-hooks they override), never written by hand: ``python -m raysim.algorithms.capabilities`` writes it again, and a test
+hooks they override), never written by hand: ``python -m raysim.capabilities`` writes it again, and a test
 checks it against the classes, so it cannot drift. A plugin's algorithm is not in it: its class is imported and asked.
 A setting's own reason (the Config's ``refusal``: Ditto's ``select_lam``) is asked of the loaded config either way.
 """

@@ -46,13 +46,13 @@ class SecAggConfig:
 def max_round_clients(cfg: Any) -> int:
     """The most clients a round's group can hold: every client with Poisson sampling, the clients the simulated
     clock starts (over-selection included), else the cohort."""
-    from raysim.privacy.config import clients_per_round
+    from raysim.sections.privacy import clients_per_round
 
     if cfg.privacy.enabled and cfg.privacy.sampling == "poisson":
         return int(cfg.clients.num)
     cohort = clients_per_round(cfg)
     if cfg.system.enabled and cfg.system.deadline_s is not None:
-        from raysim.system.config import selected_count
+        from raysim.sections.system import selected_count
 
         return min(int(cfg.clients.num), selected_count(cohort, cfg.system.over_selection))
     return cohort
@@ -96,7 +96,7 @@ def check_secagg(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
             f"a round of up to {clients} clients: the masked sum stays exact for at most {MAX_CLIENTS}")
     # every client weighs at least 1, so the weights of a round's sum total at least its clients
     if cfg.compression.up == "qsgd":
-        from raysim.compression.config import qsgd_levels
+        from raysim.sections.compression import qsgd_levels
 
         levels = qsgd_levels(cfg.compression.bits)
         require(levels_fit(s.bits, clients, levels), "secagg.bits",
@@ -137,9 +137,9 @@ NEEDS_EACH_UPLOAD = ("Uploads.apart", "per-client history", "trains on the serve
 def algorithm_refusal(name: str) -> Optional[str]:
     """Why algorithm ``name`` cannot have its uploads summed under masks (None: it can): it reads every upload of a
     round (``Uploads.apart()``: FedCDA, FedPAC, ...), keeps each client's uploads on the server, or trains on the
-    server from them. A built-in answers from the torch-free table (``raysim.algorithms.capabilities``: its
+    server from them. A built-in answers from the torch-free table (``raysim.capabilities``: its
     DP-FedAvg refusal, of which these are the reasons that need each upload), a plugin's from its class."""
-    from raysim.algorithms.capabilities import FEATURES, TABLE
+    from raysim.capabilities import FEATURES, TABLE
 
     row = TABLE.get(name)
     if row is None:

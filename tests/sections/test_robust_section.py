@@ -7,7 +7,7 @@ import pytest
 from conftest import refused_config, tiny_overrides
 from raysim.checks import config_warnings
 from raysim.config import load_config, to_flat_dict
-from raysim.robust.config import most_tolerated, tolerated
+from raysim.sections.robust import most_tolerated, tolerated
 
 
 def refused(tmp_path, key: str, **extra) -> str:

@@ -207,7 +207,7 @@ def check_robust(cfg: Any, require: Callable[[bool, str, str], None]) -> None:
     require(str(getattr(cfg.asynchronous, "mode", "off")) in ("off", "False", "false"), key,
             f"{what} works on a synchronous round's uploads; asynchronous.mode={cfg.asynchronous.mode} mixes each "
             f"arrival on its own (set asynchronous.mode=off)")
-    from raysim.algorithms.capabilities import refusal
+    from raysim.capabilities import refusal
 
     name = cfg.algorithm.name
     why = refusal(name, "robust", cfg)

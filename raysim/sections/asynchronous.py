@@ -84,7 +84,7 @@ def check_asynchronous(cfg: Any, require: Callable[[bool, str, str], None]) -> N
             f"must be a finite number > 0, got {section.server_lr!r}")
     if not section.on:
         return
-    from raysim.algorithms.capabilities import refusal
+    from raysim.capabilities import refusal
 
     name = cfg.algorithm.name
     why = refusal(name, "async", cfg)
