@@ -5,7 +5,8 @@
 Every run is experiments/robust/digits-20.yaml with aggregator.name, attack.name and seed overridden, in this process
 (engine.backend=inline); a run already finished under --out is read, not run again. The table gives the final
 acc_global (the global model on every client's test split) as mean ± std over the seeds, and for the backdoors
-(the pixel pattern, the distributed one) also the final attack success rate (attack/asr).
+(the pixel pattern, its model replacement by scaling, the distributed one) also the final attack success rate
+(attack/asr).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ HERE = Path(__file__).resolve().parent
 AGGREGATORS = ["mean", "median", "trimmed_mean", "krum", "multikrum", "bulyan", "norm_bound",
                "norm_bound@norm_bound=0.5", "centered_clip", "centered_clip@tau=0.5", "geomed",
                "fltrust@root=server_holdout+data.server_holdout=0.1", "foolsgold", "median@bucket=2", "krum@nnm=true"]
-ATTACKS = ["none", "sign_flip", "alie", "label_flip", "minmax", "minsum", "fang_krum", "fang_trim", "mimic", "backdoor",
-           "dba"]
-BACKDOORS = ("backdoor", "dba")  # their success rate gets a column of its own
+ATTACKS = ["none", "sign_flip", "gaussian", "alie", "ipm", "label_flip", "minmax", "minsum", "fang_krum", "fang_trim",
+           "mimic", "backdoor", "scaling", "dba"]
+BACKDOORS = ("backdoor", "scaling", "dba")  # their success rate gets a column of its own
 
 
 def last_row(run_dir: Path) -> dict | None:
@@ -39,8 +40,11 @@ def last_row(run_dir: Path) -> dict | None:
 
 
 def run_one(out: Path, aggregator: str, attack: str, seed: int) -> dict:
+    """The run's last row; ``{"diverged": True}`` where a client's update stopped being finite (the run stops, as a
+    run does: FedAvg's mean under the Gaussian attack), run again on the next call (it is deterministic)."""
     from raysim.config import load_config
     from raysim.engine.runner import run_experiment
+    from raysim.errors import RunStopped
 
     name, _, settings = aggregator.partition("@")
     extra = [kv if "." in kv.partition("=")[0] else f"aggregator.{kv}" for kv in settings.split("+") if kv]
@@ -55,16 +59,24 @@ def run_one(out: Path, aggregator: str, attack: str, seed: int) -> dict:
         cfg = load_config(HERE / "digits-20.yaml", [f"aggregator.name={name}", *extra, f"attack.name={attack}",
                                                f"seed={seed}", f"log.dir={run_dir}", "log.tensorboard=false"],
                           warn=False)
-        run_experiment(cfg)
+        try:
+            run_experiment(cfg)
+        except RunStopped as stop:
+            print(f"# {run_dir.name}: {stop}", file=sys.stderr)
+            return {"diverged": True}
         row = last_row(run_dir)
     assert row is not None, run_dir
     return row
 
 
-def cell(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+def cell(values: list[float | None]) -> str:
+    """mean ± std of the seeds' values; None is a seed whose run diverged, counted beside the others."""
+    finite = [v for v in values if v is not None]
+    diverged = f"{len(values) - len(finite)}/{len(values)} diverged"
+    if not finite:
+        return diverged
+    text = f"{finite[0]:.3f}" if len(finite) == 1 else f"{statistics.mean(finite):.3f} ± {statistics.stdev(finite):.3f}"
+    return text + (f" ({diverged})" if len(finite) < len(values) else "")
 
 
 def main() -> int:
@@ -86,13 +98,14 @@ def main() -> int:
         for attack in attacks:
             for seed in seeds:
                 row = run_one(out, aggregator, attack, seed)
-                acc.setdefault((aggregator, attack), []).append(row["acc_global"])
-                if row.get("attack/asr") is not None:
-                    asr.setdefault((aggregator, attack), []).append(row["attack/asr"])
+                acc.setdefault((aggregator, attack), []).append(row.get("acc_global"))
+                if row.get("attack/asr") is not None or (row.get("diverged") and attack in BACKDOORS):
+                    asr.setdefault((aggregator, attack), []).append(row.get("attack/asr"))
             print(f"# {aggregator} / {attack} done ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
     names = {"none": "no attack", "sign_flip": "sign flip", "alie": "ALIE", "label_flip": "label flip",
              "backdoor": "backdoor", "minmax": "min-max", "minsum": "min-sum", "fang_krum": "Fang (Krum)",
-             "fang_trim": "Fang (trim)", "mimic": "mimic", "dba": "DBA"}
+             "fang_trim": "Fang (trim)", "mimic": "mimic", "dba": "DBA", "gaussian": "Gaussian", "ipm": "IPM",
+             "scaling": "scaling"}
     backdoors = [a for a in attacks if a in BACKDOORS]
     header = ["aggregator", *[f"acc: {names.get(a, a)}" for a in attacks], *[f"{names[a]} ASR" for a in backdoors]]
     print("| " + " | ".join(header) + " |")
