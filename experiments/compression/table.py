@@ -13,11 +13,12 @@ against uncompressed FedAvg's; the plot, each row's mean accuracy at every evalu
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import time
 from pathlib import Path
+
+from raysim.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
 # a row: its label and its overrides
@@ -39,10 +40,8 @@ def slug(label: str) -> str:
 
 
 def rows_of(run_dir: Path) -> list[dict] | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    """A finished run's rows (its last round evaluated), or None: not run, or stopped before its end."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
     return rows if rows and rows[-1].get("acc_global") is not None else None
 
 

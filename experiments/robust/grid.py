@@ -12,11 +12,12 @@ acc_global (the global model on every client's test split) as mean ± std over t
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from raysim.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
 # a row: the aggregator, or aggregator@key=value+key=value for a setting other than the default (a key without a
@@ -32,10 +33,7 @@ BACKDOORS = ("backdoor", "scaling", "dba")  # their success rate gets a column o
 
 
 def last_row(run_dir: Path) -> dict | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     return rows[-1] if rows and rows[-1].get("acc_global") is not None else None
 
 

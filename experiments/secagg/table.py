@@ -15,11 +15,12 @@ Every run is in this process (engine.backend=inline); a run already finished und
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 from pathlib import Path
+
+from raysim.runlog import read_metrics
 
 HERE = Path(__file__).resolve().parent
 BASE = HERE.parent / "compression" / "mnist100.yaml"
@@ -34,10 +35,8 @@ SIZES = {"100": 0.1, "1,000": 1.0}
 
 
 def rows_of(run_dir: Path) -> list[dict] | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    """A finished run's rows (its last round evaluated), or None: not run, or stopped before its end."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
     return rows if rows and rows[-1].get("acc_global") is not None else None
 
 
